@@ -1,0 +1,118 @@
+"""The allocator protocol and the memory-usage breakdown every allocator reports.
+
+All sizes are in token slots: one slot holds the K and V of one token in every layer. Bytes are
+computed only by the catalog (``kvbench.specs``), from slots.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Protocol, runtime_checkable
+
+from kvbench.request import Request
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryUsage:
+    """The KV pool split into the vLLM paper's categories (§3.1, Fig. 2), in token slots.
+
+    ``token_states + reservation + internal_frag + external_frag + free == num_slots`` always.
+    ``shared_slots`` and ``saved_slots`` are views of sharing, not further categories:
+    ``shared_slots`` counts physical slots in blocks referenced by more than one sequence (a subset of
+    ``token_states`` and ``reservation``); ``saved_slots`` counts logical slots that sharing did not
+    have to store (sum over sequences of their logical slots minus the physical slots they hold).
+    Exact definitions: ``docs/metrics.md``.
+    """
+
+    num_slots: int
+    token_states: int
+    reservation: int
+    internal_frag: int
+    external_frag: int
+    free: int
+    shared_slots: int = 0
+    saved_slots: int = 0
+
+    def __post_init__(self) -> None:
+        parts = (
+            self.token_states + self.reservation + self.internal_frag + self.external_frag + self.free
+        )
+        if parts != self.num_slots:
+            raise ValueError(f"usage categories add up to {parts}, not the pool's {self.num_slots}")
+
+    def with_free_blocked(self) -> MemoryUsage:
+        """The same usage with every free slot counted as external fragmentation.
+
+        The engine calls this for a step in which a waiting request could not be admitted for
+        lack of memory: the free slots then could not be given to it ("external fragmentation
+        & others" in the paper).
+        """
+        return MemoryUsage(
+            num_slots=self.num_slots,
+            token_states=self.token_states,
+            reservation=self.reservation,
+            internal_frag=self.internal_frag,
+            external_frag=self.external_frag + self.free,
+            free=0,
+            shared_slots=self.shared_slots,
+            saved_slots=self.saved_slots,
+        )
+
+    def as_dict(self) -> dict[str, int]:
+        """Field name -> slots, for records and tables."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+@runtime_checkable
+class Allocator(Protocol):
+    """What the scheduler needs from a KV-cache allocator.
+
+    Sequences are named by integer ids chosen by the caller (a request's id, or a fresh id for a
+    forked sample). Running out of memory is a normal return value (False), never an exception;
+    misuse (an unknown id, appending to a freed sequence) raises ``KeyError``/``ValueError``.
+    """
+
+    name: str
+    num_slots: int  # capacity of the pool in token slots
+    block_size: int  # token slots per block-table entry (1 for the contiguous allocators)
+
+    def can_admit(self, request: Request, num_tokens: int) -> bool:
+        """Whether ``admit`` would succeed now, without changing anything."""
+        ...
+
+    def admit(self, seq_id: int, request: Request, num_tokens: int) -> bool:
+        """Allocate a new sequence holding ``num_tokens`` tokens (its prompt, or prompt plus
+        already generated tokens when it is recomputed after preemption). False if no room."""
+        ...
+
+    def can_append(self, seq_id: int, num_tokens: int = 1) -> bool:
+        """Whether ``append`` would succeed now, without changing anything."""
+        ...
+
+    def append(self, seq_id: int, num_tokens: int = 1) -> bool:
+        """Grow the sequence by ``num_tokens`` generated tokens. False if no room (nothing changes)."""
+        ...
+
+    def fork(self, parent_id: int, child_id: int) -> bool:
+        """Create ``child_id`` sharing (paged) or copying (contiguous) ``parent_id``'s tokens."""
+        ...
+
+    def free(self, seq_id: int) -> None:
+        """Release everything the sequence holds."""
+        ...
+
+    def num_tokens(self, seq_id: int) -> int:
+        """Tokens the sequence currently holds."""
+        ...
+
+    def block_table(self, seq_id: int) -> tuple[int, ...]:
+        """Physical block ids of the sequence, in order (slot ids for contiguous allocators)."""
+        ...
+
+    def take_copy_on_writes(self) -> list[tuple[int, int]]:
+        """(src, dst) block copies made since the last call, for the executor to perform."""
+        ...
+
+    def usage(self) -> MemoryUsage:
+        """The pool split into the paper's categories, now."""
+        ...
