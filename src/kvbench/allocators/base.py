@@ -18,9 +18,9 @@ class MemoryUsage:
 
     ``token_states + reservation + internal_frag + external_frag + free == num_slots`` always.
     ``shared_slots`` and ``saved_slots`` are views of sharing, not further categories:
-    ``shared_slots`` counts physical slots in blocks referenced by more than one sequence (a subset of
-    ``token_states`` and ``reservation``); ``saved_slots`` counts logical slots that sharing did not
-    have to store (sum over sequences of their logical slots minus the physical slots they hold).
+    ``shared_slots`` counts physical slots in blocks referenced by more than one sequence (a subset
+    of ``token_states`` and ``reservation``); ``saved_slots`` counts logical slots that sharing did
+    not have to store (sum over sequences of their logical slots minus the physical slots held).
     Exact definitions: ``docs/metrics.md``.
     """
 
@@ -34,9 +34,8 @@ class MemoryUsage:
     saved_slots: int = 0
 
     def __post_init__(self) -> None:
-        parts = (
-            self.token_states + self.reservation + self.internal_frag + self.external_frag + self.free
-        )
+        held = self.token_states + self.reservation + self.internal_frag
+        parts = held + self.external_frag + self.free
         if parts != self.num_slots:
             raise ValueError(f"usage categories add up to {parts}, not the pool's {self.num_slots}")
 
@@ -90,7 +89,7 @@ class Allocator(Protocol):
         ...
 
     def append(self, seq_id: int, num_tokens: int = 1) -> bool:
-        """Grow the sequence by ``num_tokens`` generated tokens. False if no room (nothing changes)."""
+        """Grow the sequence by ``num_tokens`` generated tokens; False if no room (no change)."""
         ...
 
     def fork(self, parent_id: int, child_id: int) -> bool:

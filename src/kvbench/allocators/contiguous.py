@@ -1,0 +1,187 @@
+"""Shared base of the naive contiguous allocators (the paper's Orca baselines).
+
+Each sequence reserves, at admission, one contiguous extent in a linear arena, placed by a binary
+buddy allocator. The subclasses differ only in how many slots they ask for.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, replace
+
+from kvbench.allocators.base import MemoryUsage
+from kvbench.allocators.buddy import BuddyAllocator, next_power_of_two
+from kvbench.allocators.checks import check_token_count
+from kvbench.request import Request
+
+
+@dataclass(slots=True)
+class _Extent:
+    """One sequence's contiguous reservation."""
+
+    request: Request
+    start_slot: int
+    block_slots: int  # the buddy block held
+    requested_slots: int  # what the policy asked for (<= block_slots)
+    final_tokens: int  # the request's true final length, capped at max_model_len
+    num_tokens: int
+
+    def breakdown(self) -> tuple[int, int, int, int]:
+        """(token_states, reservation, internal_frag, external_frag) of the slots held."""
+        # A sequence may outgrow its guess into the buddy slack, or its true length: what it
+        # holds then counts as used, so the four parts always add up to the buddy block.
+        used_slots = max(self.requested_slots, self.num_tokens)
+        final_tokens = max(self.final_tokens, self.num_tokens)
+        will_hold_slots = min(used_slots, final_tokens)
+        return (
+            self.num_tokens,
+            will_hold_slots - self.num_tokens,
+            used_slots - will_hold_slots,
+            self.block_slots - used_slots,
+        )
+
+
+class ContiguousAllocator(ABC):
+    """One buddy-placed contiguous extent per sequence; ``block_size`` is 1 (tables list slots).
+
+    Subclasses set ``name`` and say how many slots a request reserves (``_requested_slots``).
+    """
+
+    name: str
+    block_size = 1
+
+    def __init__(self, num_slots: int, max_model_len: int) -> None:
+        if max_model_len < 1:
+            raise ValueError(f"max_model_len={max_model_len}: must be >= 1")
+        self.num_slots = num_slots
+        self.max_model_len = max_model_len
+        self._buddy = BuddyAllocator(num_slots, next_power_of_two(max_model_len))
+        # Top-level arena blocks too small for even the smallest request can never be handed
+        # out: they are "external fragmentation & others" from the start (Orca (Max)'s 8.85 %).
+        smallest_block_slots = self._buddy.block_slots(self._smallest_request_slots())
+        self._unusable_slots = sum(
+            size for _, size in self._buddy.roots if size < smallest_block_slots
+        )
+        self._extents: dict[int, _Extent] = {}
+        self._copies: list[tuple[int, int]] = []
+        # Running sums of _Extent.breakdown() over live sequences, so usage() is O(1).
+        self._held_breakdown = [0, 0, 0, 0]
+
+    @abstractmethod
+    def _requested_slots(self, request: Request) -> int:
+        """Slots the policy reserves for ``request`` (before the buddy's power-of-two rounding)."""
+
+    def _smallest_request_slots(self) -> int:
+        """The fewest slots any request can ask for."""
+        return 1
+
+    def can_admit(self, request: Request, num_tokens: int) -> bool:
+        """Whether ``admit`` would succeed now, without changing anything."""
+        return self._buddy.can_allocate(self._extent_slots(request, num_tokens))
+
+    def admit(self, seq_id: int, request: Request, num_tokens: int) -> bool:
+        """Reserve the sequence's extent, holding ``num_tokens`` tokens. False if no room."""
+        if seq_id in self._extents:
+            raise ValueError(f"sequence {seq_id} is already allocated")
+        requested_slots = self._extent_slots(request, num_tokens)
+        start_slot = self._buddy.allocate(requested_slots)
+        if start_slot is None:
+            return False
+        extent = _Extent(
+            request=request,
+            start_slot=start_slot,
+            block_slots=self._buddy.block_slots(requested_slots),
+            requested_slots=requested_slots,
+            final_tokens=min(request.total_tokens, self.max_model_len),
+            num_tokens=num_tokens,
+        )
+        self._extents[seq_id] = extent
+        self._add_breakdown(extent, 1)
+        return True
+
+    def can_append(self, seq_id: int, num_tokens: int = 1) -> bool:
+        """Whether the sequence's buddy block has room for ``num_tokens`` more tokens."""
+        check_token_count(num_tokens)
+        extent = self._extents[seq_id]
+        return extent.num_tokens + num_tokens <= extent.block_slots
+
+    def append(self, seq_id: int, num_tokens: int = 1) -> bool:
+        """Grow the sequence inside its extent. False (nothing changes) if it would overrun it."""
+        if not self.can_append(seq_id, num_tokens):
+            return False
+        extent = self._extents[seq_id]
+        self._add_breakdown(extent, -1)
+        extent.num_tokens += num_tokens
+        self._add_breakdown(extent, 1)
+        return True
+
+    def fork(self, parent_id: int, child_id: int) -> bool:
+        """Reserve a new extent as large as the parent's and copy its tokens into it (one
+        (src_slot, dst_slot) pair per token in ``take_copy_on_writes``). False if no room."""
+        if child_id in self._extents:
+            raise ValueError(f"sequence {child_id} is already allocated")
+        parent = self._extents[parent_id]
+        start_slot = self._buddy.allocate(parent.block_slots)
+        if start_slot is None:
+            return False
+        child = replace(parent, start_slot=start_slot)
+        self._extents[child_id] = child
+        self._add_breakdown(child, 1)
+        self._copies.extend(
+            (parent.start_slot + offset, start_slot + offset) for offset in range(parent.num_tokens)
+        )
+        return True
+
+    def free(self, seq_id: int) -> None:
+        """Release the sequence's extent."""
+        extent = self._extents.pop(seq_id)
+        self._add_breakdown(extent, -1)
+        self._buddy.free(extent.start_slot)
+
+    def num_tokens(self, seq_id: int) -> int:
+        """Tokens the sequence currently holds."""
+        return self._extents[seq_id].num_tokens
+
+    def extent(self, seq_id: int) -> tuple[int, int]:
+        """(start_slot, num_slots) of the buddy block the sequence holds."""
+        extent = self._extents[seq_id]
+        return extent.start_slot, extent.block_slots
+
+    def block_table(self, seq_id: int) -> tuple[int, ...]:
+        """Slot ids of the sequence's whole extent, in order (``block_size`` is 1)."""
+        start_slot, num_slots = self.extent(seq_id)
+        return tuple(range(start_slot, start_slot + num_slots))
+
+    def free_extents(self) -> tuple[tuple[int, int], ...]:
+        """The arena's free buddy blocks as (start_slot, num_slots), by address."""
+        return self._buddy.free_blocks()
+
+    def take_copy_on_writes(self) -> list[tuple[int, int]]:
+        """(src_slot, dst_slot) copies made by forks since the last call."""
+        copies, self._copies = self._copies, []
+        return copies
+
+    def usage(self) -> MemoryUsage:
+        """The arena split into the paper's categories (definitions in docs/metrics.md)."""
+        token_states, reservation, internal_frag, rounding_slots = self._held_breakdown
+        return MemoryUsage(
+            num_slots=self.num_slots,
+            token_states=token_states,
+            reservation=reservation,
+            internal_frag=internal_frag,
+            external_frag=rounding_slots + self._unusable_slots,
+            free=self._buddy.free_slots - self._unusable_slots,
+        )
+
+    def _extent_slots(self, request: Request, num_tokens: int) -> int:
+        """Slots to ask the buddy for: the policy's size, or more if the sequence already is."""
+        check_token_count(num_tokens)
+        return max(self._requested_slots(request), num_tokens)
+
+    def _add_breakdown(self, extent: _Extent, sign: int) -> None:
+        token_states, reservation, internal_frag, rounding_slots = extent.breakdown()
+        totals = self._held_breakdown
+        totals[0] += sign * token_states
+        totals[1] += sign * reservation
+        totals[2] += sign * internal_frag
+        totals[3] += sign * rounding_slots

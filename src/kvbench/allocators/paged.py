@@ -1,0 +1,210 @@
+"""PagedAttention's allocator (vLLM): block tables over a pool of fixed-size blocks.
+
+Blocks are allocated on demand, one when the last one fills up, so a sequence wastes at most one
+partial block. ``fork`` shares all of the parent's blocks (parallel sampling, beam search); the
+first write into a shared, partially filled block copies it (copy-on-write).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kvbench.allocators.base import MemoryUsage
+from kvbench.allocators.block_pool import BlockPool
+from kvbench.allocators.checks import check_token_count
+from kvbench.request import Request
+
+
+@dataclass(slots=True)
+class _PagedSequence:
+    """One sequence's block table and token count."""
+
+    request: Request
+    final_tokens: int  # the request's true final length, capped at max_model_len
+    num_tokens: int
+    blocks: list[int]
+
+
+class PagedAllocator:
+    """Per-sequence block tables over a ``BlockPool`` of ``num_slots // block_size`` blocks."""
+
+    name = "paged"
+
+    def __init__(self, num_slots: int, block_size: int, max_model_len: int) -> None:
+        if block_size < 1:
+            raise ValueError(f"block_size={block_size}: must be >= 1")
+        if num_slots < 0:
+            raise ValueError(f"num_slots={num_slots}: must be >= 0")
+        self.num_slots = num_slots
+        self.block_size = block_size
+        self.max_model_len = max_model_len
+        self.num_copy_on_writes = 0
+        self._pool = BlockPool(num_slots // block_size)
+        self._sequences: dict[int, _PagedSequence] = {}
+        self._copies: list[tuple[int, int]] = []
+        self._num_logical_blocks = 0  # block-table entries over all sequences
+        # Only the last block of a sequence can be partially filled; every other held block is
+        # all token states. Tracking the partial ones, physical block -> (filled slots, slots the
+        # request will fill), makes usage() O(1). Sharers of a partial block are forks of one
+        # request with equal token counts, so one entry describes them all.
+        self._partial_blocks: dict[int, tuple[int, int]] = {}
+        self._partial_filled_slots = 0
+        self._partial_usable_slots = 0
+
+    def can_admit(self, request: Request, num_tokens: int) -> bool:
+        """Whether ``admit`` would succeed now, without changing anything."""
+        check_token_count(num_tokens)
+        return self._blocks_for(num_tokens) <= self._pool.num_free_blocks
+
+    def admit(self, seq_id: int, request: Request, num_tokens: int) -> bool:
+        """Give a new sequence ``ceil(num_tokens / block_size)`` blocks; False if no room."""
+        self._check_new(seq_id)
+        if not self.can_admit(request, num_tokens):
+            return False
+        self._add_sequence(seq_id, request, num_tokens, [])
+        return True
+
+    def can_append(self, seq_id: int, num_tokens: int = 1) -> bool:
+        """Whether ``append`` would succeed now, without changing anything."""
+        check_token_count(num_tokens)
+        num_new_blocks, needs_copy = self._append_plan(self._sequences[seq_id], num_tokens)
+        return num_new_blocks + needs_copy <= self._pool.num_free_blocks
+
+    def append(self, seq_id: int, num_tokens: int = 1) -> bool:
+        """Grow the sequence, copying a shared last block first. False if no room (no change)."""
+        check_token_count(num_tokens)
+        seq = self._sequences[seq_id]
+        num_new_blocks, needs_copy = self._append_plan(seq, num_tokens)
+        if num_new_blocks + needs_copy > self._pool.num_free_blocks:
+            return False
+        if num_tokens == 0:
+            return True
+        if needs_copy:
+            self._copy_last_block(seq)
+        elif seq.blocks:
+            self._untrack_partial(seq.blocks[-1])  # it is about to fill further
+        for _ in range(num_new_blocks):
+            seq.blocks.append(self._allocate_block())
+        self._num_logical_blocks += num_new_blocks
+        seq.num_tokens += num_tokens
+        self._track_last_block(seq)
+        return True
+
+    def fork(self, parent_id: int, child_id: int) -> bool:
+        """Make ``child_id`` share every block of ``parent_id`` (always succeeds: no new block)."""
+        self._check_new(child_id)
+        parent = self._sequences[parent_id]
+        for block_id in parent.blocks:
+            self._pool.incref(block_id)
+        self._sequences[child_id] = _PagedSequence(
+            request=parent.request,
+            final_tokens=parent.final_tokens,
+            num_tokens=parent.num_tokens,
+            blocks=list(parent.blocks),
+        )
+        self._num_logical_blocks += len(parent.blocks)
+        return True
+
+    def free(self, seq_id: int) -> None:
+        """Drop the sequence's references; blocks nobody else holds return to the free queue."""
+        seq = self._sequences.pop(seq_id)
+        self._num_logical_blocks -= len(seq.blocks)
+        # Tail first, so the end of a sequence is reused (evicted) before its prefix (as vLLM).
+        for block_id in reversed(seq.blocks):
+            if self._pool.decref(block_id):
+                self._untrack_partial(block_id)
+
+    def num_tokens(self, seq_id: int) -> int:
+        """Tokens the sequence currently holds."""
+        return self._sequences[seq_id].num_tokens
+
+    def block_table(self, seq_id: int) -> tuple[int, ...]:
+        """Physical block ids of the sequence, in order."""
+        return tuple(self._sequences[seq_id].blocks)
+
+    def ref_count(self, block_id: int) -> int:
+        """Number of block-table entries that point at ``block_id``."""
+        return self._pool.ref_count(block_id)
+
+    def take_copy_on_writes(self) -> list[tuple[int, int]]:
+        """(src_block, dst_block) copies made since the last call, for the executor to perform."""
+        copies, self._copies = self._copies, []
+        return copies
+
+    def usage(self) -> MemoryUsage:
+        """The pool split into the paper's categories (definitions in docs/metrics.md)."""
+        num_partial_blocks = len(self._partial_blocks)
+        num_held_blocks = self._pool.num_held_blocks
+        num_full_blocks = num_held_blocks - num_partial_blocks
+        return MemoryUsage(
+            num_slots=self.num_slots,
+            token_states=num_full_blocks * self.block_size + self._partial_filled_slots,
+            reservation=self._partial_usable_slots - self._partial_filled_slots,
+            internal_frag=num_partial_blocks * self.block_size - self._partial_usable_slots,
+            external_frag=self.num_slots - self._pool.num_blocks * self.block_size,
+            free=self._pool.num_free_blocks * self.block_size,
+            shared_slots=self._pool.num_shared_blocks * self.block_size,
+            saved_slots=(self._num_logical_blocks - num_held_blocks) * self.block_size,
+        )
+
+    def _add_sequence(
+        self, seq_id: int, request: Request, num_tokens: int, leading_blocks: list[int]
+    ) -> None:
+        """Register a sequence whose table is ``leading_blocks`` plus fresh blocks for the rest."""
+        num_new_blocks = self._blocks_for(num_tokens) - len(leading_blocks)
+        seq = _PagedSequence(
+            request=request,
+            final_tokens=min(request.total_tokens, self.max_model_len),
+            num_tokens=num_tokens,
+            blocks=leading_blocks + [self._allocate_block() for _ in range(num_new_blocks)],
+        )
+        self._sequences[seq_id] = seq
+        self._num_logical_blocks += len(seq.blocks)
+        self._track_last_block(seq)
+
+    def _allocate_block(self) -> int:
+        return self._pool.allocate()
+
+    def _blocks_for(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    def _append_plan(self, seq: _PagedSequence, num_tokens: int) -> tuple[int, bool]:
+        """(new blocks, whether the last block must be copied first) to append ``num_tokens``:
+        a copy when the next token lands in a partially filled block that others share."""
+        num_new_blocks = self._blocks_for(seq.num_tokens + num_tokens) - len(seq.blocks)
+        needs_copy = (
+            num_tokens > 0
+            and seq.num_tokens % self.block_size != 0
+            and self._pool.ref_count(seq.blocks[-1]) > 1
+        )
+        return num_new_blocks, needs_copy
+
+    def _copy_last_block(self, seq: _PagedSequence) -> None:
+        source_block = seq.blocks[-1]
+        copy_block = self._allocate_block()
+        self._pool.decref(source_block)  # the other sharers keep it
+        seq.blocks[-1] = copy_block
+        self._copies.append((source_block, copy_block))
+        self.num_copy_on_writes += 1
+
+    def _track_last_block(self, seq: _PagedSequence) -> None:
+        filled_slots = seq.num_tokens % self.block_size
+        if filled_slots == 0:
+            return  # no block, or the last one is full
+        first_token = seq.num_tokens - filled_slots
+        final_tokens = max(seq.final_tokens, seq.num_tokens)
+        usable_slots = min(final_tokens - first_token, self.block_size)
+        block_id = seq.blocks[-1]
+        self._untrack_partial(block_id)
+        self._partial_blocks[block_id] = (filled_slots, usable_slots)
+        self._partial_filled_slots += filled_slots
+        self._partial_usable_slots += usable_slots
+
+    def _untrack_partial(self, block_id: int) -> None:
+        filled_slots, usable_slots = self._partial_blocks.pop(block_id, (0, 0))
+        self._partial_filled_slots -= filled_slots
+        self._partial_usable_slots -= usable_slots
+
+    def _check_new(self, seq_id: int) -> None:
+        if seq_id in self._sequences:
+            raise ValueError(f"sequence {seq_id} is already allocated")

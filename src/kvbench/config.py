@@ -1,0 +1,305 @@
+"""Structured configs (the schema of ``conf/``) and their validation.
+
+Hydra composes plain YAML; ``validate_config`` then merges the result into these dataclasses, so
+an unknown key or a wrong type is caught, and checks every value's meaning (a block size that is not
+a power of two, a negative rate, an unknown allocator, a model that does not fit its GPUs). Each
+problem becomes one ``ConfigError`` line naming the key, the bad value and what is allowed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields, is_dataclass
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
+
+from kvbench.allocators import ALLOCATOR_NAMES
+from kvbench.catalog import deployment_from
+from kvbench.specs import DTYPE_BYTES, Deployment
+from kvbench.workloads import WorkloadConfig, validate_workload_config
+
+MAX_BLOCK_SIZE = 256  # the largest block size the vLLM paper swept (Fig. 18b)
+PREEMPTION_MODES = ("recompute", "swap")
+EXECUTOR_KINDS = ("roofline",)
+
+
+class ConfigError(ValueError):
+    """An invalid configuration value; the message is one line with the key, value and fix."""
+
+
+@dataclass
+class ModelConfig:
+    """``model=NAME``: a catalog entry (see ``kvbench.specs.ModelSpec``)."""
+
+    name: str = "???"
+    hf_id: str = "???"
+    num_layers: int = "???"  # type: ignore[assignment]
+    num_attention_heads: int = "???"  # type: ignore[assignment]
+    num_kv_heads: int = "???"  # type: ignore[assignment]
+    head_dim: int = "???"  # type: ignore[assignment]
+    hidden_size: int = "???"  # type: ignore[assignment]
+    num_parameters: float = "???"  # type: ignore[assignment]
+    max_model_len: int = "???"  # type: ignore[assignment]
+    dtype: str = "fp16"
+    num_active_parameters: float | None = None
+
+
+@dataclass
+class HardwareConfig:
+    """``hardware=NAME``: a GPU from the catalog plus the deployment settings."""
+
+    name: str = "???"
+    memory_gib: float = "???"  # type: ignore[assignment]
+    hbm_bandwidth_gb_per_s: float = "???"  # type: ignore[assignment]
+    peak_tflops: float = "???"  # type: ignore[assignment]
+    pcie_gb_per_s: float = "???"  # type: ignore[assignment]
+    num_gpus: int = 1
+    gpu_memory_utilization: float = 0.9
+    activation_reserve_gib: float = 1.0
+    kv_cache_gib: float | None = None
+
+
+@dataclass
+class AllocatorConfig:
+    """``allocator=NAME``: settings shared by the allocators a run compares."""
+
+    block_size: int = 16
+
+
+@dataclass
+class SchedulerConfig:
+    """``scheduler=NAME``: iteration-level continuous batching (Orca/vLLM)."""
+
+    max_num_seqs: int = 256
+    # None: max(model max length, 2048), vLLM's default for chunk-free prefill.
+    max_num_batched_tokens: int | None = None
+    preemption: str = "recompute"
+    swap_space_gib: float = 4.0
+
+
+@dataclass
+class ExecutorConfig:
+    """``executor=NAME``: what prices an iteration (a roofline now; measured kernels later)."""
+
+    kind: str = "roofline"
+    # Fractions of peak the serving stack reaches: matmuls, HBM streaming, PCIe copies.
+    compute_efficiency: float = 0.6
+    bandwidth_efficiency: float = 0.8
+    pcie_efficiency: float = 0.8
+    # Fixed per-iteration cost (kernel launches, scheduling, sampling), in seconds.
+    iteration_overhead_s: float = 0.002
+    # Per-GPU all-reduce cost per layer under tensor parallelism, in seconds.
+    allreduce_latency_s: float = 1.0e-5
+
+
+@dataclass
+class KvbenchConfig:
+    """The root config: one run compares ``allocators`` on the same requests."""
+
+    experiment_name: str = "default"
+    workload: WorkloadConfig = field(default_factory=WorkloadConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    hardware: HardwareConfig = field(default_factory=HardwareConfig)
+    allocator: AllocatorConfig = field(default_factory=AllocatorConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    executor: ExecutorConfig = field(default_factory=ExecutorConfig)
+    # Several workloads in one run (name -> workload), replacing `workload` when non-empty; an
+    # experiment fills it with `- /workload@workloads.NAME: NAME` in its defaults list.
+    workloads: dict[str, WorkloadConfig] = field(default_factory=dict)
+    allocators: list[str] = field(default_factory=lambda: list(ALLOCATOR_NAMES))
+    # Request rates (req/s) to replay the workload at; empty = the workload's own rate.
+    request_rates: list[float] = field(default_factory=list)
+    seed: int = 0
+    progress: bool = True
+
+
+def validate_config(cfg: DictConfig | dict[str, Any]) -> tuple[KvbenchConfig, Deployment]:
+    """Check a composed config against the schema and every value's meaning.
+
+    Returns the typed config and the deployment it describes; raises ``ConfigError`` (one line).
+    """
+    typed = _merge_into_schema(cfg)
+    _check_values(typed)
+    deployment = deployment_from(
+        OmegaConf.to_container(OmegaConf.structured(typed.model)),  # type: ignore[arg-type]
+        OmegaConf.to_container(OmegaConf.structured(typed.hardware)),  # type: ignore[arg-type]
+    )
+    try:
+        deployment.check_fits()
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
+    return typed, deployment
+
+
+def _merge_into_schema(cfg: DictConfig | dict[str, Any]) -> KvbenchConfig:
+    schema = OmegaConf.structured(KvbenchConfig)
+    try:
+        merged = OmegaConf.merge(schema, cfg)
+        missing = sorted(OmegaConf.missing_keys(merged))
+        if missing:
+            raise ConfigError(f"{missing[0]} is missing: set it (e.g. {missing[0]}=VALUE)")
+        return OmegaConf.to_object(merged)  # type: ignore[return-value]
+    except ConfigKeyError as error:
+        raise ConfigError(_unknown_key_line(error)) from None
+    except ValidationError as error:
+        raise ConfigError(_wrong_type_line(error)) from None
+    except OmegaConfBaseException as error:
+        raise ConfigError(f"{error.full_key}: {error.msg}") from None
+
+
+def check_override_keys(overrides: list[str]) -> None:
+    """Reject ``key=value`` command-line overrides whose key the schema does not have.
+
+    Hydra would refuse them too, but over several lines; this gives the one-line error. Keys under
+    ``hydra.`` and appended ``+key=value`` overrides (checked after composition) are left alone.
+    """
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    for override in OverridesParser.create().parse_overrides(overrides):
+        key = override.key_or_group
+        if override.is_add() or override.is_delete() or _is_hydra_group(key):
+            continue
+        if _schema_at(key) is None or not _has_field(_schema_at(key), key.split(".")[-1]):
+            raise ConfigError(_unknown_key_line_for(key))
+
+
+def _is_hydra_group(key: str) -> bool:
+    """``hydra.*``/``hydra/*`` are Hydra's own; ``experiment`` is a group that sets other keys."""
+    return key.split(".")[0].split("/")[0] in ("hydra", "experiment")
+
+
+def _has_field(parent: Any, name: str) -> bool:
+    return parent is dict or name in {f.name for f in fields(parent)}
+
+
+def _schema_at(full_key: str) -> Any:
+    """The dataclass holding ``full_key``'s last part (``dict`` for a free mapping), or None.
+
+    ``workloads.NAME.key`` resolves through the mapping to ``WorkloadConfig``.
+    """
+    node: Any = KvbenchConfig
+    parts = full_key.split(".")[:-1]
+    index = 0
+    while index < len(parts):
+        types = {f.name: f for f in fields(node)} if is_dataclass(node) else {}
+        if parts[index] not in types:
+            return None
+        if parts[index] == "workloads":
+            if index + 1 == len(parts):
+                return dict
+            node, index = WorkloadConfig, index + 2  # skip the workload's name
+            continue
+        node = type(types[parts[index]].default_factory())  # type: ignore[misc]
+        index += 1
+    return node if is_dataclass(node) else None
+
+
+def _unknown_key_line_for(full_key: str) -> str:
+    parent = _schema_at(full_key)
+    if parent is None or parent is dict:
+        return f"unknown key {full_key}: see the groups and keys in conf/ (or `--cfg job`)"
+    allowed = ", ".join(f.name for f in fields(parent))
+    return f"unknown key {full_key}: allowed keys here are {allowed}"
+
+
+def _unknown_key_line(error: ConfigKeyError) -> str:
+    return _unknown_key_line_for(error.full_key or str(error.key))
+
+
+def _wrong_type_line(error: ValidationError) -> str:
+    parent = _schema_at(error.full_key or "")
+    name = (error.full_key or "").split(".")[-1]
+    expected = "?"
+    if parent is not None and parent is not dict:
+        types = {f.name: f.type for f in fields(parent)}
+        expected = str(types.get(name, "?"))
+    return f"{error.full_key}={error.value!r}: wrong type, expected {expected}"
+
+
+def _is_power_of_two(value: int) -> bool:
+    return value > 0 and value & (value - 1) == 0
+
+
+def _require(ok: bool, line: str) -> None:
+    if not ok:
+        raise ConfigError(line)
+
+
+def _check_values(cfg: KvbenchConfig) -> None:
+    block_size = cfg.allocator.block_size
+    _require(
+        _is_power_of_two(block_size) and block_size <= MAX_BLOCK_SIZE,
+        f"allocator.block_size={block_size}: must be a power of two from 1 to {MAX_BLOCK_SIZE}",
+    )
+    for name in cfg.allocators:
+        _require(
+            name in ALLOCATOR_NAMES,
+            f"allocators contains {name!r}: allowed allocators are {', '.join(ALLOCATOR_NAMES)}",
+        )
+    _require(len(cfg.allocators) > 0, "allocators=[]: name at least one allocator")
+    for rate in cfg.request_rates:
+        _require(rate > 0, f"request_rates contains {rate}: rates are request/s and must be > 0")
+    _check_hardware(cfg.hardware)
+    _check_scheduler(cfg.scheduler)
+    _check_executor(cfg.executor)
+    _require(
+        cfg.model.dtype in DTYPE_BYTES,
+        f"model.dtype={cfg.model.dtype!r}: allowed dtypes are {', '.join(DTYPE_BYTES)}",
+    )
+    for workload in run_workloads(cfg):
+        try:
+            validate_workload_config(workload)
+        except ValueError as error:
+            raise ConfigError(str(error)) from None
+
+
+def run_workloads(cfg: KvbenchConfig) -> list[WorkloadConfig]:
+    """The workloads a run replays: ``workloads`` when given, else ``workload``."""
+    return list(cfg.workloads.values()) or [cfg.workload]
+
+
+def _check_hardware(hardware: HardwareConfig) -> None:
+    _require(hardware.num_gpus >= 1, f"hardware.num_gpus={hardware.num_gpus}: must be >= 1")
+    utilization = hardware.gpu_memory_utilization
+    _require(
+        0 < utilization <= 1,
+        f"hardware.gpu_memory_utilization={utilization}: must be in (0, 1]",
+    )
+    _require(
+        hardware.activation_reserve_gib >= 0,
+        f"hardware.activation_reserve_gib={hardware.activation_reserve_gib}: must be >= 0",
+    )
+
+
+def _check_scheduler(scheduler: SchedulerConfig) -> None:
+    _require(
+        scheduler.max_num_seqs >= 1,
+        f"scheduler.max_num_seqs={scheduler.max_num_seqs}: must be >= 1",
+    )
+    batched = scheduler.max_num_batched_tokens
+    _require(
+        batched is None or batched >= 1,
+        f"scheduler.max_num_batched_tokens={batched}: must be >= 1 (or null for the default)",
+    )
+    _require(
+        scheduler.preemption in PREEMPTION_MODES,
+        f"scheduler.preemption={scheduler.preemption!r}: allowed are {', '.join(PREEMPTION_MODES)}",
+    )
+    _require(
+        scheduler.swap_space_gib >= 0,
+        f"scheduler.swap_space_gib={scheduler.swap_space_gib}: must be >= 0",
+    )
+
+
+def _check_executor(executor: ExecutorConfig) -> None:
+    _require(
+        executor.kind in EXECUTOR_KINDS,
+        f"executor.kind={executor.kind!r}: allowed are {', '.join(EXECUTOR_KINDS)}",
+    )
+    for name in ("compute_efficiency", "bandwidth_efficiency", "pcie_efficiency"):
+        value = getattr(executor, name)
+        _require(0 < value <= 1, f"executor.{name}={value}: must be in (0, 1]")
+    for name in ("iteration_overhead_s", "allreduce_latency_s"):
+        value = getattr(executor, name)
+        _require(value >= 0, f"executor.{name}={value}: must be >= 0 seconds")

@@ -1,0 +1,183 @@
+"""Iteration-level continuous batching (Orca, vLLM): FCFS admission, preemption of the latest.
+
+Each iteration the scheduler (1) gives every running sequence a slot for its next token, earliest
+arrival first, preempting the latest-arrived running sequence while one cannot grow; (2) if nothing
+was preempted, swaps preempted sequences back in, then admits waiting requests first come, first
+served while the allocator admits them and the batch stays within ``max_num_seqs`` and
+``max_num_batched_tokens``. Prefill of new requests and decode of running ones share an iteration
+(Orca's iteration-level batching). A request that can never run (longer than the model, or than the
+whole pool) is rejected with a recorded reason; no request is lost.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from kvbench.allocators.base import Allocator
+from kvbench.engine.sequence import Sequence
+
+PREEMPTION_MODES = ("recompute", "swap")
+
+
+@dataclass(frozen=True)
+class SchedulerLimits:
+    """The scheduler's policy knobs.
+
+    Attributes:
+        max_model_len: longest sequence (prompt + output) the model serves, in tokens.
+        max_num_seqs: most sequences in one iteration.
+        max_num_batched_tokens: most tokens (prefill + decode) in one iteration.
+        preemption: ``recompute`` (drop the KV, prefill again later) or ``swap`` (copy it to a CPU
+            pool over PCIe and back).
+        swap_capacity_tokens: size of the CPU swap pool, in tokens.
+    """
+
+    max_model_len: int
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 2048
+    preemption: str = "recompute"
+    swap_capacity_tokens: int = 0
+
+
+@dataclass
+class Batch:
+    """What one iteration runs, decided by ``Scheduler.schedule``."""
+
+    decode: list[Sequence] = field(default_factory=list)
+    prefill: list[Sequence] = field(default_factory=list)
+    swapped_in: list[Sequence] = field(default_factory=list)
+    num_preempted: int = 0
+    num_swap_out_tokens: int = 0
+    num_swap_in_tokens: int = 0
+    memory_blocked: bool = False
+
+    @property
+    def sequences(self) -> list[Sequence]:
+        """Every sequence that produces a token this iteration."""
+        return self.decode + self.swapped_in + self.prefill
+
+
+class Scheduler:
+    """FCFS continuous-batching scheduler over one allocator."""
+
+    def __init__(self, limits: SchedulerLimits) -> None:
+        if limits.preemption not in PREEMPTION_MODES:
+            raise ValueError(f"preemption={limits.preemption!r}: allowed {PREEMPTION_MODES}")
+        self.limits = limits
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []  # in arrival order: the last one is preempted first
+        self.swapped: deque[Sequence] = deque()
+        self.num_swapped_tokens = 0
+
+    def rejection_reason(self, seq: Sequence) -> str:
+        """Why a request can never run here, or '' if it can."""
+        request = seq.request
+        if request.total_tokens > self.limits.max_model_len:
+            return (
+                f"prompt {request.prompt_tokens} + output {request.output_tokens} tokens exceed "
+                f"the model's max length {self.limits.max_model_len}"
+            )
+        if request.prompt_tokens + 1 > self.limits.max_num_batched_tokens:
+            return (
+                f"prompt {request.prompt_tokens} tokens exceed max_num_batched_tokens "
+                f"{self.limits.max_num_batched_tokens}"
+            )
+        return ""
+
+    def add(self, seq: Sequence) -> None:
+        """Queue an arrived request."""
+        self.waiting.append(seq)
+
+    @property
+    def has_work(self) -> bool:
+        """Whether any sequence is running, waiting or swapped out."""
+        return bool(self.running or self.waiting or self.swapped)
+
+    def schedule(self, allocator: Allocator) -> tuple[Batch, list[Sequence]]:
+        """Decide the next iteration; returns it and the requests rejected for good."""
+        batch = Batch()
+        self._grow_running(allocator, batch)
+        rejected: list[Sequence] = []
+        if batch.num_preempted == 0:
+            self._swap_in(allocator, batch)
+            if not self.swapped:
+                rejected = self._admit_waiting(allocator, batch)
+        self.running.extend(batch.swapped_in)
+        self.running.extend(batch.prefill)
+        return batch, rejected
+
+    def finish(self, allocator: Allocator, seq: Sequence) -> None:
+        """Release a finished sequence."""
+        self.running.remove(seq)
+        allocator.free(seq.seq_id)
+
+    def _grow_running(self, allocator: Allocator, batch: Batch) -> None:
+        """Give each running sequence a slot for its next token, preempting the latest arrivals."""
+        queue = deque(self.running)
+        kept: list[Sequence] = []
+        while queue:
+            seq = queue.popleft()
+            while not allocator.append(seq.seq_id, 1):
+                victim = queue.pop() if queue else seq
+                self._preempt(allocator, victim, batch)
+                if victim is seq:
+                    break
+            else:
+                kept.append(seq)
+        self.running = kept
+        batch.decode = list(kept)
+
+    def _preempt(self, allocator: Allocator, seq: Sequence, batch: Batch) -> None:
+        batch.num_preempted += 1
+        seq.record.num_preemptions += 1
+        num_tokens = seq.num_kv_tokens
+        allocator.free(seq.seq_id)
+        room = self.limits.swap_capacity_tokens - self.num_swapped_tokens
+        if self.limits.preemption == "swap" and num_tokens <= room:
+            seq.record.num_swaps += 1
+            self.num_swapped_tokens += num_tokens
+            batch.num_swap_out_tokens += num_tokens
+            self.swapped.append(seq)
+        else:
+            # Back to the head of the queue: it arrived before everything that is waiting.
+            self.waiting.appendleft(seq)
+
+    def _has_seat(self, batch: Batch) -> bool:
+        num_seqs = len(self.running) + len(batch.swapped_in) + len(batch.prefill)
+        return num_seqs < self.limits.max_num_seqs
+
+    def _swap_in(self, allocator: Allocator, batch: Batch) -> None:
+        while self.swapped and self._has_seat(batch):
+            seq = self.swapped[0]
+            # The swapped-in sequence decodes its next token this iteration: one more slot.
+            if not allocator.admit(seq.seq_id, seq.request, seq.num_kv_tokens + 1):
+                batch.memory_blocked = True
+                return
+            self.swapped.popleft()
+            self.num_swapped_tokens -= seq.num_kv_tokens
+            batch.num_swap_in_tokens += seq.num_kv_tokens
+            batch.swapped_in.append(seq)
+
+    def _admit_waiting(self, allocator: Allocator, batch: Batch) -> list[Sequence]:
+        rejected: list[Sequence] = []
+        token_budget = self.limits.max_num_batched_tokens - len(batch.decode)
+        while self.waiting and self._has_seat(batch):
+            seq = self.waiting[0]
+            num_prefill_tokens = seq.num_kv_tokens  # prompt, plus generated tokens on recompute
+            if num_prefill_tokens > token_budget:
+                break
+            # Prefill writes the prompt's KV and produces the first token, which takes a slot.
+            if allocator.admit(seq.seq_id, seq.request, num_prefill_tokens + 1):
+                self.waiting.popleft()
+                token_budget -= num_prefill_tokens
+                batch.prefill.append(seq)
+                continue
+            if not self.running and not batch.prefill and not batch.swapped_in:
+                # Nothing else holds memory: the request can never fit this pool.
+                self.waiting.popleft()
+                rejected.append(seq)
+                continue
+            batch.memory_blocked = True
+            break
+        return rejected

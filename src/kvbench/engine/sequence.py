@@ -1,0 +1,36 @@
+"""The engine's mutable view of one request while it is served."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kvbench.engine.records import RequestRecord
+from kvbench.request import Request
+
+
+@dataclass(slots=True)
+class Sequence:
+    """A request in the engine: how many tokens it generated and where its KV lives.
+
+    Its KV cache holds ``prompt + generated`` tokens while it runs (the slot of a generated token
+    is taken in the iteration that produces it), so it ends at ``prompt + output`` tokens.
+    """
+
+    request: Request
+    record: RequestRecord
+    num_generated: int = 0
+
+    @property
+    def seq_id(self) -> int:
+        """The allocator's id for this sequence."""
+        return self.request.request_id
+
+    @property
+    def num_kv_tokens(self) -> int:
+        """Tokens whose K/V the sequence holds (or held before it was preempted)."""
+        return self.request.prompt_tokens + self.num_generated
+
+    @property
+    def is_done(self) -> bool:
+        """Whether every output token has been generated."""
+        return self.num_generated >= self.request.output_tokens

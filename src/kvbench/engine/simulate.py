@@ -1,0 +1,152 @@
+"""``simulate``: replay requests through a scheduler, an allocator and a cost model.
+
+The step-by-step reference loop: one iteration at a time. Pure and deterministic — the same
+requests, limits, allocator and cost model always give identical records.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from collections.abc import Sequence as SequenceOf
+
+from kvbench.allocators.base import Allocator
+from kvbench.engine.cost_model import IterationShape, RooflineCostModel
+from kvbench.engine.records import RequestRecord, SimulationResult, StepRecords
+from kvbench.engine.scheduler import Batch, Scheduler
+from kvbench.engine.sequence import Sequence
+from kvbench.request import Request
+
+ProgressCallback = Callable[[int], None]
+
+
+def _new_sequence(request: Request) -> Sequence:
+    record = RequestRecord(
+        request_id=request.request_id,
+        arrival_s=request.arrival_s,
+        prompt_tokens=request.prompt_tokens,
+        output_tokens=request.output_tokens,
+    )
+    return Sequence(request=request, record=record)
+
+
+def _reject(seq: Sequence, reason: str) -> None:
+    seq.record.status = "rejected"
+    seq.record.reject_reason = reason
+
+
+def _iteration_shape(batch: Batch) -> IterationShape:
+    decode_context_tokens = sum(seq.num_kv_tokens for seq in batch.decode + batch.swapped_in)
+    num_prefill_tokens = 0
+    prefill_attention_pairs = 0
+    for seq in batch.prefill:
+        length = seq.num_kv_tokens
+        num_prefill_tokens += length
+        prefill_attention_pairs += length * (length + 1) // 2  # causal: token i sees i tokens
+    return IterationShape(
+        num_prefill_tokens=num_prefill_tokens,
+        prefill_attention_pairs=prefill_attention_pairs,
+        num_decode_tokens=len(batch.decode) + len(batch.swapped_in),
+        decode_context_tokens=decode_context_tokens,
+    )
+
+
+def _held_slots(allocator: Allocator, seq_id: int) -> int:
+    return len(allocator.block_table(seq_id)) * allocator.block_size
+
+
+def simulate(
+    requests: SequenceOf[Request],
+    scheduler: Scheduler,
+    allocator: Allocator,
+    cost_model: RooflineCostModel,
+    on_finish: ProgressCallback | None = None,
+) -> SimulationResult:
+    """Serve ``requests`` (sorted by arrival) and record every iteration and every request.
+
+    ``on_finish`` is called with the number of requests that just ended (finished or rejected),
+    for progress bars; it must not influence the run.
+    """
+    pending = sorted(requests, key=lambda r: (r.arrival_s, r.request_id))
+    sequences = [_new_sequence(request) for request in pending]
+    steps = StepRecords()
+    next_arrival = 0
+    now_s = 0.0
+    while next_arrival < len(sequences) or scheduler.has_work:
+        if not scheduler.has_work and sequences[next_arrival].request.arrival_s > now_s:
+            now_s = sequences[next_arrival].request.arrival_s  # idle: jump to the next arrival
+        num_ended = 0
+        while next_arrival < len(sequences) and sequences[next_arrival].request.arrival_s <= now_s:
+            seq = sequences[next_arrival]
+            next_arrival += 1
+            reason = scheduler.rejection_reason(seq)
+            if reason:
+                _reject(seq, reason)
+                num_ended += 1
+            else:
+                scheduler.add(seq)
+        batch, rejected = scheduler.schedule(allocator)
+        for seq in rejected:
+            _reject(seq, "needs more KV memory than the whole pool holds")
+        num_ended += len(rejected)
+        if batch.sequences:
+            now_s, num_finished = _run_iteration(
+                batch, now_s, scheduler, allocator, cost_model, steps
+            )
+            num_ended += num_finished
+        if on_finish is not None and num_ended:
+            on_finish(num_ended)
+    copies = getattr(allocator, "num_copy_on_writes", 0)
+    return SimulationResult(
+        steps=steps,
+        requests=[seq.record for seq in sequences],
+        num_slots=allocator.num_slots,
+        num_copy_on_writes=copies,
+    )
+
+
+def _run_iteration(
+    batch: Batch,
+    now_s: float,
+    scheduler: Scheduler,
+    allocator: Allocator,
+    cost_model: RooflineCostModel,
+    steps: StepRecords,
+) -> tuple[float, int]:
+    """Price and record one iteration, advance its sequences; returns (end time, finished)."""
+    usage = allocator.usage()
+    if batch.memory_blocked:
+        usage = usage.with_free_blocked()
+    swap_tokens = batch.num_swap_in_tokens + batch.num_swap_out_tokens
+    duration_s = cost_model.iteration_time_s(_iteration_shape(batch))
+    if swap_tokens:
+        duration_s += cost_model.swap_time_s(swap_tokens)
+    steps.append(
+        time_s=now_s,
+        duration_s=duration_s,
+        batch_size=len(batch.sequences),
+        num_prefill_seqs=len(batch.prefill),
+        num_prefill_tokens=sum(seq.num_kv_tokens for seq in batch.prefill),
+        num_decode_tokens=len(batch.decode) + len(batch.swapped_in),
+        num_waiting=len(scheduler.waiting),
+        num_swapped=len(scheduler.swapped),
+        num_preempted=batch.num_preempted,
+        memory_blocked=batch.memory_blocked,
+        usage=usage,
+    )
+    end_s = now_s + duration_s
+    for seq in batch.prefill:
+        if seq.record.admit_s != seq.record.admit_s:  # NaN: first admission
+            seq.record.admit_s = now_s
+    num_finished = 0
+    for seq in batch.sequences:
+        seq.num_generated += 1
+        if seq.num_generated == 1:
+            seq.record.first_token_s = end_s
+        if seq.is_done:
+            seq.record.finish_s = end_s
+            seq.record.status = "finished"
+            seq.record.peak_slots = _held_slots(allocator, seq.seq_id)
+            scheduler.finish(allocator, seq)
+            num_finished += 1
+    allocator.take_copy_on_writes()  # the engine only counts them; an executor would copy
+    return end_s, num_finished

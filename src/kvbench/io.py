@@ -1,0 +1,36 @@
+"""Writing and reading kvbench's parquet tables (atomically, with provenance metadata)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+METADATA_KEY = b"kvbench"
+
+
+def write_table(frame: pd.DataFrame, path: Path, metadata: dict[str, str]) -> Path:
+    """Write ``frame`` to ``path`` with ``metadata`` in the parquet footer.
+
+    The file is written beside its destination and renamed into place, so a killed run never
+    leaves a half-written parquet.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    table = pa.Table.from_pandas(frame, preserve_index=False)
+    schema_metadata = dict(table.schema.metadata or {})
+    schema_metadata[METADATA_KEY] = json.dumps(metadata).encode()
+    table = table.replace_schema_metadata(schema_metadata)
+    tmp_path = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    pq.write_table(table, tmp_path)
+    os.replace(tmp_path, path)
+    return path
+
+
+def read_metadata(path: Path) -> dict[str, str]:
+    """The provenance stored by ``write_table``."""
+    schema_metadata = pq.read_schema(path).metadata or {}
+    return json.loads(schema_metadata.get(METADATA_KEY, b"{}"))

@@ -1,0 +1,105 @@
+"""Turn engine records into the tables kvbench writes: steps, requests, summary.
+
+Column definitions (formula, unit): ``docs/metrics.md``. Pure: pandas in, pandas out.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+
+import numpy as np
+import pandas as pd
+
+from kvbench.engine.records import SimulationResult
+from kvbench.specs import Deployment
+
+USAGE_CATEGORIES = ("token_states", "reservation", "internal_frag", "external_frag", "free")
+GB = 1e9
+
+
+def steps_frame(result: SimulationResult, deployment: Deployment) -> pd.DataFrame:
+    """One row per iteration: time, batch, queue, every usage category in slots and GB."""
+    steps = pd.DataFrame(result.steps.columns)
+    for category in (*USAGE_CATEGORIES, "shared"):
+        slots = steps[f"{category}_slots"].astype("float64")
+        steps[f"{category}_gb"] = deployment.slots_to_bytes(slots) / GB
+    return steps
+
+
+def requests_frame(result: SimulationResult) -> pd.DataFrame:
+    """One row per request with its latencies (s) and normalized latency (s/token)."""
+    requests = pd.DataFrame([asdict(record) for record in result.requests])
+    if requests.empty:
+        return requests
+    requests["ttft_s"] = requests["first_token_s"] - requests["arrival_s"]
+    requests["e2e_latency_s"] = requests["finish_s"] - requests["arrival_s"]
+    decode_tokens = (requests["output_tokens"] - 1).where(requests["output_tokens"] > 1)
+    requests["tpot_s"] = (requests["finish_s"] - requests["first_token_s"]) / decode_tokens
+    requests["normalized_latency_s_per_token"] = (
+        requests["e2e_latency_s"] / requests["output_tokens"]
+    )
+    return requests
+
+
+def _time_weighted_pct(steps: pd.DataFrame, column: str, num_slots: int) -> float:
+    weights = steps["duration_s"].to_numpy()
+    total_s = weights.sum()
+    if total_s == 0 or num_slots == 0:
+        return float("nan")
+    return float(np.dot(steps[column].to_numpy(), weights) / total_s / num_slots * 100)
+
+
+def _percentile(values: pd.Series, q: float) -> float:
+    values = values.dropna()
+    return float(np.percentile(values, q)) if len(values) else float("nan")
+
+
+def summarize(
+    steps: pd.DataFrame, requests: pd.DataFrame, result: SimulationResult, deployment: Deployment
+) -> dict[str, float | int]:
+    """The run's summary row: utilization breakdown, batch size, throughput, latency."""
+    finished = requests[requests["status"] == "finished"]
+    num_slots = result.num_slots
+    row: dict[str, float | int] = {
+        "num_requests": len(requests),
+        "num_finished": len(finished),
+        "num_rejected": int((requests["status"] == "rejected").sum()),
+        "num_preemptions": int(requests["num_preemptions"].sum()),
+        "num_swaps": int(requests["num_swaps"].sum()),
+        "num_copy_on_writes": result.num_copy_on_writes,
+        "num_steps": len(steps),
+        "num_kv_slots": num_slots,
+        "kv_pool_gb": deployment.slots_to_bytes(num_slots) / GB,
+    }
+    for category in USAGE_CATEGORIES:
+        row[f"{category}_pct"] = _time_weighted_pct(steps, f"{category}_slots", num_slots)
+    row["shared_pct"] = _time_weighted_pct(steps, "shared_slots", num_slots)
+    used_pct = 100 - row["free_pct"]
+    row["token_states_pct_of_used"] = (
+        row["token_states_pct"] / used_pct * 100 if used_pct > 0 else float("nan")
+    )
+    row["token_states_gb"] = row["kv_pool_gb"] * row["token_states_pct"] / 100
+    row["mean_batch_size"] = float(steps["batch_size"].mean()) if len(steps) else float("nan")
+    row.update(_throughput(finished))
+    for name, column in (("ttft", "ttft_s"), ("tpot", "tpot_s"), ("e2e", "e2e_latency_s")):
+        row[f"{name}_p50_s"] = _percentile(finished[column], 50)
+        row[f"{name}_p99_s"] = _percentile(finished[column], 99)
+    return row
+
+
+def _throughput(finished: pd.DataFrame) -> dict[str, float]:
+    if finished.empty:
+        nan = float("nan")
+        return {
+            "duration_s": nan,
+            "request_throughput": nan,
+            "output_token_throughput": nan,
+            "normalized_latency_s_per_token": nan,
+        }
+    duration_s = float(finished["finish_s"].max() - finished["arrival_s"].min())
+    return {
+        "duration_s": duration_s,
+        "request_throughput": len(finished) / duration_s,
+        "output_token_throughput": float(finished["output_tokens"].sum()) / duration_s,
+        "normalized_latency_s_per_token": float(finished["normalized_latency_s_per_token"].mean()),
+    }

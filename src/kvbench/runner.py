@@ -1,0 +1,132 @@
+"""Run one experiment: build the workload, simulate every allocator x rate, write tables and plots.
+
+The edge of the pipeline: it calls the pure engine and does the file writing and plotting.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from pathlib import Path
+
+import pandas as pd
+from omegaconf import DictConfig
+from tqdm import tqdm
+
+from kvbench.allocators import make_allocator
+from kvbench.config import KvbenchConfig, run_workloads
+from kvbench.engine import RooflineCostModel, Scheduler, SchedulerLimits, simulate
+from kvbench.io import write_table
+from kvbench.metrics import requests_frame, steps_frame, summarize
+from kvbench.plots import plot_run
+from kvbench.provenance import provenance
+from kvbench.specs import GIB, Deployment
+from kvbench.workloads import WorkloadConfig, build_workload, to_requests
+
+
+def scheduler_limits(cfg: KvbenchConfig, deployment: Deployment) -> SchedulerLimits:
+    """The scheduler's limits from the config (defaults resolved against the model)."""
+    max_model_len = deployment.model.max_model_len
+    max_num_batched_tokens = cfg.scheduler.max_num_batched_tokens or max(max_model_len, 2048)
+    swap_bytes = cfg.scheduler.swap_space_gib * GIB * deployment.num_gpus
+    return SchedulerLimits(
+        max_model_len=max_model_len,
+        max_num_seqs=cfg.scheduler.max_num_seqs,
+        max_num_batched_tokens=max_num_batched_tokens,
+        preemption=cfg.scheduler.preemption,
+        swap_capacity_tokens=int(swap_bytes // deployment.kv_bytes_per_token),
+    )
+
+
+def cost_model(cfg: KvbenchConfig, deployment: Deployment) -> RooflineCostModel:
+    """The roofline cost model from the ``executor`` config."""
+    executor = cfg.executor
+    return RooflineCostModel(
+        deployment=deployment,
+        compute_efficiency=executor.compute_efficiency,
+        bandwidth_efficiency=executor.bandwidth_efficiency,
+        pcie_efficiency=executor.pcie_efficiency,
+        iteration_overhead_s=executor.iteration_overhead_s,
+        allreduce_latency_s=executor.allreduce_latency_s,
+    )
+
+
+def _run_labels(
+    cfg: KvbenchConfig, deployment: Deployment, workload: str, allocator: str, rate: float
+) -> dict:
+    return {
+        "experiment": cfg.experiment_name,
+        "allocator": allocator,
+        "workload": workload,
+        "request_rate": rate,
+        "model": deployment.model.name,
+        "hardware": deployment.hardware.name,
+        "num_gpus": deployment.num_gpus,
+        "block_size": cfg.allocator.block_size,
+    }
+
+
+def _runs(cfg: KvbenchConfig) -> list[WorkloadConfig]:
+    """One workload config per (workload, request rate) the run replays."""
+    runs = []
+    for workload in run_workloads(cfg):
+        rates = list(cfg.request_rates) or [workload.request_rate]
+        runs.extend(dataclasses.replace(workload, request_rate=rate) for rate in rates)
+    return runs
+
+
+def run_experiment(
+    cfg: KvbenchConfig, deployment: Deployment, raw_cfg: DictConfig | None, output_dir: Path
+) -> pd.DataFrame:
+    """Simulate every (allocator, rate) of ``cfg``; write summary/steps/requests parquet and plots.
+
+    Returns the summary table. Tables are written after every run, so an interrupted experiment
+    keeps what it finished.
+    """
+    max_model_len = deployment.model.max_model_len
+    limits = scheduler_limits(cfg, deployment)
+    costs = cost_model(cfg, deployment)
+    metadata = provenance(raw_cfg)
+    summaries: list[dict] = []
+    all_steps: list[pd.DataFrame] = []
+    all_requests: list[pd.DataFrame] = []
+    for workload_cfg in _runs(cfg):
+        requests = to_requests(build_workload(workload_cfg, max_model_len))
+        rate = workload_cfg.request_rate
+        for name in cfg.allocators:
+            allocator = make_allocator(
+                name, deployment.num_kv_slots, cfg.allocator.block_size, max_model_len
+            )
+            labels = _run_labels(cfg, deployment, workload_cfg.name, name, rate)
+            started_s = time.perf_counter()
+            with tqdm(
+                total=len(requests),
+                desc=f"{name} @ {rate:g} req/s",
+                unit="req",
+                disable=not cfg.progress,
+            ) as bar:
+                result = simulate(requests, Scheduler(limits), allocator, costs, bar.update)
+            wall_s = time.perf_counter() - started_s
+            steps = steps_frame(result, deployment).assign(**labels)
+            request_table = requests_frame(result).assign(**labels)
+            summary = {**labels, **summarize(steps, request_table, result, deployment)}
+            summary["simulation_wall_s"] = wall_s
+            summaries.append(summary)
+            all_steps.append(steps)
+            all_requests.append(request_table)
+            _write_tables(output_dir, summaries, all_steps, all_requests, metadata)
+    summary_table = pd.DataFrame(summaries)
+    plot_run(summary_table, pd.concat(all_steps, ignore_index=True), output_dir / "plots")
+    return summary_table
+
+
+def _write_tables(
+    output_dir: Path,
+    summaries: list[dict],
+    steps: list[pd.DataFrame],
+    requests: list[pd.DataFrame],
+    metadata: dict[str, str],
+) -> None:
+    write_table(pd.DataFrame(summaries), output_dir / "summary.parquet", metadata)
+    write_table(pd.concat(steps, ignore_index=True), output_dir / "steps.parquet", metadata)
+    write_table(pd.concat(requests, ignore_index=True), output_dir / "requests.parquet", metadata)

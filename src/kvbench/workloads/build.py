@@ -1,0 +1,143 @@
+"""``build_workload``: a WorkloadConfig in, the replayable request table out."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from kvbench.workloads.arrivals import (
+    burst_arrivals,
+    gamma_arrivals,
+    poisson_arrivals,
+    scale_trace_arrivals,
+)
+from kvbench.workloads.columns import ARRIVAL_S
+from kvbench.workloads.config import WorkloadConfig, as_workload_config, validate_workload_config
+from kvbench.workloads.frames import trace_frame
+from kvbench.workloads.load import load_trace
+from kvbench.workloads.profiles import load_profile, sample_lengths
+from kvbench.workloads.seeding import stream
+from kvbench.workloads.synthetic import fixed_workload, system_prompt_workload
+from kvbench.workloads.transforms import (
+    clip_to_max_len,
+    filter_vllm,
+    sample_requests,
+    sort_and_renumber,
+)
+
+# Independent random streams of one seed (see seeding.stream).
+_SAMPLING_STREAM = 0
+_ARRIVAL_STREAM = 1
+# Profile sampling draws until enough requests pass the filter; give up after this many
+# draws per wanted request (a filter that nearly nothing passes is a configuration mistake).
+_MAX_DRAWS_PER_REQUEST = 100
+
+
+def _shape(df: pd.DataFrame, cfg: WorkloadConfig, max_model_len: int) -> pd.DataFrame:
+    if cfg.filter == "vllm":
+        df = filter_vllm(df, cfg.min_prompt_tokens, cfg.min_output_tokens,
+                         cfg.max_prompt_tokens, cfg.max_total_tokens)
+    return clip_to_max_len(df, max_model_len)
+
+
+def _profile_rows(cfg: WorkloadConfig, max_model_len: int) -> pd.DataFrame:
+    """Draw from the profile until ``num_requests`` requests survive filter and clipping."""
+    profile = load_profile(cfg.name)
+    rng = stream(cfg.seed, _SAMPLING_STREAM)
+    num_wanted = int(cfg.num_requests)
+    kept: list[pd.DataFrame] = []
+    num_kept = num_drawn = 0
+    while num_kept < num_wanted:
+        if num_drawn >= _MAX_DRAWS_PER_REQUEST * num_wanted:
+            raise ValueError(f"workload {cfg.name}: only {num_kept} of {num_drawn} sampled "
+                             f"requests pass filter={cfg.filter} and max_model_len="
+                             f"{max_model_len}; expected a filter that keeps some of them")
+        keep_rate = num_kept / num_drawn if num_kept else 0.5
+        num_draws = math.ceil((num_wanted - num_kept) / keep_rate * 1.1) + 16
+        prompt_tokens, output_tokens = sample_lengths(profile, num_draws, rng)
+        batch = _shape(trace_frame(prompt_tokens, output_tokens), cfg, max_model_len)
+        kept.append(batch)
+        num_kept += len(batch)
+        num_drawn += num_draws
+    return pd.concat(kept, ignore_index=True).iloc[:num_wanted].reset_index(drop=True)
+
+
+def _trace_rows(cfg: WorkloadConfig, max_model_len: int) -> pd.DataFrame:
+    """The trace, shaped; then its first N rows (arrival=trace keeps the trace's time order) or
+    N rows sampled at random (other arrivals; with replacement when N exceeds the rows)."""
+    trace = _shape(load_trace(cfg.path, cfg.format, tokenizer=cfg.tokenizer), cfg, max_model_len)
+    if trace.empty:
+        raise ValueError(f"workload {cfg.name}: no request of {cfg.path} passes filter="
+                         f"{cfg.filter} and max_model_len={max_model_len}")
+    if cfg.num_requests is None:
+        return trace
+    if cfg.arrival == "trace":
+        if cfg.num_requests > len(trace):
+            raise ValueError(f"workload.num_requests={cfg.num_requests} exceeds the {len(trace)} "
+                             f"usable rows of {cfg.path}; expected at most that with "
+                             f"arrival=trace (or another arrival process)")
+        return trace.iloc[: cfg.num_requests].reset_index(drop=True)
+    return sample_requests(trace, cfg.num_requests, stream(cfg.seed, _SAMPLING_STREAM))
+
+
+def _synthetic_rows(cfg: WorkloadConfig, max_model_len: int) -> pd.DataFrame:
+    if cfg.name == "fixed":
+        rows = fixed_workload(int(cfg.num_requests), cfg.prompt_tokens, cfg.output_tokens)
+    else:
+        rows = system_prompt_workload(cfg.num_users, cfg.system_prompt_tokens,
+                                      cfg.prompt_tokens, cfg.output_tokens)
+    shaped = _shape(rows, cfg, max_model_len)
+    if shaped.empty:
+        raise ValueError(f"workload {cfg.name}: its {rows['prompt_tokens'].iloc[0]}-token prompts "
+                         f"do not fit max_model_len={max_model_len}")
+    return shaped
+
+
+def _arrival_times(cfg: WorkloadConfig, rows: pd.DataFrame) -> np.ndarray:
+    rng = stream(cfg.seed, _ARRIVAL_STREAM)
+    if cfg.arrival == "poisson":
+        return poisson_arrivals(len(rows), float(cfg.request_rate), rng)
+    if cfg.arrival == "gamma":
+        return gamma_arrivals(len(rows), float(cfg.request_rate), cfg.cv, rng)
+    if cfg.arrival == "burst":
+        return burst_arrivals(len(rows))
+    return scale_trace_arrivals(rows[ARRIVAL_S].to_numpy(), cfg.time_scale,
+                                cfg.request_rate or None)
+
+
+def build_workload(cfg: WorkloadConfig | Any, max_model_len: int) -> pd.DataFrame:
+    """The requests a run replays, for a model of ``max_model_len`` tokens of context.
+
+    Steps: load (a shipped profile, a trace file, or a synthetic generator), filter
+    (``cfg.filter``), clip to ``max_model_len`` (prompts that reach it are dropped, outputs
+    clipped), pick ``num_requests`` (profiles draw until that many pass), give arrivals
+    (``cfg.arrival``), then sort by arrival with ``request_id`` 0..N-1. Deterministic for a
+    given ``cfg.seed``.
+
+    Args:
+        cfg: a WorkloadConfig, or its OmegaConf/dict form.
+        max_model_len: the model's context length in tokens.
+
+    Raises:
+        ValueError: an invalid config (one line naming the key), or a workload that ends up
+            with no request.
+        TraceError: the trace file cannot be read.
+    """
+    cfg = as_workload_config(cfg)
+    validate_workload_config(cfg)
+    if isinstance(max_model_len, bool) or not isinstance(max_model_len, int) or max_model_len < 2:
+        raise ValueError(f"max_model_len={max_model_len!r} is invalid; expected an integer >= 2")
+    if cfg.source == "profile":
+        rows = _profile_rows(cfg, max_model_len)
+    elif cfg.source == "trace":
+        rows = _trace_rows(cfg, max_model_len)
+    else:
+        rows = _synthetic_rows(cfg, max_model_len)
+    rows = rows.copy()
+    rows[ARRIVAL_S] = _arrival_times(cfg, rows)
+    workload = sort_and_renumber(rows)
+    workload.attrs.update({"workload": cfg.name, "max_model_len": max_model_len})
+    return workload

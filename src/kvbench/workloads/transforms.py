@@ -1,0 +1,91 @@
+"""Pure transformations of trace DataFrames: vLLM's filter, clipping, sampling, renumbering.
+
+None of them reads or writes files; each returns a new DataFrame and leaves its input untouched
+(``attrs`` such as ``hash_block_tokens`` are carried over).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from kvbench.workloads.columns import ARRIVAL_S, OUTPUT_TOKENS, PROMPT_TOKENS, REQUEST_ID
+from kvbench.workloads.seeding import SeedLike, as_generator
+
+# vLLM's benchmarks/benchmark_serving.py (sample_sharegpt_requests) prunes with these bounds.
+VLLM_MIN_PROMPT_TOKENS = 4
+VLLM_MIN_OUTPUT_TOKENS = 4
+VLLM_MAX_PROMPT_TOKENS = 1024
+VLLM_MAX_TOTAL_TOKENS = 2048
+
+
+def _with_attrs(result: pd.DataFrame, source: pd.DataFrame) -> pd.DataFrame:
+    result.attrs = dict(source.attrs)
+    return result
+
+
+def filter_vllm(
+    df: pd.DataFrame,
+    min_prompt_tokens: int = VLLM_MIN_PROMPT_TOKENS,
+    min_output_tokens: int = VLLM_MIN_OUTPUT_TOKENS,
+    max_prompt_tokens: int = VLLM_MAX_PROMPT_TOKENS,
+    max_total_tokens: int = VLLM_MAX_TOTAL_TOKENS,
+) -> pd.DataFrame:
+    """Rows vLLM's serving benchmark keeps: prompt and output at least 4 tokens, prompt at most
+    1024, prompt + output at most 2048 (each bound overridable). Row order is kept."""
+    prompt_tokens = df[PROMPT_TOKENS]
+    output_tokens = df[OUTPUT_TOKENS]
+    keep = (
+        (prompt_tokens >= min_prompt_tokens)
+        & (output_tokens >= min_output_tokens)
+        & (prompt_tokens <= max_prompt_tokens)
+        & (prompt_tokens + output_tokens <= max_total_tokens)
+    )
+    return _with_attrs(df.loc[keep].reset_index(drop=True), df)
+
+
+def clip_to_max_len(df: pd.DataFrame, max_model_len: int) -> pd.DataFrame:
+    """Fit requests into a model's context of ``max_model_len`` tokens.
+
+    A request whose prompt alone reaches ``max_model_len`` is DROPPED (a server rejects it: it
+    could not generate a single token; ``attrs["num_dropped_overlong"]`` counts them). The others
+    keep their prompt and have their output clipped so that prompt + output <= max_model_len.
+    """
+    if max_model_len < 1:
+        raise ValueError(f"max_model_len={max_model_len} is invalid; expected an integer >= 1")
+    prompt_tokens = df[PROMPT_TOKENS].to_numpy()
+    fits = prompt_tokens < max_model_len
+    clipped = df.loc[fits].reset_index(drop=True)
+    room_tokens = max_model_len - clipped[PROMPT_TOKENS].to_numpy()
+    clipped[OUTPUT_TOKENS] = np.minimum(clipped[OUTPUT_TOKENS].to_numpy(), room_tokens)
+    clipped = _with_attrs(clipped, df)
+    clipped.attrs["num_dropped_overlong"] = int((~fits).sum())
+    return clipped
+
+
+def sample_requests(
+    df: pd.DataFrame, num_requests: int, seed: SeedLike = 0, replace: bool | None = None
+) -> pd.DataFrame:
+    """``num_requests`` rows drawn at random (seeded), in the order drawn.
+
+    ``replace`` None draws without replacement when the frame has enough rows and with
+    replacement otherwise; duplicated rows keep their ``request_id`` (renumber afterwards).
+    """
+    if num_requests < 1:
+        raise ValueError(f"num_requests={num_requests} is invalid; expected an integer >= 1")
+    if df.empty:
+        raise ValueError("sample_requests: the frame has no rows to sample from")
+    with_replacement = num_requests > len(df) if replace is None else replace
+    if not with_replacement and num_requests > len(df):
+        raise ValueError(f"num_requests={num_requests} exceeds the {len(df)} rows; expected "
+                         f"replace=True or at most {len(df)}")
+    rng = as_generator(seed)
+    positions = rng.choice(len(df), size=num_requests, replace=with_replacement)
+    return _with_attrs(df.iloc[positions].reset_index(drop=True), df)
+
+
+def sort_and_renumber(df: pd.DataFrame) -> pd.DataFrame:
+    """Rows in arrival order (stable), with ``request_id`` 0..N-1 in that order."""
+    ordered = df.sort_values(ARRIVAL_S, kind="stable").reset_index(drop=True)
+    ordered[REQUEST_ID] = np.arange(len(ordered), dtype="int64")
+    return _with_attrs(ordered, df)

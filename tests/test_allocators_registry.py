@@ -1,0 +1,26 @@
+"""The allocator registry."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvbench.allocators import ALLOCATOR_NAMES, Allocator, make_allocator
+
+
+def test_names_in_report_order() -> None:
+    assert ALLOCATOR_NAMES == ("naive_max", "naive_pow2", "naive_oracle", "paged", "paged_prefix")
+
+
+@pytest.mark.parametrize("name", ALLOCATOR_NAMES)
+def test_make_allocator_builds_each_by_name(name: str) -> None:
+    allocator = make_allocator(name, 1000, 16, 256)
+    assert isinstance(allocator, Allocator)
+    assert allocator.name == name
+    assert allocator.num_slots == 1000
+    assert allocator.block_size == (16 if name.startswith("paged") else 1)
+    assert allocator.usage().num_slots == 1000
+
+
+def test_unknown_name_lists_the_allowed_ones() -> None:
+    with pytest.raises(ValueError, match=r"'buddy'.*naive_max, naive_pow2, naive_oracle, paged"):
+        make_allocator("buddy", 1000, 16, 256)

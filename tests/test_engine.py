@@ -1,0 +1,124 @@
+"""The continuous-batching engine: hand-checkable cases, determinism, preemption, rejection."""
+
+import dataclasses
+
+import pytest
+
+from kvbench.allocators import ALLOCATOR_NAMES, make_allocator
+from kvbench.catalog import get_hardware, get_model
+from kvbench.engine import RooflineCostModel, Scheduler, SchedulerLimits, simulate
+from kvbench.request import Request
+from kvbench.specs import Deployment
+
+OPT13B = Deployment(get_model("opt-13b"), get_hardware("a100-40gb"), kv_cache_gib=12)
+COSTS = RooflineCostModel(OPT13B)
+MAX_LEN = 2048
+
+
+def _requests(lengths, gap_s=0.01):
+    return [
+        Request(request_id=i, arrival_s=i * gap_s, prompt_tokens=p, output_tokens=o)
+        for i, (p, o) in enumerate(lengths)
+    ]
+
+
+def _run(name, requests, num_slots=15_728, **limits):
+    allocator = make_allocator(name, num_slots, 16, MAX_LEN)
+    scheduler = Scheduler(SchedulerLimits(max_model_len=MAX_LEN, **limits))
+    return simulate(requests, scheduler, allocator, COSTS)
+
+
+def test_one_request_holds_ten_blocks_paged_and_2048_slots_naive_max():
+    request = _requests([(100, 47)])
+    paged = _run("paged", request).requests[0]
+    naive = _run("naive_max", request).requests[0]
+    assert paged.status == naive.status == "finished"
+    assert paged.peak_slots == 160  # 147 tokens in 10 blocks of 16
+    assert naive.peak_slots == 2048
+    # Prefill produces the first token, then 46 decode iterations.
+    assert len(_run("paged", request).steps) == 47
+
+
+@pytest.mark.parametrize("name", ALLOCATOR_NAMES)
+def test_same_inputs_give_identical_records(name):
+    requests = _requests([(50 + 7 * i % 300, 20 + 13 * i % 200) for i in range(60)], gap_s=0.003)
+    first = _run(name, requests, num_slots=4096)
+    second = _run(name, requests, num_slots=4096)
+    assert first.steps.columns == second.steps.columns
+    assert first.requests == second.requests
+
+
+@pytest.mark.parametrize("name", ALLOCATOR_NAMES)
+def test_every_request_finishes_under_memory_pressure(name):
+    # A pool of 4,096 slots for 80 requests of up to 1,000 tokens forces queueing and preemption.
+    requests = _requests([(20 + 37 * i % 500, 10 + 53 * i % 480) for i in range(80)], gap_s=0)
+    result = _run(name, requests, num_slots=4096)
+    assert all(record.status == "finished" for record in result.requests)
+    steps = result.steps.columns
+    for i in range(len(result.steps)):
+        total = sum(
+            steps[f"{c}_slots"][i]
+            for c in ("token_states", "reservation", "internal_frag", "external_frag", "free")
+        )
+        assert total == result.num_slots
+
+
+def test_paged_preempts_the_latest_arrival_and_recomputes():
+    # Two requests that each fit alone but not together at their final lengths.
+    requests = _requests([(16, 200), (16, 200)], gap_s=0)
+    result = _run("paged", requests, num_slots=320)
+    first, second = result.requests
+    assert first.num_preemptions == 0
+    assert second.num_preemptions >= 1
+    assert first.finish_s < second.finish_s
+    assert all(record.status == "finished" for record in result.requests)
+
+
+def test_swap_preemption_moves_kv_over_pcie():
+    requests = _requests([(16, 200), (16, 200)], gap_s=0)
+    recompute = _run("paged", requests, num_slots=320)
+    swap = _run("paged", requests, num_slots=320, preemption="swap", swap_capacity_tokens=10_000)
+    assert sum(r.num_swaps for r in swap.requests) >= 1
+    assert sum(r.num_swaps for r in recompute.requests) == 0
+    assert all(record.status == "finished" for record in swap.requests)
+
+
+def test_too_long_and_too_large_requests_are_rejected_with_a_reason():
+    requests = _requests([(2000, 100), (100, 10)])
+    result = _run("paged", requests)
+    assert result.requests[0].status == "rejected"
+    assert "max length 2048" in result.requests[0].reject_reason
+    assert result.requests[1].status == "finished"
+    # A pool smaller than the request: rejected, and the next request still runs.
+    small = _run("paged", _requests([(600, 100), (100, 10)]), num_slots=512)
+    assert small.requests[0].status == "rejected"
+    assert "whole pool" in small.requests[0].reject_reason
+    assert small.requests[1].status == "finished"
+
+
+def test_batch_respects_max_num_seqs_and_token_budget():
+    requests = _requests([(100, 50)] * 40, gap_s=0)
+    result = _run("paged", requests, max_num_seqs=8, max_num_batched_tokens=250)
+    assert max(result.steps.columns["batch_size"]) <= 8
+    assert max(result.steps.columns["num_prefill_tokens"]) <= 250
+    assert all(record.status == "finished" for record in result.requests)
+
+
+def test_naive_max_fits_seven_opt13b_requests():
+    requests = _requests([(10, 500)] * 20, gap_s=0)
+    result = _run("naive_max", requests)
+    assert max(result.steps.columns["batch_size"]) == 7
+
+
+def test_decode_is_memory_bound_and_prefill_compute_bound():
+    from kvbench.engine import IterationShape
+
+    model = OPT13B.model
+    decode = IterationShape(0, 0, num_decode_tokens=1, decode_context_tokens=100)
+    weights_s = model.weight_bytes / (1555e9 * 0.8)
+    assert COSTS.iteration_time_s(decode) == pytest.approx(weights_s + 0.002, rel=0.01)
+    prefill = IterationShape(2000, 2000 * 2001 // 2, 0, 0)
+    flops_s = 2 * model.num_parameters * 2000 / (312e12 * 0.6)
+    assert COSTS.iteration_time_s(prefill) > flops_s
+    wider = dataclasses.replace(OPT13B, num_gpus=2)
+    assert RooflineCostModel(wider).iteration_time_s(prefill) < COSTS.iteration_time_s(prefill)

@@ -1,0 +1,175 @@
+"""Bad trace files: one TraceError line naming the file, the row and what was expected."""
+
+from __future__ import annotations
+
+import json
+import warnings
+
+import pytest
+
+from kvbench.workloads import TraceError, UnsortedTraceWarning, load_trace
+
+
+def _load_error(path, **kwargs) -> str:
+    with pytest.raises(TraceError) as caught:
+        load_trace(path, **kwargs)
+    message = str(caught.value)
+    assert "\n" not in message
+    assert message.startswith(f"{path}: ")
+    return message
+
+
+def test_missing_column(tmp_path):
+    path = tmp_path / "vidur.csv"
+    path.write_text("num_prefill_tokens,arrived_at\n10,0.0\n")
+    assert _load_error(path) == (
+        f"{path}: line 1: missing column(s) num_decode_tokens (found num_prefill_tokens,"
+        f"arrived_at); expected columns num_prefill_tokens,num_decode_tokens[,arrived_at] "
+        f"(Vidur/Sarathi CSV)"
+    )
+
+
+def test_non_integer_length(tmp_path):
+    path = tmp_path / "lengths.csv"
+    path.write_text("prompt_tokens,output_tokens\n5,6\n7,6.5\n8,9\n")
+    assert _load_error(path) == (
+        f"{path}: line 3: output_tokens = 6.5 is not an integer; expected a non-negative "
+        f"integer token count"
+    )
+
+
+def test_non_numeric_length_after_a_blank_line(tmp_path):
+    path = tmp_path / "lengths.csv"
+    path.write_text("prompt_tokens,output_tokens\n5,6\n\n7,many\n")
+    assert _load_error(path) == (
+        f"{path}: line 4: output_tokens = 'many' is not an integer; expected a non-negative "
+        f"integer token count"
+    )
+
+
+def test_negative_length(tmp_path):
+    path = tmp_path / "azure.csv"
+    path.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n"
+                    "2023-11-16 18:15:46.68,374,44\n2023-11-16 18:15:47.00,-3,10\n")
+    assert _load_error(path) == (
+        f"{path}: line 3: ContextTokens = -3 is negative; expected a non-negative integer "
+        f"token count"
+    )
+
+
+def test_empty_file(tmp_path):
+    path = tmp_path / "empty.csv"
+    path.write_text("")
+    assert _load_error(path) == (
+        f"{path}: line 1: the file is empty; expected a CSV header line or JSON records"
+    )
+
+
+def test_header_without_rows(tmp_path):
+    path = tmp_path / "header.csv"
+    path.write_text("prompt_tokens,output_tokens\n")
+    assert _load_error(path) == (
+        f"{path}: line 2: the file has a header but no data rows; expected one request per "
+        f"line after the header"
+    )
+
+
+def test_malformed_json_line(tmp_path):
+    path = tmp_path / "mooncake.jsonl"
+    good = {"timestamp": 0, "input_length": 600, "output_length": 3, "hash_ids": [0, 1]}
+    path.write_text(json.dumps(good) + "\n" + json.dumps(good) + "\n"
+                    + '{"timestamp": 9, "input_length": 5, "output_length": 3, "hash_ids": [1\n')
+    assert _load_error(path) == (
+        f"{path}: line 3: malformed JSON (Expecting ',' delimiter at column 71); expected one "
+        f"JSON object per line"
+    )
+
+
+def test_malformed_first_json_line(tmp_path):
+    path = tmp_path / "mooncake.jsonl"
+    path.write_text('{"timestamp": 0, "input_length": 600\n')
+    assert "line 1: malformed JSON" in _load_error(path)
+
+
+def test_malformed_json_list(tmp_path):
+    path = tmp_path / "alpaca.json"
+    path.write_text('[{"instruction": "a", "input": "", "output": "b"},\n'
+                    ' {"instruction": "c" "input": ""}]')
+    assert _load_error(path) == (
+        f"{path}: line 2: malformed JSON (Expecting ',' delimiter at column 22); expected a "
+        f"JSON list of objects"
+    )
+
+
+def test_missing_json_field(tmp_path):
+    path = tmp_path / "mooncake.jsonl"
+    path.write_text('{"timestamp": 0, "input_length": 600, "output_length": 3}\n'
+                    '{"timestamp": 5, "input_length": 600}\n')
+    assert _load_error(path) == (
+        f"{path}: line 2: output_length is empty; expected a non-negative integer token count"
+    )
+
+
+def test_unknown_header(tmp_path):
+    path = tmp_path / "what.csv"
+    path.write_text("a,b\n1,2\n")
+    message = _load_error(path)
+    assert message.startswith(f"{path}: line 1: columns a,b match no known trace format; "
+                              f"expected one of: num_prefill_tokens")
+
+
+def test_ragged_csv_line(tmp_path):
+    path = tmp_path / "ragged.csv"
+    path.write_text("prompt_tokens,output_tokens\n1,2\n3,4,5\n")
+    assert _load_error(path) == (
+        f"{path}: line 3: 3 fields where the header has 2; expected one value per header column"
+    )
+
+
+def test_bad_timestamp(tmp_path):
+    path = tmp_path / "azure.csv"
+    path.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n"
+                    "2023-11-16 18:15:46.68,374,44\nyesterday,3,10\n")
+    assert "line 3: TIMESTAMP = 'yesterday' is not a date-time" in _load_error(path)
+
+
+def test_parquet_format_on_a_csv(tmp_path):
+    path = tmp_path / "lengths.csv"
+    path.write_text("prompt_tokens,output_tokens\n1,2\n")
+    assert "line 1: not a parquet file" in _load_error(path, format="parquet")
+
+
+def test_unsorted_timestamps_are_sorted_stably_with_a_warning(tmp_path):
+    path = tmp_path / "unsorted.csv"
+    path.write_text("prompt_tokens,output_tokens,arrival_s\n"
+                    "10,1,0.0\n11,1,2.0\n12,1,1.0\n13,1,1.0\n14,1,3.0\n")
+    with pytest.warns(UnsortedTraceWarning) as caught:
+        trace = load_trace(path)
+    assert str(caught[0].message) == (
+        f"{path}: line 4: arrival goes back in time (1 row(s) earlier than the row above); rows "
+        f"were sorted stably by arrival_s and keep their request_id"
+    )
+    assert trace["arrival_s"].tolist() == [0.0, 1.0, 1.0, 2.0, 3.0]
+    assert trace["request_id"].tolist() == [0, 2, 3, 1, 4]  # ties keep file order
+    assert trace["prompt_tokens"].tolist() == [10, 12, 13, 11, 14]
+
+
+def test_sorted_trace_does_not_warn(tmp_path):
+    path = tmp_path / "sorted.csv"
+    path.write_text("prompt_tokens,output_tokens,arrival_s\n1,1,0.0\n2,1,0.0\n3,1,1.0\n")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        load_trace(path)
+
+
+def test_partially_missing_arrivals(tmp_path):
+    path = tmp_path / "lengths.csv"
+    path.write_text("prompt_tokens,output_tokens,arrival_s\n1,1,0.0\n2,1,\n")
+    assert _load_error(path) == (
+        f"{path}: line 3: arrival_s is empty; expected a non-negative time (arrival_s on every "
+        f"row)"
+    )
+
+
+def test_trace_error_is_a_value_error():
+    assert issubclass(TraceError, ValueError)
