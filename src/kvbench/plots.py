@@ -58,8 +58,9 @@ def plot_breakdown(summary: pd.DataFrame, out_dir: Path, with_paper: bool = Fals
                label=CATEGORY_LABELS[category])  # fmt: skip
         for i, (height, bottom) in enumerate(zip(heights, bottoms, strict=True)):
             if height >= 6:
+                text_color = "black" if category == "free" else "white"
                 ax.text(i, bottom + height / 2, f"{height:.1f}", ha="center", va="center",
-                        fontsize=7, color="white")  # fmt: skip
+                        fontsize=7, color=text_color)  # fmt: skip
         bottoms = [b + h for b, h in zip(bottoms, heights, strict=True)]
     ax.set_xticks(range(len(bars)), [label for label, _ in bars], fontsize=7)
     ax.set_ylabel("% of KV cache (time-weighted)")
