@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import hydra
@@ -15,6 +16,17 @@ EXIT_CONFIG_ERROR = 2
 EXIT_INPUT_ERROR = 3
 
 
+def _task(name: str) -> Callable[..., object]:
+    """The function that runs ``task=name`` (imported late: config errors answer fast)."""
+    if name == "kernel_overhead":
+        from kvbench.kernel_overhead import run_kernel_overhead
+
+        return run_kernel_overhead
+    from kvbench.runner import run_experiment
+
+    return run_experiment
+
+
 @hydra.main(version_base="1.3", config_path="pkg://kvbench.conf", config_name="config")
 def _app(cfg: DictConfig) -> None:
     try:
@@ -22,12 +34,9 @@ def _app(cfg: DictConfig) -> None:
     except ConfigError as error:
         print(f"kvbench: config error: {error}", file=sys.stderr)
         sys.exit(EXIT_CONFIG_ERROR)
-    # Imported here so that `--help` and config errors answer fast.
-    from kvbench.runner import run_experiment
-
     output_dir = Path(HydraConfig.get().runtime.output_dir)
     try:
-        run_experiment(typed_cfg, deployment, cfg, output_dir)
+        _task(typed_cfg.task)(typed_cfg, deployment, cfg, output_dir)
     except ValueError as error:  # bad input data (a malformed trace, an impossible request)
         print(f"kvbench: input error: {error}", file=sys.stderr)
         sys.exit(EXIT_INPUT_ERROR)

@@ -22,6 +22,7 @@ from kvbench.workloads import WorkloadConfig, validate_workload_config
 MAX_BLOCK_SIZE = 256  # the largest block size the vLLM paper swept (Fig. 18b)
 PREEMPTION_MODES = ("recompute", "swap")
 EXECUTOR_KINDS = ("roofline",)
+TASKS = ("simulate", "kernel_overhead")
 
 
 class ConfigError(ValueError):
@@ -98,6 +99,8 @@ class KvbenchConfig:
     """The root config: one run compares ``allocators`` on the same requests."""
 
     experiment_name: str = "default"
+    # What the run does: replay the workload through the engine, or time the attention kernels.
+    task: str = "simulate"
     workload: WorkloadConfig = field(default_factory=WorkloadConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     hardware: HardwareConfig = field(default_factory=HardwareConfig)
@@ -227,6 +230,7 @@ def _require(ok: bool, line: str) -> None:
 
 
 def _check_values(cfg: KvbenchConfig) -> None:
+    _require(cfg.task in TASKS, f"task={cfg.task!r}: allowed tasks are {', '.join(TASKS)}")
     block_size = cfg.allocator.block_size
     _require(
         _is_power_of_two(block_size) and block_size <= MAX_BLOCK_SIZE,

@@ -73,7 +73,9 @@ def plot_breakdown(summary: pd.DataFrame, out_dir: Path, with_paper: bool = Fals
 def plot_memory_over_time(steps: pd.DataFrame, out_dir: Path) -> None:
     """Token states and held memory (GB) over time, one panel per workload and rate."""
     groups = list(steps.groupby(["workload", "request_rate"], sort=False))
-    fig, axes = plt.subplots(len(groups), 1, figsize=(8, 3 * len(groups)), squeeze=False)
+    fig, axes = plt.subplots(
+        len(groups), 1, figsize=(8, 3 * len(groups)), squeeze=False, layout="constrained"
+    )
     for ax, ((workload, rate), frame) in zip(axes[:, 0], groups, strict=True):
         for allocator, run in frame.groupby("allocator", sort=False):
             line = ax.plot(run["time_s"], run["token_states_gb"], label=f"{allocator} tokens")
