@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections import OrderedDict
+
 
 class BlockPool:
     """``num_blocks`` physical blocks, ids ``0 .. num_blocks - 1``.
@@ -17,8 +19,9 @@ class BlockPool:
         self.num_blocks = num_blocks
         self.num_shared_blocks = 0  # blocks with more than one reference
         self._ref_counts = [0] * num_blocks
-        # dict keeps insertion order and removes from the middle in O(1): an ordered free queue.
-        self._free_queue: dict[int, None] = dict.fromkeys(range(num_blocks))
+        # An ordered free queue that also removes from the middle in O(1). Not a plain dict: taking
+        # a plain dict's first key after many deletions at its front scans the deleted slots.
+        self._free_queue: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
 
     @property
     def num_free_blocks(self) -> int:
@@ -38,8 +41,7 @@ class BlockPool:
         """Take the least recently freed block, with one reference (RuntimeError if none)."""
         if not self._free_queue:
             raise RuntimeError("no free block: check num_free_blocks before allocating")
-        block_id = next(iter(self._free_queue))
-        del self._free_queue[block_id]
+        block_id, _ = self._free_queue.popitem(last=False)
         self._ref_counts[block_id] = 1
         return block_id
 
