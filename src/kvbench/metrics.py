@@ -66,7 +66,7 @@ def summarize(
         "num_rejected": int((requests["status"] == "rejected").sum()),
         "num_preemptions": int(requests["num_preemptions"].sum()),
         "num_swaps": int(requests["num_swaps"].sum()),
-        "num_copy_on_writes": result.num_copy_on_writes,
+        "cow_copies": result.num_copy_on_writes,
         "num_steps": len(steps),
         "num_kv_slots": num_slots,
         "kv_pool_gb": deployment.slots_to_bytes(num_slots) / GB,
@@ -79,12 +79,41 @@ def summarize(
         row["token_states_pct"] / used_pct * 100 if used_pct > 0 else float("nan")
     )
     row["token_states_gb"] = row["kv_pool_gb"] * row["token_states_pct"] / 100
+    row.update(_sharing(steps, requests, deployment))
     row["mean_batch_size"] = float(steps["batch_size"].mean()) if len(steps) else float("nan")
     row.update(_throughput(finished))
     for name, column in (("ttft", "ttft_s"), ("tpot", "tpot_s"), ("e2e", "e2e_latency_s")):
         row[f"{name}_p50_s"] = _percentile(finished[column], 50)
         row[f"{name}_p99_s"] = _percentile(finished[column], 99)
     return row
+
+
+def _sharing(
+    steps: pd.DataFrame, requests: pd.DataFrame, deployment: Deployment
+) -> dict[str, float]:
+    """What sharing saved: peak saved slots, the paper's Fig. 15 saving, prefix-cache hits."""
+    saved = steps["saved_slots"].to_numpy(dtype="float64")
+    held = (
+        steps["token_states_slots"] + steps["reservation_slots"] + steps["internal_frag_slots"]
+    ).to_numpy(dtype="float64")
+    weights = steps["duration_s"].to_numpy()
+    without_sharing = np.dot(saved + held, weights)
+    admitted = requests[requests["admit_s"].notna()]
+    prompt_tokens = admitted["prompt_tokens"].sum()
+    saved_slots = int(saved.max()) if len(saved) else 0
+    return {
+        "shared_slots": float(np.dot(steps["shared_slots"], weights) / weights.sum())
+        if weights.sum() > 0
+        else float("nan"),
+        "saved_slots": saved_slots,
+        "saved_gb": deployment.slots_to_bytes(saved_slots) / GB,
+        "memory_saving_pct": float(100 * np.dot(saved, weights) / without_sharing)
+        if without_sharing > 0
+        else float("nan"),
+        "prefix_hit_rate": float(admitted["cached_prompt_tokens"].sum() / prompt_tokens)
+        if prompt_tokens > 0
+        else float("nan"),
+    }
 
 
 def _throughput(finished: pd.DataFrame) -> dict[str, float]:

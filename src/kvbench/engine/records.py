@@ -90,6 +90,7 @@ class RequestRecord:
     admit_s: float = float("nan")
     first_token_s: float = float("nan")
     finish_s: float = float("nan")
+    cached_prompt_tokens: int = 0
     num_preemptions: int = 0
     num_swaps: int = 0
     peak_slots: int = 0

@@ -58,6 +58,12 @@ class Batch:
         return self.decode + self.swapped_in + self.prefill
 
 
+def _cached_prefix_tokens(allocator: Allocator, seq_id: int) -> int:
+    """Prompt tokens the allocator found cached at admission (prefix-caching allocators only)."""
+    cached_prefix_tokens = getattr(allocator, "cached_prefix_tokens", None)
+    return cached_prefix_tokens(seq_id) if cached_prefix_tokens is not None else 0
+
+
 class Scheduler:
     """FCFS continuous-batching scheduler over one allocator."""
 
@@ -170,6 +176,7 @@ class Scheduler:
             # Prefill writes the prompt's KV and produces the first token, which takes a slot.
             if allocator.admit(seq.seq_id, seq.request, num_prefill_tokens + 1):
                 self.waiting.popleft()
+                seq.num_cached_tokens = _cached_prefix_tokens(allocator, seq.seq_id)
                 token_budget -= num_prefill_tokens
                 batch.prefill.append(seq)
                 continue

@@ -19,6 +19,9 @@ class Sequence:
     request: Request
     record: RequestRecord
     num_generated: int = 0
+    # Leading tokens whose KV the allocator already held at the last admission (prefix cache
+    # hits): prefill does not compute them.
+    num_cached_tokens: int = 0
 
     @property
     def seq_id(self) -> int:
@@ -29,6 +32,11 @@ class Sequence:
     def num_kv_tokens(self) -> int:
         """Tokens whose K/V the sequence holds (or held before it was preempted)."""
         return self.request.prompt_tokens + self.num_generated
+
+    @property
+    def num_prefill_tokens(self) -> int:
+        """Tokens a (re)admission must compute: everything it holds but the cached prefix."""
+        return self.num_kv_tokens - self.num_cached_tokens
 
     @property
     def is_done(self) -> bool:

@@ -17,6 +17,8 @@ from kvbench.engine.sequence import Sequence
 from kvbench.request import Request
 
 ProgressCallback = Callable[[int], None]
+# Called with each iteration's batch and the allocator right after scheduling, before the batch runs.
+StepObserver = Callable[[Batch, Allocator], None]
 
 
 def _new_sequence(request: Request) -> Sequence:
@@ -40,8 +42,10 @@ def _iteration_shape(batch: Batch) -> IterationShape:
     prefill_attention_pairs = 0
     for seq in batch.prefill:
         length = seq.num_kv_tokens
-        num_prefill_tokens += length
-        prefill_attention_pairs += length * (length + 1) // 2  # causal: token i sees i tokens
+        cached = seq.num_cached_tokens
+        num_prefill_tokens += length - cached
+        # Causal attention: token i sees i tokens; cached tokens are not recomputed.
+        prefill_attention_pairs += length * (length + 1) // 2 - cached * (cached + 1) // 2
     return IterationShape(
         num_prefill_tokens=num_prefill_tokens,
         prefill_attention_pairs=prefill_attention_pairs,
@@ -60,11 +64,15 @@ def simulate(
     allocator: Allocator,
     cost_model: RooflineCostModel,
     on_finish: ProgressCallback | None = None,
+    *,
+    on_step: StepObserver | None = None,
 ) -> SimulationResult:
     """Serve ``requests`` (sorted by arrival) and record every iteration and every request.
 
     ``on_finish`` is called with the number of requests that just ended (finished or rejected),
-    for progress bars; it must not influence the run.
+    for progress bars; ``on_step`` with every iteration's batch and the allocator, once its slots
+    are allocated and before it runs (the kernel benchmark reads block tables there). Observers
+    must not change the run: the allocator is the engine's own, to be read only.
     """
     pending = sorted(requests, key=lambda r: (r.arrival_s, r.request_id))
     sequences = [_new_sequence(request) for request in pending]
@@ -89,6 +97,8 @@ def simulate(
             _reject(seq, "needs more KV memory than the whole pool holds")
         num_ended += len(rejected)
         if batch.sequences:
+            if on_step is not None:
+                on_step(batch, allocator)
             now_s, num_finished = _run_iteration(
                 batch, now_s, scheduler, allocator, cost_model, steps
             )
@@ -125,7 +135,7 @@ def _run_iteration(
         duration_s=duration_s,
         batch_size=len(batch.sequences),
         num_prefill_seqs=len(batch.prefill),
-        num_prefill_tokens=sum(seq.num_kv_tokens for seq in batch.prefill),
+        num_prefill_tokens=sum(seq.num_prefill_tokens for seq in batch.prefill),
         num_decode_tokens=len(batch.decode) + len(batch.swapped_in),
         num_waiting=len(scheduler.waiting),
         num_swapped=len(scheduler.swapped),
@@ -137,6 +147,7 @@ def _run_iteration(
     for seq in batch.prefill:
         if seq.record.admit_s != seq.record.admit_s:  # NaN: first admission
             seq.record.admit_s = now_s
+            seq.record.cached_prompt_tokens = seq.num_cached_tokens
     num_finished = 0
     for seq in batch.sequences:
         seq.num_generated += 1
