@@ -1,0 +1,149 @@
+"""Decode attention over a paged KV cache and over the naive allocator's contiguous one.
+
+``paged_decode_attention`` reads K/V through a block table (vLLM's layout);
+``contiguous_decode_attention`` reads per-sequence extents (the naive allocators' layout). Both run
+the same algorithm — the same tiles, splits and online softmax — so timing one against the other
+measures the block-table indirection alone. Each has a Triton backend (GPU, or the CPU
+interpreter under ``TRITON_INTERPRET=1``) and a torch backend (any device).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .decode_torch import contiguous_tile_loader, paged_tile_loader, torch_decode
+from .tiling import plan_splits
+
+BACKENDS = ("triton", "torch")
+STORAGE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def _check_common(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, backend: str):
+    if backend not in BACKENDS:
+        raise ValueError(f"backend={backend!r}: allowed are {', '.join(BACKENDS)}")
+    if query.dim() != 3 or key.dim() != 4 or key.shape != value.shape:
+        raise ValueError(
+            f"shapes: query {tuple(query.shape)} must be [num_seqs, num_q_heads, head_dim], "
+            f"key {tuple(key.shape)} and value {tuple(value.shape)} equal 4-d"
+        )
+    if not query.dtype == key.dtype == value.dtype or query.dtype not in STORAGE_DTYPES:
+        raise ValueError(
+            f"dtypes: query {query.dtype}, key {key.dtype}, value {value.dtype}: must be one of "
+            f"{', '.join(map(str, STORAGE_DTYPES))}, all the same"
+        )
+    num_q_heads, head_dim = query.shape[1], query.shape[2]
+    num_kv_heads = key.shape[2]
+    if key.shape[3] != head_dim or num_q_heads % num_kv_heads != 0:
+        raise ValueError(
+            f"heads: {num_q_heads} query heads of dim {head_dim} need a KV head count that "
+            f"divides them and the same dim; got {num_kv_heads} of dim {key.shape[3]}"
+        )
+    if key.stride() != value.stride() or key.stride(-1) != 1:
+        raise ValueError("key and value must have equal strides and a contiguous head_dim")
+
+
+def _check_int32(name: str, tensor: torch.Tensor, dims: int, num_seqs: int) -> None:
+    if tensor.dtype != torch.int32 or tensor.dim() != dims or tensor.shape[0] != num_seqs:
+        raise ValueError(
+            f"{name}: need int32 with {dims} dim(s) and {num_seqs} rows, got {tensor.dtype} "
+            f"{tuple(tensor.shape)}"
+        )
+
+
+def _scale(scale: float | None, head_dim: int) -> float:
+    return 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
+
+
+def paged_decode_attention(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    scale: float | None = None,
+    backend: str = "triton",
+    *,
+    max_context_len: int | None = None,
+    num_splits: int | None = None,
+) -> torch.Tensor:
+    """One decode step of attention, reading K/V through per-sequence block tables.
+
+    Args:
+        query: [num_seqs, num_q_heads, head_dim], the new token of each sequence.
+        key_cache, value_cache: [num_blocks, block_size, num_kv_heads, head_dim], fp32, fp16 or
+            bf16 (as the query); ``block_size`` a power of two. GQA/MQA: num_kv_heads divides
+            num_q_heads, query head ``h`` reads KV head ``h // (num_q_heads // num_kv_heads)``.
+        block_tables: int32 [num_seqs, max_blocks_per_seq]; row ``i`` lists sequence ``i``'s
+            physical blocks in order. Entries past its last block are never read for attention
+            but must be valid block ids (pad with 0).
+        context_lens: int32 [num_seqs], each in ``[1, max_blocks_per_seq * block_size]``.
+        scale: softmax scale, default ``1 / sqrt(head_dim)``.
+        backend: ``triton`` or ``torch``.
+        max_context_len: bound on ``context_lens`` used to plan the work (default: the block
+            table's capacity); pass the same value to ``contiguous_decode_attention`` for an
+            identical plan.
+        num_splits: programs per (sequence, KV head) along the context (default: enough to fill
+            the device).
+
+    Returns:
+        [num_seqs, num_q_heads, head_dim] in the query's dtype; accumulation is fp32.
+    """
+    _check_common(query, key_cache, value_cache, backend)
+    num_seqs = query.shape[0]
+    _check_int32("block_tables", block_tables, 2, num_seqs)
+    _check_int32("context_lens", context_lens, 1, num_seqs)
+    block_size = key_cache.shape[1]
+    if block_size & (block_size - 1):
+        raise ValueError(f"block_size={block_size}: must be a power of two")
+    bound = max_context_len or block_tables.shape[1] * block_size
+    scale = _scale(scale, query.shape[2])
+    if backend == "torch":
+        loader = paged_tile_loader(key_cache, value_cache, block_tables)
+        return torch_decode(query, context_lens, loader, bound, scale)
+    from .decode_triton import num_programs_wanted, triton_decode  # triton imported lazily
+
+    plan = plan_splits(
+        num_seqs, key_cache.shape[2], bound, num_programs_wanted(query.device), num_splits
+    )
+    return triton_decode(query, key_cache, value_cache, block_tables, context_lens, scale, plan)
+
+
+def contiguous_decode_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    context_lens: torch.Tensor,
+    scale: float | None = None,
+    backend: str = "triton",
+    *,
+    max_context_len: int | None = None,
+    num_splits: int | None = None,
+) -> torch.Tensor:
+    """One decode step of attention over per-sequence contiguous K/V (the naive layout).
+
+    Args:
+        query: [num_seqs, num_q_heads, head_dim].
+        key, value: [num_seqs, max_len, num_kv_heads, head_dim]: sequence ``i``'s tokens are
+            ``key[i, :context_lens[i]]``.
+        context_lens: int32 [num_seqs], each in ``[1, max_len]``.
+        scale, backend, num_splits: as ``paged_decode_attention``.
+        max_context_len: bound on ``context_lens`` (default ``max_len``).
+
+    Returns:
+        [num_seqs, num_q_heads, head_dim] in the query's dtype.
+    """
+    _check_common(query, key, value, backend)
+    num_seqs = query.shape[0]
+    if key.shape[0] != num_seqs:
+        raise ValueError(f"key has {key.shape[0]} sequences, query {num_seqs}")
+    _check_int32("context_lens", context_lens, 1, num_seqs)
+    bound = max_context_len or key.shape[1]
+    scale = _scale(scale, query.shape[2])
+    if backend == "torch":
+        return torch_decode(query, context_lens, contiguous_tile_loader(key, value), bound, scale)
+    from .decode_triton import num_programs_wanted, triton_decode  # triton imported lazily
+
+    plan = plan_splits(num_seqs, key.shape[2], bound, num_programs_wanted(query.device), num_splits)
+    return triton_decode(query, key, value, None, context_lens, scale, plan)

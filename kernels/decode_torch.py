@@ -1,0 +1,113 @@
+"""Torch decode attention: the Triton kernel's algorithm, batched over sequences, for any device.
+
+The context is walked ``TILE_TOKENS`` at a time with the same online softmax as the Triton kernel
+(fp32 running max, sum and accumulator; probabilities rounded to the storage dtype before the PV
+product). The two layouts differ only in their tile loader: a paged tile gathers its rows through
+the block table, a contiguous tile is a slice. Used as the CPU backend and as the benchmark's CPU
+timing path, so the paged/contiguous comparison there isolates the gather too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from .tiling import TILE_TOKENS
+
+# (tile_start, tile_end) -> (key, value), each [num_seqs, tile_end - tile_start, num_kv_heads,
+# head_dim] in the storage dtype.
+TileLoader = Callable[[int, int], tuple[torch.Tensor, torch.Tensor]]
+
+
+def paged_tile_loader(
+    key_cache: torch.Tensor, value_cache: torch.Tensor, block_tables: torch.Tensor
+) -> TileLoader:
+    """Tiles gathered from a block pool.
+
+    key_cache/value_cache [num_blocks, block_size, num_kv_heads, head_dim]; block_tables
+    [num_seqs, max_blocks_per_seq] (entries past a sequence's last block must be valid ids: they
+    are read and masked, as in the Triton kernel).
+    """
+    num_blocks, block_size = key_cache.shape[:2]
+    tables = block_tables.long()  # [num_seqs, max_blocks_per_seq]: index tensors must be int64
+    # [num_blocks * block_size, num_kv_heads, head_dim]: one row per pool slot, so a tile is one
+    # index_select of whole rows (3x faster on a CPU than indexing blocks and offsets apart).
+    key_rows = key_cache.reshape(num_blocks * block_size, *key_cache.shape[2:])
+    value_rows = value_cache.reshape(num_blocks * block_size, *value_cache.shape[2:])
+
+    def load(tile_start: int, tile_end: int) -> tuple[torch.Tensor, torch.Tensor]:
+        tokens = torch.arange(tile_start, tile_end, device=tables.device)  # [tile]
+        # Positions past the table's end (a tile overhanging the last block) read block column 0.
+        columns = torch.where(tokens // block_size < tables.shape[1], tokens // block_size, 0)
+        slots = tables[:, columns] * block_size + tokens % block_size  # [num_seqs, tile]
+        tile_shape = (*slots.shape, *key_rows.shape[1:])  # [num_seqs, tile, heads, head_dim]
+        key = key_rows.index_select(0, slots.view(-1)).view(tile_shape)
+        return key, value_rows.index_select(0, slots.view(-1)).view(tile_shape)
+
+    return load
+
+
+def contiguous_tile_loader(key: torch.Tensor, value: torch.Tensor) -> TileLoader:
+    """Tiles sliced from per-sequence extents.
+
+    key/value [num_seqs, max_len, num_kv_heads, head_dim]: sequence ``i``'s token ``t`` is row
+    ``[i, t]``.
+    """
+    max_len = key.shape[1]
+
+    def load(tile_start: int, tile_end: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if tile_end <= max_len:
+            return key[:, tile_start:tile_end], value[:, tile_start:tile_end]
+        # A tile overhanging the extent: pad with zeros (masked out below).
+        pad = (0, 0, 0, 0, 0, tile_end - max_len)
+        tail_key = torch.nn.functional.pad(key[:, tile_start:], pad)
+        return tail_key, torch.nn.functional.pad(value[:, tile_start:], pad)
+
+    return load
+
+
+def torch_decode(
+    query: torch.Tensor,
+    context_lens: torch.Tensor,
+    load_tile: TileLoader,
+    max_context_len: int,
+    scale: float,
+    tile_tokens: int = TILE_TOKENS,
+) -> torch.Tensor:
+    """Tiled online-softmax decode attention; returns [num_seqs, num_q_heads, head_dim].
+
+    query [num_seqs, num_q_heads, head_dim]; context_lens [num_seqs]; ``load_tile`` yields K/V
+    tiles of the layout; ``max_context_len`` bounds the tiles walked (>= every context length).
+    """
+    num_seqs, num_q_heads, head_dim = query.shape
+    storage_dtype = query.dtype
+    lens = context_lens.long().view(num_seqs, 1, 1, 1)  # [num_seqs, 1, 1, 1]
+    running_max = running_sum = acc = None
+    for tile_start in range(0, max_context_len, tile_tokens):
+        tile_end = tile_start + tile_tokens
+        # key, value: [num_seqs, tile, num_kv_heads, head_dim]
+        key, value = load_tile(tile_start, tile_end)
+        num_kv_heads = key.shape[2]
+        # [num_seqs, num_kv_heads, group, head_dim]: query heads grouped by the KV head they read.
+        grouped_query = query.float().view(num_seqs, num_kv_heads, -1, head_dim)
+        scores = torch.einsum("shgd,sthd->shgt", grouped_query, key.float()) * scale
+        tokens = torch.arange(tile_start, tile_end, device=query.device)  # [tile]
+        scores = scores.masked_fill(tokens >= lens, float("-inf"))  # [num_seqs, heads, group, tile]
+        tile_max = scores.amax(-1)  # [num_seqs, num_kv_heads, group]
+        new_max = tile_max if running_max is None else torch.maximum(running_max, tile_max)
+        # A sequence whose context ended before this tile has new_max from earlier tiles (finite);
+        # -inf only if it has no token at all, which callers exclude (context_lens >= 1).
+        probs = torch.exp(scores - new_max.unsqueeze(-1))  # [num_seqs, heads, group, tile]
+        tile_sum = probs.sum(-1)  # [num_seqs, num_kv_heads, group], fp32 as in the kernel
+        pv_probs = probs.to(storage_dtype).float()  # the kernel's PV operand precision
+        tile_acc = torch.einsum("shgt,sthd->shgd", pv_probs, value.float())
+        if running_max is None:
+            running_sum, acc = tile_sum, tile_acc
+        else:
+            rescale = torch.exp(running_max - new_max)  # [num_seqs, num_kv_heads, group]
+            running_sum = running_sum * rescale + tile_sum
+            acc = acc * rescale.unsqueeze(-1) + tile_acc
+        running_max = new_max
+    out = acc / running_sum.unsqueeze(-1)  # [num_seqs, num_kv_heads, group, head_dim]
+    return out.reshape(num_seqs, num_q_heads, head_dim).to(storage_dtype)

@@ -1,0 +1,166 @@
+"""Paged and contiguous decode attention against a float64 reference, on both backends.
+
+Without CUDA the Triton kernels run in Triton's CPU interpreter. TRITON_INTERPRET must be set
+before a kernel is decorated; kvbench.kernels imports its Triton modules only on first use and
+nothing else in the suite imports them, so setting it here, at collection, is early enough.
+
+Error bounds. fp32: max |out - ref| <= 1e-5 max |ref| (fp32 accumulation over a few hundred
+tokens stays near 1e-7). fp16/bf16: per element |out - ref| <= u (max |V| + |ref|) + 1e-5 max |V|,
+u the unit roundoff of the storage dtype: the kernel rounds the softmax probabilities to the
+storage dtype for the PV product (error <= u sum p|v| / sum p <= u max |V|) and rounds the output
+(<= u |ref|); the rest is fp32. u = 2^-11 for fp16; for bf16 2^-7, because the interpreter
+truncates fp32 -> bf16 instead of rounding to nearest (2^-8 on a GPU).
+"""
+
+import os
+import sys
+
+import pytest
+import torch
+
+if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
+    # triton.language applies triton.jit to tl.max, tl.sum, ... when imported: the variable must
+    # be set before this process first imports triton, or interpreted kernels fail obscurely.
+    if "triton" in sys.modules:
+        raise RuntimeError("triton was imported before TRITON_INTERPRET=1 could be set")
+    os.environ["TRITON_INTERPRET"] = "1"
+
+from kvbench.kernels import (
+    contiguous_decode_attention,
+    materialize_batch,
+    paged_decode_attention,
+    reference_contiguous_decode,
+    reference_paged_decode,
+)
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+UNIT_ROUNDOFF = {torch.float16: 2.0**-11, torch.bfloat16: 2.0**-7}
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+def scattered_tables(lens, block_size, num_spare_blocks, seed):
+    """Block tables over a shuffled pool with spare blocks; rows padded past their need."""
+    generator = torch.Generator().manual_seed(seed)
+    needed = [-(-length // block_size) for length in lens]
+    pool = torch.randperm(sum(needed) + num_spare_blocks, generator=generator).tolist()
+    tables, start = [], 0
+    for count in needed:
+        tables.append(pool[start : start + count])
+        start += count
+    return tables
+
+
+def make_batch(lens, block_size, dtype, num_q_heads=8, num_kv_heads=2, head_dim=32, seed=0):
+    tables = scattered_tables(lens, block_size, num_spare_blocks=5, seed=seed)
+    return materialize_batch(
+        tables, lens, block_size, num_q_heads, num_kv_heads, head_dim, dtype, DEVICE, seed
+    )
+
+
+def paged(batch, backend, **kwargs):
+    return paged_decode_attention(
+        batch.query, batch.key_cache, batch.value_cache, batch.layout.block_tables,
+        batch.layout.context_lens, backend=backend, **kwargs,
+    )  # fmt: skip
+
+
+def contiguous(batch, backend, **kwargs):
+    return contiguous_decode_attention(
+        batch.query, batch.key, batch.value, batch.layout.context_lens, backend=backend, **kwargs
+    )
+
+
+def assert_close_to_reference(out, batch):
+    reference = reference_paged_decode(
+        batch.query.cpu(), batch.key_cache.cpu(), batch.value_cache.cpu(),
+        batch.layout.block_tables.cpu(), batch.layout.context_lens.cpu(),
+    )  # fmt: skip
+    error = (out.cpu().double() - reference).abs()  # [num_seqs, num_q_heads, head_dim]
+    dtype = batch.query.dtype
+    if dtype == torch.float32:
+        assert error.max() <= 1e-5 * reference.abs().max()
+        return
+    value_scale = batch.value.abs().max().double().item()
+    bound = UNIT_ROUNDOFF[dtype] * (value_scale + reference.abs()) + 1e-5 * value_scale
+    assert (error <= bound).all(), f"max error {error.max():.3g}, bound {bound.min():.3g}"
+
+
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+@pytest.mark.parametrize("block_size", [8, 16, 64])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_paged_matches_float64_reference(dtype, block_size, backend):
+    # Ragged: a 1-token context, lengths off block boundaries, one spanning several tiles.
+    batch = make_batch([1, 37, 150, 64], block_size, dtype, seed=block_size)
+    assert_close_to_reference(paged(batch, backend), batch)
+
+
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_contiguous_gives_bit_identical_output(dtype, backend):
+    # Same algorithm, same tiles: the layout changes where K/V are read, never the result.
+    batch = make_batch([5, 99, 130], 16, dtype)
+    assert torch.equal(paged(batch, backend), contiguous(batch, backend))
+    reference = reference_contiguous_decode(
+        batch.query.cpu(), batch.key.cpu(), batch.value.cpu(), batch.layout.context_lens.cpu()
+    )
+    tolerance = 1e-5 if dtype == torch.float32 else 4 * UNIT_ROUNDOFF[dtype]
+    error = (contiguous(batch, backend).cpu().double() - reference).abs().max()
+    assert error <= tolerance * batch.value.abs().max().item()
+
+
+@pytest.mark.parametrize(
+    ("num_q_heads", "num_kv_heads", "head_dim"),
+    [(4, 1, 32), (4, 4, 16), (6, 2, 48)],
+    ids=["mqa", "mha", "head-dim-48"],
+)
+def test_head_layouts(num_q_heads, num_kv_heads, head_dim):
+    batch = make_batch([33, 70], 8, torch.float32, num_q_heads, num_kv_heads, head_dim)
+    for backend in ("triton", "torch"):
+        assert_close_to_reference(paged(batch, backend), batch)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_split_context_merges_to_the_same_result(dtype):
+    # Four splits of 64 tokens over contexts of 40-250: some splits are empty.
+    batch = make_batch([40, 250, 129], 16, dtype)
+    split = paged(batch, "triton", num_splits=4)
+    assert_close_to_reference(split, batch)
+    assert torch.equal(split, contiguous(batch, "triton", num_splits=4))
+
+
+def test_block_size_256_and_a_large_scale():
+    batch = make_batch([300, 17], 256, torch.float32)
+    for backend in ("triton", "torch"):
+        out = paged(batch, backend, scale=0.5)
+        reference = reference_paged_decode(
+            batch.query, batch.key_cache, batch.value_cache, batch.layout.block_tables,
+            batch.layout.context_lens, scale=0.5,
+        )  # fmt: skip
+        assert (out.double() - reference).abs().max() <= 1e-5 * reference.abs().max()
+
+
+def test_bad_inputs_raise_one_clear_error():
+    batch = make_batch([10], 8, torch.float32)
+    with pytest.raises(ValueError, match="block_tables: need int32"):
+        paged_decode_attention(
+            batch.query, batch.key_cache, batch.value_cache, batch.layout.block_tables.long(),
+            batch.layout.context_lens,
+        )  # fmt: skip
+    with pytest.raises(ValueError, match="backend='cuda'"):
+        paged(batch, "cuda")
+    with pytest.raises(ValueError, match="heads"):
+        contiguous_decode_attention(
+            batch.query[:, :3], batch.key, batch.value, batch.layout.context_lens
+        )
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("block_size", [16, 128])
+def test_gpu_compiled_kernels_at_model_shape(dtype, block_size):
+    # Llama-3-8B's heads (32 query, 8 KV, dim 128), contexts past one split and off blocks.
+    batch = make_batch([1, 777, 2048, 4001], block_size, dtype, 32, 8, 128)
+    assert_close_to_reference(paged(batch, "triton"), batch)
+    assert torch.equal(paged(batch, "triton"), contiguous(batch, "triton"))
