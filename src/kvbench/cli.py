@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
+from kvbench.completion import config_fingerprint, is_done, job_dir_name, mark_done
 from kvbench.config import ConfigError, check_override_keys, validate_config
 
 EXIT_CONFIG_ERROR = 2
@@ -22,9 +24,12 @@ def _task(name: str) -> Callable[..., object]:
         from kvbench.kernel_overhead import run_kernel_overhead
 
         return run_kernel_overhead
-    from kvbench.runner import run_experiment
+    from kvbench.study import run_study
 
-    return run_experiment
+    return run_study
+
+# hydra.sweep.subdir in conf/config.yaml; registered at import, so also in the launcher's workers.
+OmegaConf.register_new_resolver("kvbench_job_dir", job_dir_name, replace=True)
 
 
 @hydra.main(version_base="1.3", config_path="pkg://kvbench.conf", config_name="config")
@@ -35,8 +40,15 @@ def _app(cfg: DictConfig) -> None:
         print(f"kvbench: config error: {error}", file=sys.stderr)
         sys.exit(EXIT_CONFIG_ERROR)
     output_dir = Path(HydraConfig.get().runtime.output_dir)
+    fingerprint = config_fingerprint(cfg)
+    if typed_cfg.skip_done and is_done(output_dir, fingerprint):
+        print(f"kvbench: {output_dir} is complete (DONE, same config): skipped; "
+              "skip_done=false runs it again")  # fmt: skip
+        return
+    started_s = time.perf_counter()
     try:
         _task(typed_cfg.task)(typed_cfg, deployment, cfg, output_dir)
+        mark_done(output_dir, fingerprint, time.perf_counter() - started_s)
     except ValueError as error:  # bad input data (a malformed trace, an impossible request)
         print(f"kvbench: input error: {error}", file=sys.stderr)
         sys.exit(EXIT_INPUT_ERROR)

@@ -59,6 +59,9 @@ class HardwareConfig:
     gpu_memory_utilization: float = 0.9
     activation_reserve_gib: float = 1.0
     kv_cache_gib: float | None = None
+    # On-demand price of one GPU for an hour (USD), for the capacity and cost analysis; None:
+    # unknown (costs come out NaN). The shipped values are list prices kvbench chose, not quotes.
+    price_per_gpu_hour: float | None = None
 
 
 @dataclass
@@ -95,6 +98,47 @@ class ExecutorConfig:
 
 
 @dataclass
+class KneeConfig:
+    """``knee``: the latency bound that defines a deployment's throughput (``docs/metrics.md``)."""
+
+    # The bound is this multiple of the unloaded normalized latency (the lowest any allocator
+    # reaches in the sweep)...
+    latency_multiple: float = 4.0
+    # ...or, when set, this absolute normalized latency (s/token), which then wins.
+    max_latency_s_per_token: float | None = None
+
+
+@dataclass
+class CapacityConfig:
+    """``capacity``: size a fleet of replicas for a target request rate under the knee's bound."""
+
+    # Request rate (req/s) the whole fleet must serve; None: no capacity analysis.
+    target_request_rate: float | None = None
+
+
+@dataclass
+class KernelBenchConfig:
+    """``kernel_bench``: paged vs contiguous decode attention on block tables from a replay.
+
+    The run replays ``workload`` through the paged allocator once per block size, snapshots the
+    busiest iteration after ``warmup_steps``, and times both kernels on batches of
+    ``batch_size`` sequences per context length, dealt from that snapshot's block tables
+    (``docs/kernels.md``).
+    """
+
+    block_sizes: list[int] = field(default_factory=lambda: [8, 16, 32, 64])
+    # Tokens of context of every sequence in a timed batch.
+    context_lens: list[int] = field(default_factory=lambda: [256, 512, 1024, 2048, 4096])
+    batch_size: int = 8
+    # Engine iterations before a snapshot may be taken, so freed blocks have been reused.
+    warmup_steps: int = 300
+    # Timed rounds per kernel on the CPU (the median is kept); a GPU uses do_bench's own count.
+    repeats: int = 5
+    # K/V storage dtype; None: the model's dtype (fp8 models are timed in fp16).
+    dtype: str | None = None
+
+
+@dataclass
 class KvbenchConfig:
     """The root config: one run compares ``allocators`` on the same requests."""
 
@@ -113,8 +157,23 @@ class KvbenchConfig:
     allocators: list[str] = field(default_factory=lambda: list(ALLOCATOR_NAMES))
     # Request rates (req/s) to replay the workload at; empty = the workload's own rate.
     request_rates: list[float] = field(default_factory=list)
+    # Per-workload rate lists (workload label -> req/s), for workloads whose ranges differ (the
+    # paper's Fig. 12: ShareGPT to ~2.5 req/s, Alpaca to ~35); each such workload runs on its own.
+    # (Typed list[Any]: OmegaConf 2.3 rejects an int such as 1 in a dict of float lists.)
+    workload_request_rates: dict[str, list[Any]] = field(default_factory=dict)
+    # Block sizes to sweep (Fig. 18b); empty = `allocator.block_size` alone.
+    block_sizes: list[int] = field(default_factory=list)
+    # Preemption modes to compare (Fig. 19); empty = `scheduler.preemption` alone.
+    preemption_modes: list[str] = field(default_factory=list)
+    knee: KneeConfig = field(default_factory=KneeConfig)
+    capacity: CapacityConfig = field(default_factory=CapacityConfig)
+    # A run whose output folder holds a DONE marker of the same config is skipped (sweep re-runs).
+    skip_done: bool = True
+    # Draw the charts (PNG and SVG); a large sweep's jobs may leave them to `kvbench.report`.
+    plots: bool = True
     seed: int = 0
     progress: bool = True
+    kernel_bench: KernelBenchConfig = field(default_factory=KernelBenchConfig)
 
 
 def validate_config(cfg: DictConfig | dict[str, Any]) -> tuple[KvbenchConfig, Deployment]:
@@ -194,6 +253,8 @@ def _schema_at(full_key: str) -> Any:
             node, index = WorkloadConfig, index + 2  # skip the workload's name
             continue
         node = type(types[parts[index]].default_factory())  # type: ignore[misc]
+        if node is dict:  # a free mapping (workload_request_rates): any key below it
+            return dict
         index += 1
     return node if is_dataclass(node) else None
 
@@ -231,11 +292,15 @@ def _require(ok: bool, line: str) -> None:
 
 def _check_values(cfg: KvbenchConfig) -> None:
     _require(cfg.task in TASKS, f"task={cfg.task!r}: allowed tasks are {', '.join(TASKS)}")
-    block_size = cfg.allocator.block_size
-    _require(
-        _is_power_of_two(block_size) and block_size <= MAX_BLOCK_SIZE,
-        f"allocator.block_size={block_size}: must be a power of two from 1 to {MAX_BLOCK_SIZE}",
-    )
+    _check_block_size(f"allocator.block_size={cfg.allocator.block_size}", cfg.allocator.block_size)
+    for block_size in cfg.block_sizes:
+        _check_block_size(f"block_sizes contains {block_size}", block_size)
+    for mode in cfg.preemption_modes:
+        _require(
+            mode in PREEMPTION_MODES,
+            f"preemption_modes contains {mode!r}: allowed are {', '.join(PREEMPTION_MODES)}",
+        )
+    _check_knee_and_capacity(cfg)
     for name in cfg.allocators:
         _require(
             name in ALLOCATOR_NAMES,
@@ -244,23 +309,111 @@ def _check_values(cfg: KvbenchConfig) -> None:
     _require(len(cfg.allocators) > 0, "allocators=[]: name at least one allocator")
     for rate in cfg.request_rates:
         _require(rate > 0, f"request_rates contains {rate}: rates are request/s and must be > 0")
+    _check_workload_request_rates(cfg)
     _check_hardware(cfg.hardware)
     _check_scheduler(cfg.scheduler)
     _check_executor(cfg.executor)
+    _check_kernel_bench(cfg.kernel_bench)
     _require(
         cfg.model.dtype in DTYPE_BYTES,
         f"model.dtype={cfg.model.dtype!r}: allowed dtypes are {', '.join(DTYPE_BYTES)}",
     )
-    for workload in run_workloads(cfg):
+    for workload in run_workloads(cfg).values():
         try:
             validate_workload_config(workload)
         except ValueError as error:
             raise ConfigError(str(error)) from None
 
 
-def run_workloads(cfg: KvbenchConfig) -> list[WorkloadConfig]:
-    """The workloads a run replays: ``workloads`` when given, else ``workload``."""
-    return list(cfg.workloads.values()) or [cfg.workload]
+def _check_workload_request_rates(cfg: KvbenchConfig) -> None:
+    labels = list(cfg.workloads) or [cfg.workload.name]
+    for label, rates in cfg.workload_request_rates.items():
+        _require(
+            label in labels,
+            f"workload_request_rates.{label}: no such workload in this run; it has "
+            f"{', '.join(labels)}",
+        )
+        for rate in rates:
+            _require(
+                isinstance(rate, int | float) and not isinstance(rate, bool) and rate > 0,
+                f"workload_request_rates.{label} contains {rate}: rates are request/s and must "
+                "be > 0",
+            )
+
+
+def _check_block_size(what: str, block_size: int) -> None:
+    _require(
+        _is_power_of_two(block_size) and block_size <= MAX_BLOCK_SIZE,
+        f"{what}: must be a power of two from 1 to {MAX_BLOCK_SIZE}",
+    )
+
+
+def _check_knee_and_capacity(cfg: KvbenchConfig) -> None:
+    _require(
+        cfg.knee.latency_multiple > 1,
+        f"knee.latency_multiple={cfg.knee.latency_multiple}: must be > 1 (a multiple of the "
+        "unloaded latency)",
+    )
+    bound = cfg.knee.max_latency_s_per_token
+    _require(
+        bound is None or bound > 0,
+        f"knee.max_latency_s_per_token={bound}: must be > 0 s/token (or null for the multiple)",
+    )
+    target = cfg.capacity.target_request_rate
+    _require(
+        target is None or target > 0,
+        f"capacity.target_request_rate={target}: must be > 0 req/s (or null for no analysis)",
+    )
+    _require(
+        target is None or len(cfg.request_rates) >= 2,
+        f"capacity.target_request_rate={target}: needs a rate sweep to find each allocator's "
+        "knee (request_rates=[r1,r2,...], from light load to past saturation)",
+    )
+    _require(
+        target is None or len(run_workloads(cfg)) == 1,
+        f"capacity.target_request_rate={target}: sizes a fleet for one workload; this run has "
+        f"{len(run_workloads(cfg))} (drop the others from `workloads`)",
+    )
+    price = cfg.hardware.price_per_gpu_hour
+    _require(
+        price is None or price >= 0,
+        f"hardware.price_per_gpu_hour={price}: must be >= 0 USD (or null when unknown)",
+    )
+
+
+def _check_kernel_bench(bench: KernelBenchConfig) -> None:
+    kernel_dtypes = ("fp32", "fp16", "bf16")  # K/V storage dtypes the attention kernels take
+    _require(len(bench.block_sizes) > 0, "kernel_bench.block_sizes=[]: name at least one")
+    for block_size in bench.block_sizes:
+        _require(
+            _is_power_of_two(block_size) and block_size <= MAX_BLOCK_SIZE,
+            f"kernel_bench.block_sizes contains {block_size}: must be a power of two from 1 to "
+            f"{MAX_BLOCK_SIZE}",
+        )
+    _require(len(bench.context_lens) > 0, "kernel_bench.context_lens=[]: name at least one")
+    for context_len in bench.context_lens:
+        _require(
+            context_len >= 1,
+            f"kernel_bench.context_lens contains {context_len}: must be >= 1 token",
+        )
+    for name in ("batch_size", "repeats"):
+        value = getattr(bench, name)
+        _require(value >= 1, f"kernel_bench.{name}={value}: must be >= 1")
+    _require(
+        bench.warmup_steps >= 0,
+        f"kernel_bench.warmup_steps={bench.warmup_steps}: must be >= 0 iterations",
+    )
+    _require(
+        bench.dtype is None or bench.dtype in kernel_dtypes,
+        f"kernel_bench.dtype={bench.dtype!r}: allowed are {', '.join(kernel_dtypes)} (or null "
+        "for the model's)",
+    )
+
+
+def run_workloads(cfg: KvbenchConfig) -> dict[str, WorkloadConfig]:
+    """The workloads a run replays by label: ``workloads`` when given, else ``workload`` under its
+    name."""
+    return dict(cfg.workloads) or {cfg.workload.name: cfg.workload}
 
 
 def _check_hardware(hardware: HardwareConfig) -> None:

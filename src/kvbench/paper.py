@@ -22,3 +22,24 @@ FIG13_MEAN_BATCH_SIZE: dict[str, dict[str, float]] = {
     "sharegpt": {"naive_max": 7.00, "naive_pow2": 9.81, "naive_oracle": 13.62, "paged": 30.42},
     "alpaca": {"naive_max": 7.00, "naive_pow2": 43.24, "naive_oracle": 72.75, "paged": 132.44},
 }
+
+# Fig. 12 knees, OPT-13B (approx: read off the figure's axes, req/s): the highest rate before
+# normalized latency explodes. Shape only.
+FIG12_KNEES_APPROX: dict[str, dict[str, float]] = {
+    "sharegpt": {"naive_max": 0.5, "naive_pow2": 0.75, "naive_oracle": 1.1, "paged": 1.9},
+    "alpaca": {"naive_max": 7.0, "naive_pow2": 13.0, "naive_oracle": 20.0, "paged": 28.0},
+}
+
+# §6.2 (exact): on ShareGPT vLLM sustains these multiples of the baselines' request rate at
+# similar latency (over OPT-13B, 66B and 175B).
+FIG12_SHAREGPT_KNEE_RATIO_RANGE: dict[str, tuple[float, float]] = {
+    "naive_oracle": (1.7, 2.7),
+    "naive_max": (2.7, 8.0),
+}
+
+# §7.2 / Fig. 18b (exact): the block sizes with the lowest latency; vLLM's default is 16.
+FIG18B_BEST_BLOCK_SIZES: dict[str, tuple[int, int]] = {"sharegpt": (16, 128), "alpaca": (16, 32)}
+
+# §7.3 / Fig. 19 (exact): recomputation's overhead is never more than 20 % above swapping's latency;
+# the two are comparable at block sizes 16-64 (swapping suffers from small PCIe copies below).
+FIG19_RECOMPUTE_OVER_SWAP_MAX = 1.20

@@ -14,6 +14,7 @@ import pandas as pd
 from kvbench.metrics import USAGE_CATEGORIES
 from kvbench.paper import FIG2_BREAKDOWN_PCT, FIG13_MEAN_BATCH_SIZE
 
+MAX_POINTS_PER_LINE = 2000
 CATEGORY_COLORS = {
     "token_states": "#2b8a3e",
     "reservation": "#f59f00",
@@ -77,7 +78,9 @@ def plot_memory_over_time(steps: pd.DataFrame, out_dir: Path) -> None:
         len(groups), 1, figsize=(8, 3 * len(groups)), squeeze=False, layout="constrained"
     )
     for ax, ((workload, rate), frame) in zip(axes[:, 0], groups, strict=True):
-        for allocator, run in frame.groupby("allocator", sort=False):
+        for allocator, full_run in frame.groupby("allocator", sort=False):
+            # A few thousand points per line show the shape; millions only slow the drawing.
+            run = full_run.iloc[:: max(1, len(full_run) // MAX_POINTS_PER_LINE)]
             line = ax.plot(run["time_s"], run["token_states_gb"], label=f"{allocator} tokens")
             held_gb = (
                 run["token_states_gb"] + run["reservation_gb"] + run["internal_frag_gb"]

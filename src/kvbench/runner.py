@@ -23,6 +23,9 @@ from kvbench.provenance import provenance
 from kvbench.specs import GIB, Deployment
 from kvbench.workloads import WorkloadConfig, build_workload, to_requests
 
+# Longest a run waits before rewriting its steps and requests tables (summary: after every run).
+TABLES_EVERY_S = 30.0
+
 
 def scheduler_limits(cfg: KvbenchConfig, deployment: Deployment) -> SchedulerLimits:
     """The scheduler's limits from the config (defaults resolved against the model)."""
@@ -63,15 +66,16 @@ def _run_labels(
         "hardware": deployment.hardware.name,
         "num_gpus": deployment.num_gpus,
         "block_size": cfg.allocator.block_size,
+        "preemption": cfg.scheduler.preemption,
     }
 
 
-def _runs(cfg: KvbenchConfig) -> list[WorkloadConfig]:
-    """One workload config per (workload, request rate) the run replays."""
+def _runs(cfg: KvbenchConfig) -> list[tuple[str, WorkloadConfig]]:
+    """(label, workload config) per (workload, request rate) the run replays."""
     runs = []
-    for workload in run_workloads(cfg):
+    for label, workload in run_workloads(cfg).items():
         rates = list(cfg.request_rates) or [workload.request_rate]
-        runs.extend(dataclasses.replace(workload, request_rate=rate) for rate in rates)
+        runs.extend((label, dataclasses.replace(workload, request_rate=rate)) for rate in rates)
     return runs
 
 
@@ -80,8 +84,9 @@ def run_experiment(
 ) -> pd.DataFrame:
     """Simulate every (allocator, rate) of ``cfg``; write summary/steps/requests parquet and plots.
 
-    Returns the summary table. Tables are written after every run, so an interrupted experiment
-    keeps what it finished.
+    Returns the summary table. The summary is written after every run and the (larger) steps and
+    requests tables at least every ``TABLES_EVERY_S`` seconds and at the end, so an interrupted
+    experiment keeps what it finished without rewriting millions of step rows after each run.
     """
     max_model_len = deployment.model.max_model_len
     limits = scheduler_limits(cfg, deployment)
@@ -90,14 +95,16 @@ def run_experiment(
     summaries: list[dict] = []
     all_steps: list[pd.DataFrame] = []
     all_requests: list[pd.DataFrame] = []
-    for workload_cfg in _runs(cfg):
+    tables_written_s = time.perf_counter()
+    for workload_label, workload_cfg in _runs(cfg):
         requests = to_requests(build_workload(workload_cfg, max_model_len))
         rate = workload_cfg.request_rate
         for name in cfg.allocators:
             allocator = make_allocator(
                 name, deployment.num_kv_slots, cfg.allocator.block_size, max_model_len
             )
-            labels = _run_labels(cfg, deployment, workload_cfg.name, name, rate)
+            labels = _run_labels(cfg, deployment, workload_label, name, rate)
+            labels["n"] = workload_cfg.num_samples
             started_s = time.perf_counter()
             with tqdm(
                 total=len(requests),
@@ -114,9 +121,15 @@ def run_experiment(
             summaries.append(summary)
             all_steps.append(steps)
             all_requests.append(request_table)
-            _write_tables(output_dir, summaries, all_steps, all_requests, metadata)
+            if time.perf_counter() - tables_written_s >= TABLES_EVERY_S:
+                _write_tables(output_dir, summaries, all_steps, all_requests, metadata)
+                tables_written_s = time.perf_counter()
+            else:
+                write_table(pd.DataFrame(summaries), output_dir / "summary.parquet", metadata)
+    _write_tables(output_dir, summaries, all_steps, all_requests, metadata)
     summary_table = pd.DataFrame(summaries)
-    plot_run(summary_table, pd.concat(all_steps, ignore_index=True), output_dir / "plots")
+    if cfg.plots:
+        plot_run(summary_table, pd.concat(all_steps, ignore_index=True), output_dir / "plots")
     return summary_table
 
 

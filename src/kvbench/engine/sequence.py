@@ -10,7 +10,10 @@ from kvbench.request import Request
 
 @dataclass(slots=True)
 class Sequence:
-    """A request in the engine: how many tokens it generated and where its KV lives.
+    """One sequence of a request in the engine: how many tokens it generated, where its KV lives.
+
+    A request with ``num_samples`` n > 1 is prefilled once as one sequence, which forks into n
+    sequences (parallel samples sharing the prompt's KV) once its first token is out.
 
     Its KV cache holds ``prompt + generated`` tokens while it runs (the slot of a generated token
     is taken in the iteration that produces it), so it ends at ``prompt + output`` tokens.
@@ -18,15 +21,11 @@ class Sequence:
 
     request: Request
     record: RequestRecord
+    seq_id: int  # the allocator's id: the request's id, or a fresh one for a forked sample
     num_generated: int = 0
     # Leading tokens whose KV the allocator already held at the last admission (prefix cache
     # hits): prefill does not compute them.
     num_cached_tokens: int = 0
-
-    @property
-    def seq_id(self) -> int:
-        """The allocator's id for this sequence."""
-        return self.request.request_id
 
     @property
     def num_kv_tokens(self) -> int:

@@ -12,12 +12,13 @@ from collections.abc import Sequence as SequenceOf
 from kvbench.allocators.base import Allocator
 from kvbench.engine.cost_model import IterationShape, RooflineCostModel
 from kvbench.engine.records import RequestRecord, SimulationResult, StepRecords
+from kvbench.engine.samples import SampleGroups
 from kvbench.engine.scheduler import Batch, Scheduler
 from kvbench.engine.sequence import Sequence
 from kvbench.request import Request
 
 ProgressCallback = Callable[[int], None]
-# Called with each iteration's batch and the allocator right after scheduling, before the batch runs.
+# Called with each iteration's batch and the allocator after scheduling, before the batch runs.
 StepObserver = Callable[[Batch, Allocator], None]
 
 
@@ -28,7 +29,7 @@ def _new_sequence(request: Request) -> Sequence:
         prompt_tokens=request.prompt_tokens,
         output_tokens=request.output_tokens,
     )
-    return Sequence(request=request, record=record)
+    return Sequence(request=request, record=record, seq_id=request.request_id)
 
 
 def _reject(seq: Sequence, reason: str) -> None:
@@ -77,6 +78,7 @@ def simulate(
     pending = sorted(requests, key=lambda r: (r.arrival_s, r.request_id))
     sequences = [_new_sequence(request) for request in pending]
     steps = StepRecords()
+    samples = SampleGroups(next_seq_id=max((r.request_id for r in pending), default=-1) + 1)
     next_arrival = 0
     now_s = 0.0
     while next_arrival < len(sequences) or scheduler.has_work:
@@ -91,6 +93,7 @@ def simulate(
                 _reject(seq, reason)
                 num_ended += 1
             else:
+                samples.start(seq)
                 scheduler.add(seq)
         batch, rejected = scheduler.schedule(allocator)
         for seq in rejected:
@@ -100,7 +103,7 @@ def simulate(
             if on_step is not None:
                 on_step(batch, allocator)
             now_s, num_finished = _run_iteration(
-                batch, now_s, scheduler, allocator, cost_model, steps
+                batch, now_s, scheduler, allocator, cost_model, steps, samples
             )
             num_ended += num_finished
         if on_finish is not None and num_ended:
@@ -121,6 +124,7 @@ def _run_iteration(
     allocator: Allocator,
     cost_model: RooflineCostModel,
     steps: StepRecords,
+    samples: SampleGroups,
 ) -> tuple[float, int]:
     """Price and record one iteration, advance its sequences; returns (end time, finished)."""
     usage = allocator.usage()
@@ -153,11 +157,15 @@ def _run_iteration(
         seq.num_generated += 1
         if seq.num_generated == 1:
             seq.record.first_token_s = end_s
+            if seq.request.num_samples > 1 and not seq.is_done:
+                samples.fork(seq, allocator, scheduler)
         if seq.is_done:
-            seq.record.finish_s = end_s
-            seq.record.status = "finished"
-            seq.record.peak_slots = _held_slots(allocator, seq.seq_id)
+            held_slots = _held_slots(allocator, seq.seq_id)
+            seq.record.peak_slots = max(seq.record.peak_slots, held_slots)
             scheduler.finish(allocator, seq)
-            num_finished += 1
+            if samples.finish(seq):
+                seq.record.finish_s = end_s
+                seq.record.status = "finished"
+                num_finished += 1
     allocator.take_copy_on_writes()  # the engine only counts them; an executor would copy
     return end_s, num_finished

@@ -11,9 +11,11 @@ OUTPUT_TOKENS = "output_tokens"
 PREFIX_GROUP = "prefix_group"
 PREFIX_TOKENS = "prefix_tokens"
 PREFIX_BLOCK_HASHES = "prefix_block_hashes"
+# Parallel samples (n) generated from the request's prompt.
+NUM_SAMPLES = "num_samples"
 
 REQUIRED_COLUMNS = (REQUEST_ID, ARRIVAL_S, PROMPT_TOKENS, OUTPUT_TOKENS)
-OPTIONAL_COLUMNS = (PREFIX_GROUP, PREFIX_TOKENS, PREFIX_BLOCK_HASHES)
+OPTIONAL_COLUMNS = (PREFIX_GROUP, PREFIX_TOKENS, PREFIX_BLOCK_HASHES, NUM_SAMPLES)
 
 # DataFrame.attrs key holding the tokens covered by one entry of ``prefix_block_hashes``.
 HASH_BLOCK_TOKENS_ATTR = "hash_block_tokens"

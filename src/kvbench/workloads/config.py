@@ -50,6 +50,7 @@ class WorkloadConfig:
         num_users: users (= requests) of ``system_prompt``.
         system_prompt_tokens: length of the shared system prompt.
         seed: seeds sampling and arrivals.
+        num_samples: parallel samples (n) each request generates from its one prompt.
     """
 
     name: str = "sharegpt"
@@ -72,6 +73,7 @@ class WorkloadConfig:
     num_users: int = 8
     system_prompt_tokens: int = 1024
     seed: int = 0
+    num_samples: int = 1
 
 
 def as_workload_config(cfg: Any) -> WorkloadConfig:
@@ -168,6 +170,7 @@ def _validate_filter(cfg: WorkloadConfig) -> None:
                 "max_total_tokens"):
         _check_int_at_least(key, getattr(cfg, key), 0)
     _check_int_at_least("seed", cfg.seed, 0)
+    _check_int_at_least("num_samples", cfg.num_samples, 1)
 
 
 def validate_workload_config(cfg: WorkloadConfig) -> None:

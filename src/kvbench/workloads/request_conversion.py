@@ -10,6 +10,7 @@ from kvbench.request import Request
 from kvbench.workloads.columns import (
     ARRIVAL_S,
     HASH_BLOCK_TOKENS_ATTR,
+    NUM_SAMPLES,
     OUTPUT_TOKENS,
     PREFIX_BLOCK_HASHES,
     PREFIX_GROUP,
@@ -44,6 +45,7 @@ def to_requests(df: pd.DataFrame) -> list[Request]:
         df[REQUEST_ID].tolist(), arrivals_s, df[PROMPT_TOKENS].tolist(),
         df[OUTPUT_TOKENS].tolist(), _optional_column(df, PREFIX_GROUP, None),
         _optional_column(df, PREFIX_TOKENS, 0), _optional_column(df, PREFIX_BLOCK_HASHES, ()),
+        _optional_column(df, NUM_SAMPLES, 1),
         strict=True,
     )
     return [
@@ -56,7 +58,9 @@ def to_requests(df: pd.DataFrame) -> list[Request]:
             prefix_tokens=int(prefix_tokens),
             prefix_block_hashes=tuple(int(block) for block in hashes),
             hash_block_tokens=hash_block_tokens,
+            num_samples=int(num_samples),
         )
-        for request_id, arrival_s, prompt_tokens, output_tokens, group, prefix_tokens, hashes
+        for request_id, arrival_s, prompt_tokens, output_tokens, group, prefix_tokens, hashes,
+        num_samples
         in columns
     ]

@@ -1,0 +1,361 @@
+"""The reproduction report, one function per paper figure: kvbench's measurement beside the
+paper's, and the gap explained from the mechanism (never from a tuned constant).
+
+Each function takes the aggregated tables and returns a markdown section, or "" when the results
+hold nothing for that figure.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+
+from kvbench.catalog import get_hardware, get_model
+from kvbench.paper import (
+    FIG2_BREAKDOWN_PCT,
+    FIG12_KNEES_APPROX,
+    FIG12_SHAREGPT_KNEE_RATIO_RANGE,
+    FIG13_MEAN_BATCH_SIZE,
+    FIG18B_BEST_BLOCK_SIZES,
+    FIG19_RECOMPUTE_OVER_SWAP_MAX,
+)
+from kvbench.report.markdown_table import cell, markdown_table
+from kvbench.specs import Deployment
+from kvbench.throughput_curves import LATENCY, curve_keys
+
+NAIVE = ("naive_max", "naive_pow2", "naive_oracle")
+PAPER_NAMES = {"naive_max": "Orca (Max)", "naive_pow2": "Orca (Pow2)",
+               "naive_oracle": "Orca (Oracle)", "paged": "vLLM"}  # fmt: skip
+# Table 1 (exact): (model, GPU, GPUs, KV GiB) -> (paper's max KV slots, KV bytes per token).
+TABLE1 = {
+    ("opt-13b", "a100-40gb", 1, 12.0): ("15.7K", 819_200),
+    ("opt-66b", "a100-40gb", 4, 21.0): ("9.7K", 2_359_296),
+    ("opt-175b", "a100-80gb", 8, 264.0): ("60.1K", 4_718_592),
+}
+# Fig. 13 with Little's law: the paper's mean batch at a rate, over the mean output tokens of
+# its traces (ShareGPT 337.99, Alpaca 58.45), gives its engine's seconds per iteration.
+PAPER_OUTPUT_TOKENS = {"sharegpt": 337.99, "alpaca": 58.45}
+PAPER_FIG13_RATES = {"sharegpt": 2.0, "alpaca": 30.0}
+
+
+def _opt13b(summary: pd.DataFrame) -> pd.DataFrame:
+    if summary.empty or "model" not in summary.columns:
+        return summary
+    return summary[(summary["model"] == "opt-13b") & (summary["num_gpus"] == 1)]
+
+
+def table1_section() -> str:
+    """Table 1 from the catalog: KV capacity of the paper's three deployments."""
+    rows = []
+    for (model, hardware, gpus, kv_gib), (paper_slots, paper_bytes) in TABLE1.items():
+        deployment = Deployment(get_model(model), get_hardware(hardware), num_gpus=gpus,
+                                kv_cache_gib=kv_gib)  # fmt: skip
+        rows.append([f"{model}, {gpus}x {hardware}, {kv_gib:g} GiB KV", paper_slots,
+                     f"{deployment.num_kv_slots:,}", f"{paper_bytes:,}",
+                     f"{deployment.kv_bytes_per_token:,}"])  # fmt: skip
+    header = ["deployment", "paper: KV slots", "kvbench", "paper: bytes/token", "kvbench"]
+    return "## Table 1: KV capacity\n\n" + markdown_table(header, rows) + (
+        "\n\nThe paper's \"GB\" are GiB. OPT-66B: 21 GiB / 2,359,296 B = 9,557 slots, where the "
+        "paper prints 9.7K (its KV memory is rounded to whole GB).\n"
+    )
+
+
+def _fig2_rows(summary: pd.DataFrame) -> pd.DataFrame:
+    rows = _opt13b(summary)
+    if rows.empty:
+        return rows
+    rows = rows[(rows["workload"] == "sharegpt") & (rows["request_rate"] == 2.0)
+                & (rows["block_size"] == 16)]  # fmt: skip
+    return rows.drop_duplicates("allocator", keep="last")
+
+
+def fig2_section(summary: pd.DataFrame) -> str:
+    """Fig. 2: the KV breakdown on ShareGPT at 2 req/s, OPT-13B (paper's value in brackets)."""
+    rows = _fig2_rows(summary)
+    if rows.empty:
+        return ""
+    table = []
+    for row in rows.itertuples(index=False):
+        paper = FIG2_BREAKDOWN_PCT.get(row.allocator, {})
+        cells = [row.allocator]
+        for category in ("token_states", "reservation", "internal_frag", "external_frag"):
+            value = getattr(row, f"{category}_pct")
+            reference = paper.get(category)
+            cells.append(f"{value:.1f}" + (f" ({reference:g})" if reference is not None else ""))
+        cells += [f"{row.free_pct:.1f}", f"{row.token_states_pct_of_used:.1f}"]
+        table.append(cells)
+    header = ["allocator", "token states", "reservation", "internal", "external", "free",
+              "token states of used"]  # fmt: skip
+    return (
+        "## Fig. 2: KV cache usage breakdown (ShareGPT, 2 req/s, OPT-13B)\n\n"
+        "% of the KV pool, time-weighted; the paper's value in brackets (its bars have no free "
+        "category: compare paged's *token states of used* with its 96.3).\n\n"
+        + markdown_table(header, table)
+        + "\n\nWhy the numbers differ: `docs/reproduction.md`, *Fig. 2 and Fig. 13* (kvbench's "
+        "ShareGPT prompts are shorter than the paper's; paged is not memory-bound at 2 req/s).\n"
+    )
+
+
+def fig13_section(summary: pd.DataFrame) -> str:
+    """Fig. 13: mean batched requests on ShareGPT at 2 req/s and Alpaca at 30 req/s."""
+    rows = _opt13b(summary)
+    if rows.empty:
+        return ""
+    table = []
+    for workload, rate in PAPER_FIG13_RATES.items():
+        selected = (rows["workload"] == workload) & (rows["request_rate"] == rate)
+        at_rate = rows[selected & (rows["block_size"] == 16)]
+        for row in at_rate.drop_duplicates("allocator", keep="last").itertuples(index=False):
+            paper = FIG13_MEAN_BATCH_SIZE[workload].get(row.allocator, math.nan)
+            change = row.mean_batch_size / paper - 1
+            table.append([f"{workload} @ {rate:g}/s", row.allocator, paper, row.mean_batch_size,
+                          change])  # fmt: skip
+    if not table:
+        return ""
+    body = markdown_table(["trace", "allocator", "paper", "kvbench", "kvbench / paper - 1"],
+                          table)  # fmt: skip
+    return "## Fig. 13: mean batched requests (OPT-13B)\n\n" + body + "\n"
+
+
+def _implied_iteration_ms(workload: str) -> float:
+    """The paper's vLLM seconds per iteration at its Fig. 13 point (Little's law), in ms."""
+    batch = FIG13_MEAN_BATCH_SIZE[workload]["paged"]
+    return 1000 * batch / (PAPER_FIG13_RATES[workload] * PAPER_OUTPUT_TOKENS[workload])
+
+
+def _kvbench_iteration_ms(curve: pd.DataFrame, batch: float) -> tuple[float, float]:
+    """(mean batch, TPOT p50 in ms) of the paged run whose batch is closest to ``batch``."""
+    paged = curve[curve["allocator"] == "paged"]
+    if paged.empty:
+        return math.nan, math.nan
+    row = paged.iloc[(paged["mean_batch_size"] - batch).abs().argmin()]
+    return float(row["mean_batch_size"]), 1000 * float(row["tpot_p50_s"])
+
+
+def fig12_section(summary: pd.DataFrame, knees: pd.DataFrame, sensitivity: pd.DataFrame) -> str:
+    """Fig. 12: each curve's knee and paged's knee ratios, beside the paper's."""
+    if knees.empty:
+        return ""
+    keys = curve_keys(knees)
+    parts = [
+        "## Fig. 12: throughput at equal latency (knees of the latency-vs-rate curves)\n",
+        "The knee of a curve is the highest request rate whose normalized latency stays under "
+        "the bound: 4x the unloaded latency (the lowest any allocator of the curve reaches), "
+        "interpolated between the sampled rates (`docs/metrics.md`). *ratio* = paged's knee over "
+        "this allocator's: how many times the request rate paged sustains at the same latency. "
+        "A `>` marks a knee beyond the sampled rates (a lower bound).\n",
+    ]
+    for values, group in knees.groupby(keys, sort=False, dropna=False):
+        labels = dict(zip(keys, values, strict=True))
+        parts.append(_fig12_curve_table(labels, group))
+    parts.append(_sensitivity_table(sensitivity))
+    parts.append(_fig12_gap(summary))
+    return "\n".join(parts)
+
+
+def _fig12_curve_table(labels: dict, group: pd.DataFrame) -> str:
+    workload, model = labels.get("workload"), labels.get("model")
+    paper_knees = FIG12_KNEES_APPROX.get(str(workload), {}) if model == "opt-13b" else {}
+    paper_ratios = FIG12_SHAREGPT_KNEE_RATIO_RANGE if workload == "sharegpt" else {}
+    rows = []
+    for row in group.itertuples(index=False):
+        knee = ("> " if row.knee_censored else "") + cell(row.knee_rate)
+        ratio = ("≥ " if row.knee_ratio_censored else "") + cell(row.knee_ratio)
+        paper_range = paper_ratios.get(row.allocator)
+        rows.append([row.allocator, knee, cell(paper_knees.get(row.allocator, math.nan)), ratio,
+                     f"{paper_range[0]:g}-{paper_range[1]:g}" if paper_range else "–"])  # fmt: skip
+    first = group.iloc[0]
+    title = (f"**{labels.get('experiment')}: {workload}, {model} on {first['num_gpus']}x "
+             f"{first['hardware']}, block {first['block_size']}** (bound "
+             f"{first['latency_bound_s_per_token']:.3f} s/token; rates "
+             f"{first['min_rate']:g}-{first['max_rate']:g} req/s)")  # fmt: skip
+    header = ["allocator", "knee (req/s)", "paper knee (approx.)", "ratio paged / this",
+              "paper ratio"]  # fmt: skip
+    return title + "\n\n" + markdown_table(header, rows) + "\n"
+
+
+def _sensitivity_table(sensitivity: pd.DataFrame) -> str:
+    if sensitivity.empty:
+        return ""
+    naive = sensitivity[sensitivity["allocator"].isin(NAIVE)]
+    pivot = naive.pivot_table(index=[*curve_keys(naive), "allocator"],
+                              columns="latency_multiple", values="knee_ratio")  # fmt: skip
+    multiples = list(pivot.columns)
+    ratios = pivot.to_numpy().tolist()
+    rows = [[f"{index[0]} / {index[1]} / {index[2]}", index[-1], *values]
+            for index, values in zip(pivot.index, ratios, strict=True)]  # fmt: skip
+    header = ["experiment / workload / model", "allocator",
+              *[f"ratio at {m:g}x" for m in multiples]]  # fmt: skip
+    return (
+        "How much the choice of bound matters: paged's knee ratio at 2x, 4x and 10x the unloaded "
+        "latency.\n\n" + markdown_table(header, rows) + "\n"
+    )
+
+
+def _fig12_gap(summary: pd.DataFrame) -> str:
+    lines = ["**Why kvbench's knees lie right of the paper's, and its ratios agree.**"]
+    for workload in ("sharegpt", "alpaca"):
+        curve = _opt13b(summary)
+        curve = curve[curve["workload"] == workload] if not curve.empty else curve
+        if curve.empty or curve["request_rate"].nunique() < 2:
+            continue
+        paper_ms = _implied_iteration_ms(workload)
+        paper_batch = FIG13_MEAN_BATCH_SIZE[workload]["paged"]
+        batch, measured_ms = _kvbench_iteration_ms(curve, paper_batch)
+        lines.append(
+            f"- {workload}: by Little's law the paper's vLLM ran {paper_batch:g} requests per "
+            f"iteration at {PAPER_FIG13_RATES[workload]:g} req/s with "
+            f"{PAPER_OUTPUT_TOKENS[workload]:g} output tokens each, {paper_ms:.0f} ms per "
+            f"iteration; kvbench's roofline prices a paged iteration at a batch of {batch:.0f} at "
+            f"{measured_ms:.0f} ms (TPOT p50)."
+        )
+    lines.append(
+        "- A faster iteration serves more requests per second at the same batch, so every "
+        "allocator's knee moves right by roughly the ratio of iteration times. The batch an "
+        "allocator can hold is set by memory alone (Max: 7 requests of 2,048 slots; Oracle: the "
+        "buddy-rounded true lengths; paged: the true lengths to a block), the same in kvbench "
+        "and in the paper, so the *ratios* of knees, where the iteration speed cancels to first "
+        "order, land inside the paper's ranges while the absolute knees do not."
+    )
+    lines.append(
+        "- The 2023 engine's iteration grew with the batch (Python scheduling, block-table "
+        "preparation and sampling per sequence); kvbench's overhead is a constant 2 ms "
+        "(`docs/cost_model.md`). That is why paged on Alpaca, whose short requests make "
+        "batches of 100+, keeps its latency far past the paper's ~28 req/s in kvbench: there "
+        "the per-sequence CPU cost the roofline leaves out dominated the paper's iteration."
+    )
+    return "\n".join(lines) + "\n"
+
+
+def block_sweep_rows(summary: pd.DataFrame, compares_preemption: bool) -> pd.DataFrame:
+    """Paged rows of experiments that sweep the block size at fixed rates: those comparing
+    preemption modes (Fig. 19) or, with ``compares_preemption`` False, the others (Fig. 18b)."""
+    if summary.empty:
+        return summary
+    paged = summary[summary["allocator"] == "paged"]
+    groups = paged.groupby(["experiment", "workload", "model", "num_gpus", "request_rate"])
+    sizes = groups["block_size"].transform("nunique")
+    modes = groups["preemption"].transform("nunique")
+    return paged[(sizes > 1) & ((modes > 1) == compares_preemption)]
+
+
+def fig18b_section(summary: pd.DataFrame) -> str:
+    """Fig. 18b: normalized latency vs block size (recompute preemption)."""
+    rows = block_sweep_rows(summary, compares_preemption=False)
+    if rows.empty:
+        return ""
+    pivot = rows.pivot_table(index="block_size", columns=["workload", "request_rate"],
+                             values=LATENCY)  # fmt: skip
+    header = ["block size", *[f"{w} @ {r:g}/s (s/token)" for w, r in pivot.columns]]
+    table = [[int(size), *values] for size, values in zip(pivot.index, pivot.to_numpy().tolist(),
+                                                           strict=True)]  # fmt: skip
+    best = [f"{w} @ {r:g}/s: {int(pivot[(w, r)].idxmin())} (paper: "
+            f"{'-'.join(map(str, FIG18B_BEST_BLOCK_SIZES.get(w, ('?', '?'))))})"
+            for w, r in pivot.columns]  # fmt: skip
+    return (
+        "## Fig. 18b: latency vs block size (paged)\n\n"
+        + markdown_table(header, table, digits=3)
+        + "\n\nBest block size, kvbench (paper): " + "; ".join(best) + ".\n\n"
+        "Why they differ: kvbench's cost model prices attention by the bytes and FLOPs of the "
+        "context alone, not by the block size, so the only effect of the block size it sees is "
+        "the slots a sequence's last block wastes (up to block size - 1): larger blocks hold "
+        "fewer sequences and latency rises with them, the right half of the paper's curve. The "
+        "left half, small blocks being slow, comes from the GPU kernel (a 1- or 2-token block "
+        "underuses the memory transactions and parallelism of paged attention), which a roofline "
+        "cannot see: kernel times measured per block size (the kernels work, "
+        "`docs/kernels.md`) are what would bend it up.\n"
+    )
+
+
+def fig19_section(summary: pd.DataFrame) -> str:
+    """Fig. 19: recompute vs swap across block sizes."""
+    all_rows = block_sweep_rows(summary, compares_preemption=True)
+    if all_rows.empty:
+        return ""
+    # One table: the first experiment, workload and rate of the comparison.
+    first = all_rows.iloc[0]
+    rows = all_rows[(all_rows["experiment"] == first["experiment"])
+                    & (all_rows["workload"] == first["workload"])
+                    & (all_rows["request_rate"] == first["request_rate"])]  # fmt: skip
+    pivot = rows.pivot_table(index="block_size", columns="preemption",
+                             values=[LATENCY, "num_preemptions"])  # fmt: skip
+    table = []
+    for size in pivot.index:
+        recompute = pivot.loc[size, (LATENCY, "recompute")]
+        swap = pivot.loc[size, (LATENCY, "swap")]
+        table.append([int(size), recompute, swap, recompute / swap,
+                      int(pivot.loc[size, ("num_preemptions", "recompute")]),
+                      int(pivot.loc[size, ("num_preemptions", "swap")])])  # fmt: skip
+    header = ["block size", "recompute (s/token)", "swap (s/token)", "recompute / swap",
+              "preemptions (recompute)", "preemptions (swap)"]  # fmt: skip
+    workload = ", ".join(sorted(rows["workload"].unique()))
+    rates = ", ".join(f"{r:g}" for r in sorted(rows["request_rate"].unique()))
+    return (
+        f"## Fig. 19: recompute vs swap ({workload} @ {rates} req/s, paged)\n\n"
+        + markdown_table(header, table, digits=3)
+        + f"\n\nPaper: recomputation is never more than "
+        f"{(FIG19_RECOMPUTE_OVER_SWAP_MAX - 1) * 100:.0f} % slower than swapping, comparable at "
+        "block sizes 16-64, and swapping is slow at small block sizes.\n\n"
+        "Why kvbench differs at small blocks: it prices a swap as its bytes over PCIe "
+        "(`docs/cost_model.md`), with no cost per block; a real swap issues one copy per block, "
+        "and at 1-8 tokens per block those small copies run far below PCIe bandwidth, which is "
+        "the paper's reason swapping loses there. Recompute is priced as a prefill of the whole "
+        "context, the same in both. So in kvbench swap is cheapest at the smallest blocks and "
+        "the two converge as blocks grow, where per-block overhead stops mattering in the paper "
+        "too.\n"
+    )
+
+
+def fig15_section() -> str:
+    """Fig. 15 (sharing): pending."""
+    return (
+        "## Fig. 15: parallel sampling and beam search (sharing)\n\n"
+        "Pending: it belongs to the sharing issue (paged_prefix forks), not built into the "
+        "report yet.\n"
+    )
+
+
+def capacity_section(capacity: pd.DataFrame) -> str:
+    """The fleet each allocator needs for the target rate, and what it costs."""
+    if capacity.empty:
+        return ""
+    parts = ["## Capacity and cost\n"]
+    for _, fleet in capacity.groupby(["experiment", "target_request_rate"], sort=False):
+        first = fleet.iloc[0]
+        rows = [[row.allocator, ("> " if row.knee_censored else "") + cell(row.knee_rate),
+                 cell(row.replicas, 0), cell(row.gpus, 0), f"${row.cost_per_hour:,.2f}",
+                 row.kv_pool_gb_fleet, row.kv_held_gb, row.kv_used_gb, row.kv_held_over_used,
+                 row.operating_latency_s_per_token]
+                for row in fleet.itertuples(index=False)]  # fmt: skip
+        header = ["allocator", "knee / replica (req/s)", "replicas", "GPUs", "$/hour",
+                  "KV pool (GB)", "KV held (GB)", "KV used (GB)", "held / used",
+                  "latency at operating rate (s/token)"]  # fmt: skip
+        parts.append(
+            f"**{first['experiment']}**: {first['target_request_rate']:g} req/s of "
+            f"{first['workload']} on replicas of {first['model']} on {first['num_gpus']}x "
+            f"{first['hardware']}, normalized latency ≤ {first['latency_bound_s_per_token']:.3f} "
+            f"s/token, ${first['price_per_gpu_hour']:.2f} per GPU-hour (a list price kvbench "
+            "chose; `hardware.price_per_gpu_hour`).\n\n" + markdown_table(header, rows, digits=3)
+        )
+    return "\n".join(parts) + "\n"
+
+
+def runs_section(summary: pd.DataFrame, done: dict[str, tuple[str, float]]) -> str:
+    """What the report read: experiments, rows, completeness and wall time.
+
+    ``done`` maps a run folder to its DONE marker (path, wall seconds); a study's grid points
+    share one marker, counted once.
+    """
+    if summary.empty:
+        return ""
+    rows = []
+    for experiment, group in summary.groupby("experiment", sort=False):
+        markers = {done[d] for d in group["run_dir"].unique() if d in done}
+        wall = sum(wall_s for _, wall_s in markers)
+        rows.append([experiment, len(group), group["run_dir"].nunique(),
+                     "yes" if group["run_complete"].all() else "no",
+                     group["simulation_wall_s"].sum(), wall or math.nan])  # fmt: skip
+    header = ["experiment", "summary rows", "run folders", "complete", "simulation (s)",
+              "run wall (s, from DONE)"]  # fmt: skip
+    return "## Runs read\n\n" + markdown_table(header, rows, digits=1) + "\n"
