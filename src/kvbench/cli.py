@@ -28,6 +28,7 @@ def _task(name: str) -> Callable[..., object]:
 
     return run_study
 
+
 # hydra.sweep.subdir in conf/config.yaml; registered at import, so also in the launcher's workers.
 OmegaConf.register_new_resolver("kvbench_job_dir", job_dir_name, replace=True)
 
