@@ -101,7 +101,11 @@ def torch_decode(
         probs = torch.exp(scores - new_max.unsqueeze(-1))  # [num_seqs, heads, group, tile]
         tile_sum = probs.sum(-1)  # [num_seqs, num_kv_heads, group], fp32 as in the kernel
         pv_probs = probs.to(storage_dtype).float()  # the kernel's PV operand precision
-        tile_acc = torch.einsum("shgt,sthd->shgd", pv_probs, value.float())
+        # Zero the values past each context (as the Triton kernel's masked loads do): slots there
+        # may hold anything, even NaN, and 0 x NaN would poison the sum.
+        valid = (tokens < lens.view(num_seqs, 1)).view(num_seqs, -1, 1, 1)  # [num_seqs, tile, 1, 1]
+        value = torch.where(valid, value.float(), 0.0)  # [num_seqs, tile, num_kv_heads, head_dim]
+        tile_acc = torch.einsum("shgt,sthd->shgd", pv_probs, value)
         if running_max is None:
             running_sum, acc = tile_sum, tile_acc
         else:

@@ -96,6 +96,22 @@ def test_paged_matches_float64_reference(dtype, block_size, backend):
 
 
 @pytest.mark.parametrize("backend", ["triton", "torch"])
+def test_slots_past_the_context_are_never_read(backend):
+    # A pool's unused slots may hold anything (torch.empty memory): NaN there must not leak.
+    block_size = 16
+    batch = make_batch([1, 37, 150, 64], block_size, torch.float32, seed=3)
+    expected = paged(batch, backend)
+    for row, length in enumerate(batch.layout.context_lens.tolist()):
+        last_block = batch.layout.block_tables[row, (length - 1) // block_size].item()
+        # The unused tail of each sequence's own last block (blocks are not shared here).
+        batch.key_cache[last_block, (length - 1) % block_size + 1 :] = float("nan")
+        batch.value_cache[last_block, (length - 1) % block_size + 1 :] = float("nan")
+    out = paged(batch, backend)
+    assert torch.isfinite(out).all()
+    assert torch.equal(out, expected)
+
+
+@pytest.mark.parametrize("backend", ["triton", "torch"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_contiguous_gives_bit_identical_output(dtype, backend):
     # Same algorithm, same tiles: the layout changes where K/V are read, never the result.

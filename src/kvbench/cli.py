@@ -24,6 +24,10 @@ def _task(name: str) -> Callable[..., object]:
         from kvbench.kernel_overhead import run_kernel_overhead
 
         return run_kernel_overhead
+    if name == "logit_equivalence":
+        from kvbench.equivalence.run import run_logit_equivalence
+
+        return run_logit_equivalence
     from kvbench.study import run_study
 
     return run_study

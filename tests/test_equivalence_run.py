@@ -1,0 +1,60 @@
+"""``experiment=logit_equivalence`` end to end on a tiny random model; its config checks."""
+
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from conftest import compose_config
+
+from kvbench.config import ConfigError
+from kvbench.equivalence.run import run_logit_equivalence
+from kvbench.equivalence.table import EQUIVALENCE_COLUMNS
+from kvbench.io import read_metadata
+
+METRICS_DOC = (Path(__file__).resolve().parents[1] / "docs" / "metrics.md").read_text()
+SMALL = (
+    "experiment=logit_equivalence",
+    "equivalence.model=tiny-llama-gqa",
+    "equivalence.num_prompts=2",
+    "equivalence.num_decode_steps=6",
+)
+
+
+def test_small_run_writes_the_table_the_plot_and_the_verdicts(tmp_path, capsys):
+    cfg, deployment, raw = compose_config(*SMALL)
+    run_logit_equivalence(cfg, deployment, raw, tmp_path)
+    table = pd.read_parquet(tmp_path / "equivalence.parquet")
+    assert list(table.columns) == list(EQUIVALENCE_COLUMNS)
+    # 2 allocators x 2 backends x 2 prompts x 2 samples x 7 steps (the prompt's and 6 decodes).
+    assert len(table) == 2 * 2 * 2 * 2 * 7
+    assert set(table["allocator"]) == {"paged", "paged_prefix"}
+    assert set(table["backend"]) == {"torch", "gather"}
+    assert (table["max_rel_diff"] <= 1e-5).all() and table["tokens_equal"].all()
+    assert (table.loc[table["backend"] == "gather", "max_abs_diff"] == 0).all()
+    for suffix in ("png", "svg"):
+        assert (tmp_path / "plots" / f"equivalence.{suffix}").stat().st_size > 0
+    assert "equivalence" in read_metadata(tmp_path / "equivalence.parquet")["config_yaml"]
+    printed = capsys.readouterr().out
+    assert printed.count("PASS") == 4 and "tolerance: rel <= 1e-05" in printed
+
+
+def test_every_equivalence_column_is_documented():
+    section = METRICS_DOC.split("## equivalence.parquet", 1)[1]
+    assert all(f"`{column}`" in section for column in EQUIVALENCE_COLUMNS)
+
+
+@pytest.mark.parametrize(
+    ("override", "expected"),
+    [
+        ("equivalence.model=gpt2", "equivalence.model='gpt2'"),
+        ("equivalence.allocators=[naive_max]", "equivalence.allocators contains 'naive_max'"),
+        ("equivalence.backends=[cuda]", "equivalence.backends contains 'cuda'"),
+        ("equivalence.dtype=bf16", "equivalence.dtype='bf16'"),
+        ("equivalence.num_decode_steps=0", "equivalence.num_decode_steps=0: must be >= 1"),
+        ("equivalence.block_size=12", "equivalence.block_size=12"),
+    ],
+)
+def test_bad_equivalence_values_give_one_line(override, expected):
+    with pytest.raises(ConfigError, match=expected.replace("[", r"\[")) as error:
+        compose_config("experiment=logit_equivalence", override)
+    assert "\n" not in str(error.value)
