@@ -16,12 +16,12 @@ from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationE
 
 from kvbench.allocators import ALLOCATOR_NAMES
 from kvbench.catalog import deployment_from
+from kvbench.engine.scheduler import PREEMPTION_MODES
 from kvbench.equivalence import names as equivalence_names
 from kvbench.specs import DTYPE_BYTES, Deployment
 from kvbench.workloads import WorkloadConfig, validate_workload_config
 
 MAX_BLOCK_SIZE = 256  # the largest block size the vLLM paper swept (Fig. 18b)
-PREEMPTION_MODES = ("recompute", "swap")
 EXECUTOR_KINDS = ("roofline",)
 TASKS = ("simulate", "kernel_overhead", "logit_equivalence")
 
