@@ -98,3 +98,15 @@ def test_block_tables_are_scattered(tiny):
     table = runner.allocator.block_table(0)
     assert len(table) >= 3
     assert any(later != earlier + 1 for earlier, later in itertools.pairwise(table))
+
+
+def test_transformers_continuous_batching_gives_the_same_greedy_tokens(tiny):
+    from kvbench.equivalence.peer import continuous_batching_tokens
+
+    model, cases, _ = tiny
+    _, paged = _run(tiny, "paged_prefix", "paged")
+    peer_tokens = continuous_batching_tokens(
+        model, [case.token_ids for case in cases], NUM_STEPS + 1, BLOCK_SIZE
+    )
+    for case, tokens in zip(cases, peer_tokens, strict=True):
+        assert paged[(case.prompt_id, 0)].tokens == tokens

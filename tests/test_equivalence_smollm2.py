@@ -65,6 +65,24 @@ def test_smollm2_paged_decode_matches_the_stock_cache(smollm2, allocator, mode):
         assert runner.allocator.num_hit_blocks > 0
 
 
+@pytest.mark.slow
+def test_smollm2_matches_transformers_continuous_batching(smollm2):
+    from kvbench.equivalence.peer import continuous_batching_tokens
+
+    model, tokenizer = smollm2
+    num_steps = 16
+    cases = shared_prefix_cases(chat_prompt_ids(tokenizer, instructions(2)), 2)
+    runner = PagedRunner(model, "paged_prefix", blocks_needed(cases, num_steps, BLOCK_SIZE),
+                         BLOCK_SIZE, "paged")  # fmt: skip
+    scramble_free_blocks(runner, seed=0)
+    paged = paged_trajectories(runner, cases, num_steps)
+    peer_tokens = continuous_batching_tokens(
+        model, [case.token_ids for case in cases], num_steps + 1, BLOCK_SIZE
+    )
+    for case, tokens in zip(cases, peer_tokens, strict=True):
+        assert paged[(case.prompt_id, 0)].tokens == tokens
+
+
 def test_smollm2_ci_sized_paged_prefix_decode_matches_the_stock_cache(smollm2):
     # The CI-sized check: shared system-prompt blocks, a fork's copy-on-write, scattered tables,
     # a few steps of the pretrained model (the slow test above runs 16).
