@@ -1,4 +1,20 @@
-"""Shared fixtures: composing kvbench configs in-process and running small experiments."""
+"""Shared fixtures: composing kvbench configs in-process and running small experiments.
+
+Also switches Triton to its CPU interpreter when there is no CUDA. pytest imports this file before
+any test module, and nothing imports triton before it: the variable must be set before the process
+first imports triton (triton.language wraps tl.max, tl.sum, ... in triton.jit on import, and
+interpreted kernels then fail obscurely). kvbench.kernels imports triton only on first use.
+"""
+
+import os
+import sys
+
+import torch
+
+if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
+    if "triton" in sys.modules:
+        raise RuntimeError("triton was imported before TRITON_INTERPRET=1 could be set")
+    os.environ["TRITON_INTERPRET"] = "1"
 
 from pathlib import Path
 

@@ -1,18 +1,8 @@
 """A few decode steps of a tiny Llama reading its paged pool through the Triton kernel.
 
-Without CUDA the kernel runs in Triton's CPU interpreter (slow: a few steps only), which must be
-switched on before this process first imports triton (see tests/test_kernels_decode.py).
+Without CUDA the kernel runs in Triton's CPU interpreter (slow: a few steps only), switched on
+by tests/conftest.py.
 """
-
-import os
-import sys
-
-import torch
-
-if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
-    if "triton" in sys.modules:
-        raise RuntimeError("triton was imported before TRITON_INTERPRET=1 could be set")
-    os.environ["TRITON_INTERPRET"] = "1"
 
 from kvbench.equivalence.cases import shared_prefix_cases
 from kvbench.equivalence.compare import step_diffs

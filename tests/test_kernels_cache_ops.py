@@ -1,22 +1,10 @@
 """KV write through a slot mapping, and block copies, on both backends (Triton interpreted on CPU).
 
-TRITON_INTERPRET is set at collection, before any Triton kernel is decorated (see
-test_kernels_decode.py).
+Without CUDA, tests/conftest.py switches Triton to its CPU interpreter.
 """
-
-import os
-import sys
 
 import pytest
 import torch
-
-if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
-    # triton.language applies triton.jit to tl.max, tl.sum, ... when imported: the variable must
-    # be set before this process first imports triton, or interpreted kernels fail obscurely.
-    if "triton" in sys.modules:
-        raise RuntimeError("triton was imported before TRITON_INTERPRET=1 could be set")
-    os.environ["TRITON_INTERPRET"] = "1"
-
 from kvbench.kernels import (
     contiguous_decode_attention,
     copy_blocks,

@@ -1,8 +1,6 @@
 """Paged and contiguous decode attention against a float64 reference, on both backends.
 
-Without CUDA the Triton kernels run in Triton's CPU interpreter. TRITON_INTERPRET must be set
-before a kernel is decorated; kvbench.kernels imports its Triton modules only on first use and
-nothing else in the suite imports them, so setting it here, at collection, is early enough.
+Without CUDA the Triton kernels run in Triton's CPU interpreter (switched on by tests/conftest.py).
 
 Error bounds. fp32: max |out - ref| <= 1e-5 max |ref| (fp32 accumulation over a few hundred
 tokens stays near 1e-7). fp16/bf16: per element |out - ref| <= u (max |V| + |ref|) + 1e-5 max |V|,
@@ -12,19 +10,8 @@ storage dtype for the PV product (error <= u sum p|v| / sum p <= u max |V|) and 
 truncates fp32 -> bf16 instead of rounding to nearest (2^-8 on a GPU).
 """
 
-import os
-import sys
-
 import pytest
 import torch
-
-if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
-    # triton.language applies triton.jit to tl.max, tl.sum, ... when imported: the variable must
-    # be set before this process first imports triton, or interpreted kernels fail obscurely.
-    if "triton" in sys.modules:
-        raise RuntimeError("triton was imported before TRITON_INTERPRET=1 could be set")
-    os.environ["TRITON_INTERPRET"] = "1"
-
 from kvbench.kernels import (
     contiguous_decode_attention,
     materialize_batch,

@@ -10,15 +10,17 @@ saved once with ``save_pretrained`` under ``$KVBENCH_CACHE_DIR/models`` (default
 from __future__ import annotations
 
 import logging
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from kvbench.equivalence.names import MODEL_NAMES, SMOLLM2, TINY_GQA, TINY_MHA
-from kvbench.workloads.tokenizer import kvbench_cache_dir, smollm2_gguf_path
+from kvbench.workloads.tokenizer import (
+    kvbench_cache_dir,
+    save_pretrained_atomically,
+    smollm2_gguf_path,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -95,11 +97,4 @@ def _convert_smollm2(cache_dir: Path) -> None:
     model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
-    cache_dir.parent.mkdir(parents=True, exist_ok=True)
-    # Save beside the target and rename: concurrent test workers must never see half a folder.
-    staging_dir = Path(tempfile.mkdtemp(prefix=f".{cache_dir.name}-", dir=cache_dir.parent))
-    model.save_pretrained(str(staging_dir))
-    try:
-        staging_dir.rename(cache_dir)
-    except OSError:  # another process cached it first
-        shutil.rmtree(staging_dir, ignore_errors=True)
+    save_pretrained_atomically(model, cache_dir)

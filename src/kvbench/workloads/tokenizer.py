@@ -37,6 +37,21 @@ _PROGRESS_MIN_TEXTS = 20_000
 _BATCH_TEXTS = 1024
 
 
+def save_pretrained_atomically(pretrained: Any, cache_dir: Path) -> None:
+    """``pretrained.save_pretrained`` into ``cache_dir``, which appears whole or not at all.
+
+    It is saved beside the target and renamed: concurrent test workers must never see half a
+    folder; if another process cached it first, that copy stays.
+    """
+    cache_dir.parent.mkdir(parents=True, exist_ok=True)
+    staging_dir = Path(tempfile.mkdtemp(prefix=f".{cache_dir.name}-", dir=cache_dir.parent))
+    pretrained.save_pretrained(str(staging_dir))
+    try:
+        staging_dir.rename(cache_dir)
+    except OSError:
+        shutil.rmtree(staging_dir, ignore_errors=True)
+
+
 def kvbench_cache_dir() -> Path:
     """kvbench's cache root: ``$KVBENCH_CACHE_DIR``, else ``$XDG_CACHE_HOME/kvbench``, else
     ``~/.cache/kvbench``."""
@@ -81,14 +96,7 @@ def _convert_and_cache(gguf_path: Path, cache_dir: Path) -> Any:
 
     logger.info("converting the tokenizer of %s (once, ~10 s) into %s", gguf_path, cache_dir)
     tokenizer = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
-    cache_dir.parent.mkdir(parents=True, exist_ok=True)
-    # Save beside the target and rename: concurrent test workers must never see half a folder.
-    staging_dir = Path(tempfile.mkdtemp(prefix=f".{cache_dir.name}-", dir=cache_dir.parent))
-    tokenizer.save_pretrained(str(staging_dir))
-    try:
-        staging_dir.rename(cache_dir)
-    except OSError:  # another process cached it first
-        shutil.rmtree(staging_dir, ignore_errors=True)
+    save_pretrained_atomically(tokenizer, cache_dir)
     return tokenizer
 
 
