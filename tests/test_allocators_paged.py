@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from kvbench.allocators import Allocator, MemoryUsage, PagedAllocator
-from kvbench.allocators.block_pool import BlockPool
+from kvbench.allocators.block_pool import BlockPool, RevivableBlockPool
 from kvbench.request import Request
 
 
@@ -28,13 +28,30 @@ def test_block_pool_reuses_the_least_recently_freed_block() -> None:
         pool.allocate()
 
 
-def test_block_pool_revives_a_free_block_from_the_middle_of_the_queue() -> None:
-    pool = BlockPool(3)
+def test_revivable_pool_takes_a_free_block_from_the_middle_of_the_queue() -> None:
+    pool = RevivableBlockPool(3)
     pool.incref(1)
     assert pool.ref_count(1) == 1
     assert [pool.allocate(), pool.allocate()] == [0, 2]
     with pytest.raises(ValueError):
-        BlockPool(3).decref(0)
+        RevivableBlockPool(3).decref(0)
+    with pytest.raises(ValueError, match="RevivableBlockPool"):
+        BlockPool(3).incref(1)  # the plain pool's deque only gives blocks from its head
+
+
+@pytest.mark.parametrize("pool_class", [BlockPool, RevivableBlockPool])
+def test_bulk_allocate_and_release_match_single_calls(pool_class: type[BlockPool]) -> None:
+    single, bulk = pool_class(6), pool_class(6)
+    assert [single.allocate() for _ in range(4)] == bulk.allocate_many(4) == [0, 1, 2, 3]
+    single.incref(2)
+    bulk.incref(2)
+    for block_id in (3, 2, 0):
+        single.decref(block_id)
+    bulk.release([3, 2, 0])
+    assert single.num_shared_blocks == bulk.num_shared_blocks == 0
+    assert [single.allocate() for _ in range(4)] == bulk.allocate_many(4) == [4, 5, 3, 0]
+    with pytest.raises(RuntimeError):
+        bulk.allocate_many(1)
 
 
 def test_the_100_plus_47_request_holds_ten_16_token_blocks_at_its_end() -> None:

@@ -84,6 +84,15 @@ class SchedulerConfig:
 
 
 @dataclass
+class EngineConfig:
+    """``engine.*``: how the simulation loop runs (never what it computes)."""
+
+    # Run stretches of decode-only iterations at once (kvbench.engine.fast); false = the
+    # step-by-step reference loop. Both give identical records; docs/performance.md.
+    fast: bool = True
+
+
+@dataclass
 class ExecutorConfig:
     """``executor=NAME``: what prices an iteration (a roofline now; measured kernels later)."""
 
@@ -172,6 +181,7 @@ class KvbenchConfig:
     allocator: AllocatorConfig = field(default_factory=AllocatorConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     executor: ExecutorConfig = field(default_factory=ExecutorConfig)
+    engine: EngineConfig = field(default_factory=EngineConfig)
     # Several workloads in one run (name -> workload), replacing `workload` when non-empty; an
     # experiment fills it with `- /workload@workloads.NAME: NAME` in its defaults list.
     workloads: dict[str, WorkloadConfig] = field(default_factory=dict)

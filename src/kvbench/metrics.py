@@ -11,6 +11,7 @@ import numpy as np
 import pandas as pd
 
 from kvbench.engine.records import SimulationResult
+from kvbench.engine.step_totals import StepTotals
 from kvbench.specs import Deployment
 
 USAGE_CATEGORIES = ("token_states", "reservation", "internal_frag", "external_frag", "free")
@@ -28,7 +29,11 @@ def steps_frame(result: SimulationResult, deployment: Deployment) -> pd.DataFram
 
 def requests_frame(result: SimulationResult) -> pd.DataFrame:
     """One row per request with its latencies (s) and normalized latency (s/token)."""
-    requests = pd.DataFrame([asdict(record) for record in result.requests])
+    return add_request_latencies(pd.DataFrame([asdict(record) for record in result.requests]))
+
+
+def add_request_latencies(requests: pd.DataFrame) -> pd.DataFrame:
+    """Request records (one row each, as ``RequestRecord``) plus their derived latency columns."""
     if requests.empty:
         return requests
     requests["ttft_s"] = requests["first_token_s"] - requests["arrival_s"]
@@ -41,12 +46,10 @@ def requests_frame(result: SimulationResult) -> pd.DataFrame:
     return requests
 
 
-def _time_weighted_pct(steps: pd.DataFrame, column: str, num_slots: int) -> float:
-    weights = steps["duration_s"].to_numpy()
-    total_s = weights.sum()
-    if total_s == 0 or num_slots == 0:
+def _time_weighted_pct(totals: StepTotals, column: str, num_slots: int) -> float:
+    if totals.duration_s == 0 or num_slots == 0:
         return float("nan")
-    return float(np.dot(steps[column].to_numpy(), weights) / total_s / num_slots * 100)
+    return totals.weighted[column] / totals.duration_s / num_slots * 100
 
 
 def _percentile(values: pd.Series, q: float) -> float:
@@ -55,11 +58,16 @@ def _percentile(values: pd.Series, q: float) -> float:
 
 
 def summarize(
-    steps: pd.DataFrame, requests: pd.DataFrame, result: SimulationResult, deployment: Deployment
+    requests: pd.DataFrame, result: SimulationResult, deployment: Deployment
 ) -> dict[str, float | int]:
-    """The run's summary row: utilization breakdown, batch size, throughput, latency."""
+    """The run's summary row: utilization breakdown, batch size, throughput, latency.
+
+    Step-based figures come from ``result.steps.totals()``, so they need no step table (the steps
+    may have been streamed out).
+    """
     finished = requests[requests["status"] == "finished"]
     num_slots = result.num_slots
+    totals = result.steps.totals()
     row: dict[str, float | int] = {
         "num_requests": len(requests),
         "num_finished": len(finished),
@@ -67,20 +75,22 @@ def summarize(
         "num_preemptions": int(requests["num_preemptions"].sum()),
         "num_swaps": int(requests["num_swaps"].sum()),
         "cow_copies": result.num_copy_on_writes,
-        "num_steps": len(steps),
+        "num_steps": totals.num_steps,
         "num_kv_slots": num_slots,
         "kv_pool_gb": deployment.slots_to_bytes(num_slots) / GB,
     }
     for category in USAGE_CATEGORIES:
-        row[f"{category}_pct"] = _time_weighted_pct(steps, f"{category}_slots", num_slots)
-    row["shared_pct"] = _time_weighted_pct(steps, "shared_slots", num_slots)
+        row[f"{category}_pct"] = _time_weighted_pct(totals, f"{category}_slots", num_slots)
+    row["shared_pct"] = _time_weighted_pct(totals, "shared_slots", num_slots)
     used_pct = 100 - row["free_pct"]
     row["token_states_pct_of_used"] = (
         row["token_states_pct"] / used_pct * 100 if used_pct > 0 else float("nan")
     )
     row["token_states_gb"] = row["kv_pool_gb"] * row["token_states_pct"] / 100
-    row.update(_sharing(steps, requests, deployment))
-    row["mean_batch_size"] = float(steps["batch_size"].mean()) if len(steps) else float("nan")
+    row.update(_sharing(totals, requests, deployment))
+    row["mean_batch_size"] = (
+        totals.batch_size_sum / totals.num_steps if totals.num_steps else float("nan")
+    )
     row.update(_throughput(finished))
     for name, column in (("ttft", "ttft_s"), ("tpot", "tpot_s"), ("e2e", "e2e_latency_s")):
         row[f"{name}_p50_s"] = _percentile(finished[column], 50)
@@ -89,25 +99,21 @@ def summarize(
 
 
 def _sharing(
-    steps: pd.DataFrame, requests: pd.DataFrame, deployment: Deployment
+    totals: StepTotals, requests: pd.DataFrame, deployment: Deployment
 ) -> dict[str, float]:
     """What sharing saved: peak saved slots, the paper's Fig. 15 saving, prefix-cache hits."""
-    saved = steps["saved_slots"].to_numpy(dtype="float64")
-    held = (
-        steps["token_states_slots"] + steps["reservation_slots"] + steps["internal_frag_slots"]
-    ).to_numpy(dtype="float64")
-    weights = steps["duration_s"].to_numpy()
-    without_sharing = np.dot(saved + held, weights)
+    saved_slot_s = totals.weighted["saved_slots"]
+    without_sharing = saved_slot_s + totals.weighted["held_slots"]
     admitted = requests[requests["admit_s"].notna()]
     prompt_tokens = admitted["prompt_tokens"].sum()
-    saved_slots = int(saved.max()) if len(saved) else 0
+    saved_slots = totals.max_saved_slots
     return {
-        "shared_slots": float(np.dot(steps["shared_slots"], weights) / weights.sum())
-        if weights.sum() > 0
+        "shared_slots": totals.weighted["shared_slots"] / totals.duration_s
+        if totals.duration_s > 0
         else float("nan"),
         "saved_slots": saved_slots,
         "saved_gb": deployment.slots_to_bytes(saved_slots) / GB,
-        "memory_saving_pct": float(100 * np.dot(saved, weights) / without_sharing)
+        "memory_saving_pct": float(100 * saved_slot_s / without_sharing)
         if without_sharing > 0
         else float("nan"),
         "prefix_hit_rate": float(admitted["cached_prompt_tokens"].sum() / prompt_tokens)

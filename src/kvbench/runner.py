@@ -22,6 +22,7 @@ from kvbench.plots import plot_run
 from kvbench.provenance import provenance
 from kvbench.specs import GIB, Deployment
 from kvbench.workloads import WorkloadConfig, build_workload, to_requests
+from kvbench.workloads.beam_ancestry import load_beam_ancestry
 
 # Longest a run waits before rewriting its steps and requests tables (summary: after every run).
 TABLES_EVERY_S = 30.0
@@ -99,12 +100,14 @@ def run_experiment(
     for workload_label, workload_cfg in _runs(cfg):
         requests = to_requests(build_workload(workload_cfg, max_model_len))
         rate = workload_cfg.request_rate
+        beams = load_beam_ancestry() if workload_cfg.beam_width > 1 else None
         for name in cfg.allocators:
             allocator = make_allocator(
                 name, deployment.num_kv_slots, cfg.allocator.block_size, max_model_len
             )
             labels = _run_labels(cfg, deployment, workload_label, name, rate)
             labels["n"] = workload_cfg.num_samples
+            labels["beam_width"] = workload_cfg.beam_width
             started_s = time.perf_counter()
             with tqdm(
                 total=len(requests),
@@ -112,11 +115,12 @@ def run_experiment(
                 unit="req",
                 disable=not cfg.progress,
             ) as bar:
-                result = simulate(requests, Scheduler(limits), allocator, costs, bar.update)
+                result = simulate(requests, Scheduler(limits), allocator, costs, bar.update,
+                                  beam_ancestry=beams, fast=cfg.engine.fast)
             wall_s = time.perf_counter() - started_s
             steps = steps_frame(result, deployment).assign(**labels)
             request_table = requests_frame(result).assign(**labels)
-            summary = {**labels, **summarize(steps, request_table, result, deployment)}
+            summary = {**labels, **summarize(request_table, result, deployment)}
             summary["simulation_wall_s"] = wall_s
             summaries.append(summary)
             all_steps.append(steps)

@@ -62,6 +62,32 @@ class MemoryUsage:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
+@dataclass(frozen=True, slots=True)
+class DecodeRounds:
+    """How an allocator's pool changes while the same sequences each append one token per round.
+
+    The engine's fast path asks for this before it advances a batch of decoding sequences over
+    several iterations at once (``decode_rounds``), then applies them (``append_rounds``). Round
+    ``k`` (0-based) appends one token to every sequence, in the order given. Over such rounds the
+    token states grow by one slot per sequence and round, the held slots by ``block_size`` per new
+    block (taken from the free ones), internal fragmentation as below, and reservation is the rest
+    of the held slots; external fragmentation, shared and saved slots do not change.
+
+    Attributes:
+        max_rounds: rounds these formulas hold for (each sequence stays within what it will
+            finally hold, or within its reservation); the pool's free blocks are checked by the
+            caller from ``new_blocks``.
+        new_blocks: round ``k`` allocates ``new_blocks[k % len(new_blocks)]`` new blocks (a
+            sequence starts a block every ``block_size`` tokens, so the pattern repeats).
+        internal_frag_slots: round -> internal-fragmentation slots that round adds (a sequence
+            entering the block its final token lies in: the slots past that token).
+    """
+
+    max_rounds: int
+    new_blocks: tuple[int, ...]
+    internal_frag_slots: dict[int, int]
+
+
 @runtime_checkable
 class Allocator(Protocol):
     """What the scheduler needs from a KV-cache allocator.

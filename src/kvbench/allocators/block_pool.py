@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import OrderedDict, deque
 
 
 class BlockPool:
     """``num_blocks`` physical blocks, ids ``0 .. num_blocks - 1``.
 
     Free blocks wait in one queue in the order they were freed (initially by id): ``allocate``
-    takes the head, so the least recently freed block is reused first (LRU), and a free block
-    can also be taken out of the middle (a prefix-cache hit) by ``incref``.
+    takes the head, so the least recently freed block is reused first (LRU). The queue is a
+    deque: a free block leaves it only from the head. ``RevivableBlockPool`` also takes free
+    blocks out of the middle (prefix-cache hits).
     """
 
     def __init__(self, num_blocks: int) -> None:
@@ -19,9 +20,10 @@ class BlockPool:
         self.num_blocks = num_blocks
         self.num_shared_blocks = 0  # blocks with more than one reference
         self._ref_counts = [0] * num_blocks
-        # An ordered free queue that also removes from the middle in O(1). Not a plain dict: taking
-        # a plain dict's first key after many deletions at its front scans the deleted slots.
-        self._free_queue: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
+        self._init_free_queue(range(num_blocks))
+
+    def _init_free_queue(self, block_ids: range) -> None:
+        self._free_queue: deque[int] | OrderedDict[int, None] = deque(block_ids)
 
     @property
     def num_free_blocks(self) -> int:
@@ -33,36 +35,85 @@ class BlockPool:
         """Blocks referenced by at least one sequence."""
         return self.num_blocks - len(self._free_queue)
 
+    @property
+    def ref_counts(self) -> list[int]:
+        """Every block's reference count, by block id (read only: for hot loops)."""
+        return self._ref_counts
+
     def ref_count(self, block_id: int) -> int:
         """Number of references to ``block_id`` (0 when free)."""
         return self._ref_counts[block_id]
 
     def allocate(self) -> int:
         """Take the least recently freed block, with one reference (RuntimeError if none)."""
-        if not self._free_queue:
-            raise RuntimeError("no free block: check num_free_blocks before allocating")
-        block_id, _ = self._free_queue.popitem(last=False)
-        self._ref_counts[block_id] = 1
-        return block_id
+        return self.allocate_many(1)[0]
+
+    def allocate_many(self, num_blocks: int) -> list[int]:
+        """``allocate`` called ``num_blocks`` times, in one call (RuntimeError if too few)."""
+        if num_blocks > len(self._free_queue):
+            raise RuntimeError("too few free blocks: check num_free_blocks before allocating")
+        block_ids = self._pop_free(num_blocks)
+        ref_counts = self._ref_counts
+        for block_id in block_ids:
+            ref_counts[block_id] = 1
+        return block_ids
+
+    def _pop_free(self, num_blocks: int) -> list[int]:
+        popleft = self._free_queue.popleft
+        return [popleft() for _ in range(num_blocks)]
+
+    def _push_free(self, block_ids: list[int]) -> None:
+        self._free_queue.extend(block_ids)
 
     def incref(self, block_id: int) -> None:
-        """Add a reference; a free block leaves the free queue."""
+        """Add a reference to a held block (``RevivableBlockPool`` also takes free ones)."""
         num_refs = self._ref_counts[block_id]
         if num_refs == 0:
-            del self._free_queue[block_id]
+            self._revive(block_id)
         elif num_refs == 1:
             self.num_shared_blocks += 1
         self._ref_counts[block_id] = num_refs + 1
 
+    def _revive(self, block_id: int) -> None:
+        raise ValueError(f"block {block_id} is free; only a RevivableBlockPool takes it back")
+
+    def release(self, block_ids: list[int]) -> None:
+        """``decref`` every block of ``block_ids``, in order."""
+        ref_counts = self._ref_counts
+        freed = []
+        for block_id in block_ids:
+            num_refs = ref_counts[block_id]
+            if num_refs == 1:
+                ref_counts[block_id] = 0
+                freed.append(block_id)
+            elif num_refs == 0:
+                raise ValueError(f"block {block_id} is already free")
+            else:
+                ref_counts[block_id] = num_refs - 1
+                self.num_shared_blocks -= num_refs == 2
+        self._push_free(freed)
+
     def decref(self, block_id: int) -> bool:
         """Drop a reference; True if the block became free (it joins the tail of the queue)."""
-        num_refs = self._ref_counts[block_id]
-        if num_refs == 0:
-            raise ValueError(f"block {block_id} is already free")
-        self._ref_counts[block_id] = num_refs - 1
-        if num_refs == 2:
-            self.num_shared_blocks -= 1
-        elif num_refs == 1:
-            self._free_queue[block_id] = None
-            return True
-        return False
+        self.release([block_id])
+        return self._ref_counts[block_id] == 0
+
+
+class RevivableBlockPool(BlockPool):
+    """A ``BlockPool`` whose free blocks can be taken back out of the middle of the queue by
+    ``incref`` (a prefix-cache hit on a cached free block), in O(1)."""
+
+    def _init_free_queue(self, block_ids: range) -> None:
+        # Not a plain dict: taking a plain dict's first key after many deletions at its front
+        # scans the deleted slots.
+        self._free_queue = OrderedDict.fromkeys(block_ids)
+
+    def _pop_free(self, num_blocks: int) -> list[int]:
+        popitem = self._free_queue.popitem
+        return [popitem(last=False)[0] for _ in range(num_blocks)]
+
+    def _push_free(self, block_ids: list[int]) -> None:
+        self._free_queue.update(dict.fromkeys(block_ids))
+
+    def _revive(self, block_id: int) -> None:
+        del self._free_queue[block_id]

@@ -9,7 +9,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, replace
 
-from kvbench.allocators.base import MemoryUsage
+from kvbench.allocators.base import DecodeRounds, MemoryUsage
 from kvbench.allocators.buddy import BuddyAllocator, next_power_of_two
 from kvbench.allocators.checks import check_token_count
 from kvbench.request import Request
@@ -114,6 +114,25 @@ class ContiguousAllocator(ABC):
         extent.num_tokens += num_tokens
         self._add_breakdown(extent, 1)
         return True
+
+    def decode_rounds(self, seq_ids: list[int]) -> DecodeRounds:
+        """How the arena changes while ``seq_ids`` each append a token per round (see
+        ``DecodeRounds``): tokens fill reserved slots, nothing is allocated."""
+        max_rounds = self.max_model_len
+        for seq_id in seq_ids:
+            extent = self._extents[seq_id]
+            # Up to here each token turns one reserved slot into a token state.
+            linear_until = min(extent.requested_slots, extent.final_tokens)
+            max_rounds = min(max_rounds, linear_until - extent.num_tokens)
+        return DecodeRounds(max(max_rounds, 0), (0,), {})
+
+    def append_rounds(self, seq_ids: list[int], num_rounds: int) -> None:
+        """Append ``num_rounds`` tokens to each of ``seq_ids`` (within ``decode_rounds``)."""
+        for seq_id in seq_ids:
+            self._extents[seq_id].num_tokens += num_rounds
+        num_tokens = num_rounds * len(seq_ids)
+        self._held_breakdown[0] += num_tokens
+        self._held_breakdown[1] -= num_tokens
 
     def fork(self, parent_id: int, child_id: int) -> bool:
         """Reserve a new extent as large as the parent's and copy its tokens into it (one

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvbench.allocators.base import MemoryUsage
+from kvbench.allocators.base import DecodeRounds, MemoryUsage
 from kvbench.allocators.block_pool import BlockPool
 from kvbench.allocators.checks import check_token_count
 from kvbench.request import Request
@@ -39,7 +39,7 @@ class PagedAllocator:
         self.block_size = block_size
         self.max_model_len = max_model_len
         self.num_copy_on_writes = 0
-        self._pool = BlockPool(num_slots // block_size)
+        self._pool = self._new_pool(num_slots // block_size)
         self._sequences: dict[int, _PagedSequence] = {}
         self._copies: list[tuple[int, int]] = []
         self._num_logical_blocks = 0  # block-table entries over all sequences
@@ -50,6 +50,9 @@ class PagedAllocator:
         self._partial_blocks: dict[int, tuple[int, int]] = {}
         self._partial_filled_slots = 0
         self._partial_usable_slots = 0
+
+    def _new_pool(self, num_blocks: int) -> BlockPool:
+        return BlockPool(num_blocks)
 
     def can_admit(self, request: Request, num_tokens: int) -> bool:
         """Whether ``admit`` would succeed now, without changing anything."""
@@ -90,6 +93,76 @@ class PagedAllocator:
         self._track_last_block(seq)
         return True
 
+    def decode_rounds(self, seq_ids: list[int]) -> DecodeRounds | None:
+        """How the pool changes while ``seq_ids`` each append a token per round (see
+        ``DecodeRounds``); None when a sequence's next token would copy a shared block."""
+        block_size = self.block_size
+        sequences = self._sequences
+        ref_counts = self._pool.ref_counts
+        new_blocks = [0] * block_size
+        internal_frag_slots: dict[int, int] = {}
+        max_rounds = self.max_model_len
+        for seq_id in seq_ids:
+            seq = sequences[seq_id]
+            num_tokens = seq.num_tokens
+            final_tokens = seq.final_tokens
+            if num_tokens % block_size and ref_counts[seq.blocks[-1]] > 1:
+                return None  # copy-on-write: the step-by-step path handles it
+            new_blocks[-num_tokens % block_size] += 1  # the round whose token starts a block
+            if final_tokens - num_tokens < max_rounds:
+                max_rounds = final_tokens - num_tokens
+            # Entering the final block: the slots past the final token are internal fragments.
+            final_block_start = (final_tokens - 1) // block_size * block_size
+            slots_past_final = final_block_start + block_size - final_tokens
+            round_index = final_block_start - num_tokens
+            if round_index >= 0 and slots_past_final:
+                internal_frag_slots[round_index] = (
+                    internal_frag_slots.get(round_index, 0) + slots_past_final
+                )
+        return DecodeRounds(max(max_rounds, 0), tuple(new_blocks), internal_frag_slots)
+
+    def append_rounds(self, seq_ids: list[int], num_rounds: int) -> None:
+        """Append ``num_rounds`` tokens to each of ``seq_ids``, with exactly the state that
+        ``num_rounds`` rounds of ``append(seq_id, 1)`` over ``seq_ids`` in order would leave
+        (the same blocks in the same places). The caller has checked ``decode_rounds`` and the
+        free blocks."""
+        block_size = self.block_size
+        seqs = [self._sequences[seq_id] for seq_id in seq_ids]
+        # New blocks go out round by round, in sequence order, as single appends take them.
+        starts = sorted(
+            (round_index, position)
+            for position, seq in enumerate(seqs)
+            for round_index in range(-seq.num_tokens % block_size, num_rounds, block_size)
+        )
+        if len(starts) > self._pool.num_free_blocks:
+            raise RuntimeError(f"{len(starts)} new blocks needed, only "
+                               f"{self._pool.num_free_blocks} free: check decode_rounds first")
+        # _untrack_partial / _track_last_block, inlined: this runs for every decode stretch.
+        partial_blocks = self._partial_blocks
+        filled_total = self._partial_filled_slots
+        usable_total = self._partial_usable_slots
+        for seq in seqs:
+            if seq.blocks:
+                entry = partial_blocks.pop(seq.blocks[-1], None)
+                if entry is not None:
+                    filled_total -= entry[0]
+                    usable_total -= entry[1]
+        for (_, position), block_id in zip(starts, self._allocate_blocks(len(starts)), strict=True):
+            seqs[position].blocks.append(block_id)
+        self._num_logical_blocks += len(starts)
+        for seq in seqs:
+            num_tokens = seq.num_tokens + num_rounds
+            seq.num_tokens = num_tokens
+            filled_slots = num_tokens % block_size
+            if filled_slots:
+                final_tokens = max(seq.final_tokens, num_tokens)
+                usable_slots = min(final_tokens - (num_tokens - filled_slots), block_size)
+                partial_blocks[seq.blocks[-1]] = (filled_slots, usable_slots)
+                filled_total += filled_slots
+                usable_total += usable_slots
+        self._partial_filled_slots = filled_total
+        self._partial_usable_slots = usable_total
+
     def fork(self, parent_id: int, child_id: int) -> bool:
         """Make ``child_id`` share every block of ``parent_id`` (always succeeds: no new block)."""
         self._check_new(child_id)
@@ -110,9 +183,10 @@ class PagedAllocator:
         seq = self._sequences.pop(seq_id)
         self._num_logical_blocks -= len(seq.blocks)
         # Tail first, so the end of a sequence is reused (evicted) before its prefix (as vLLM).
-        for block_id in reversed(seq.blocks):
-            if self._pool.decref(block_id):
-                self._untrack_partial(block_id)
+        self._pool.release(seq.blocks[::-1])
+        # Only a last block can be partial (tracked); it is untracked once nobody holds it.
+        if seq.blocks and self._pool.ref_count(seq.blocks[-1]) == 0:
+            self._untrack_partial(seq.blocks[-1])
 
     def num_tokens(self, seq_id: int) -> int:
         """Tokens the sequence currently holds."""
@@ -156,7 +230,7 @@ class PagedAllocator:
             request=request,
             final_tokens=min(request.total_tokens, self.max_model_len),
             num_tokens=num_tokens,
-            blocks=leading_blocks + [self._allocate_block() for _ in range(num_new_blocks)],
+            blocks=leading_blocks + self._allocate_blocks(num_new_blocks),
         )
         self._sequences[seq_id] = seq
         self._num_logical_blocks += len(seq.blocks)
@@ -164,6 +238,9 @@ class PagedAllocator:
 
     def _allocate_block(self) -> int:
         return self._pool.allocate()
+
+    def _allocate_blocks(self, num_blocks: int) -> list[int]:
+        return self._pool.allocate_many(num_blocks)
 
     def _blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)

@@ -10,6 +10,8 @@ least recently freed one and forgets its hash (LRU eviction).
 
 from __future__ import annotations
 
+from kvbench.allocators.base import DecodeRounds
+from kvbench.allocators.block_pool import BlockPool, RevivableBlockPool
 from kvbench.allocators.checks import check_token_count
 from kvbench.allocators.paged import PagedAllocator
 from kvbench.allocators.prefix_hashes import prompt_block_hashes
@@ -31,6 +33,9 @@ class PagedPrefixAllocator(PagedAllocator):
         self._cached_tokens_of_seq: dict[int, int] = {}
         # The engine asks can_admit and then admit for the same request: hash its prompt once.
         self._last_hashed: tuple[Request, tuple[int, ...]] | None = None
+
+    def _new_pool(self, num_blocks: int) -> BlockPool:
+        return RevivableBlockPool(num_blocks)  # a prefix hit revives a cached free block
 
     def can_admit(self, request: Request, num_tokens: int) -> bool:
         """Whether ``admit`` would succeed now, counting only the blocks the cache lacks."""
@@ -66,6 +71,15 @@ class PagedPrefixAllocator(PagedAllocator):
         if num_full_blocks_now > num_full_blocks:  # only a block that just filled can be cached
             self._register_full_blocks(seq_id, num_full_blocks, num_full_blocks_now)
         return True
+
+    def decode_rounds(self, seq_ids: list[int]) -> DecodeRounds | None:
+        """See ``PagedAllocator.decode_rounds``; None also when a sequence could still fill a
+        hashed prompt block (single appends would cache it, in their order)."""
+        for seq_id in seq_ids:
+            num_full_blocks = self._sequences[seq_id].num_tokens // self.block_size
+            if len(self._hashes_of_seq[seq_id]) > num_full_blocks:
+                return None
+        return super().decode_rounds(seq_ids)
 
     def fork(self, parent_id: int, child_id: int) -> bool:
         """Share every block of the parent (see ``PagedAllocator.fork``)."""
@@ -122,8 +136,19 @@ class PagedPrefixAllocator(PagedAllocator):
 
     def _allocate_block(self) -> int:
         block_id = self._pool.allocate()
+        self._forget_hash(block_id)
+        return block_id
+
+    def _allocate_blocks(self, num_blocks: int) -> list[int]:
+        block_ids = self._pool.allocate_many(num_blocks)
+        if self._hash_of_block:
+            for block_id in block_ids:
+                self._forget_hash(block_id)
+        return block_ids
+
+    def _forget_hash(self, block_id: int) -> None:
+        """A cached free block is being reused for other content: evict its hash."""
         evicted_hash = self._hash_of_block.pop(block_id, None)
         if evicted_hash is not None:
             del self._block_of_hash[evicted_hash]
             self.num_evicted_blocks += 1
-        return block_id

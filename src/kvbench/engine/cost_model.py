@@ -109,6 +109,32 @@ class RooflineCostModel:
         bytes_moved = dense_bytes + kv_read_bytes
         return self._fixed_s() + max(flops / self._flops_per_s, bytes_moved / self._bytes_per_s)
 
+    def decode_time_fn(self, num_decode_tokens: int) -> Callable[[int], float]:
+        """``iteration_time_s`` of a decode-only iteration of ``num_decode_tokens`` sequences, as
+        a function of their summed context: the same arithmetic in the same order (identical
+        floats), with the constant terms computed once (the engine's fast path calls it per
+        iteration)."""
+        if self.attention_time_s is not None:
+            return lambda decode_context_tokens: self.iteration_time_s(
+                IterationShape(0, 0, num_decode_tokens, decode_context_tokens)
+            )
+        model = self.deployment.model
+        kv_bytes_per_token = self.deployment.kv_bytes_per_token
+        num_tokens = 0 + num_decode_tokens
+        dense_flops = 2.0 * model.active_parameters * num_tokens
+        dense_bytes = model.weight_bytes + num_tokens * kv_bytes_per_token
+        flops_per_pair = self._attention_flops_per_pair()
+        fixed_s = self._fixed_s()
+        flops_per_s = self._flops_per_s
+        bytes_per_s = self._bytes_per_s
+
+        def decode_time_s(decode_context_tokens: int) -> float:
+            flops = dense_flops + flops_per_pair * decode_context_tokens
+            bytes_moved = dense_bytes + decode_context_tokens * kv_bytes_per_token
+            return fixed_s + max(flops / flops_per_s, bytes_moved / bytes_per_s)
+
+        return decode_time_s
+
     def swap_time_s(self, num_tokens: int) -> float:
         """Seconds to copy ``num_tokens`` tokens of KV over PCIe (one direction, all GPUs)."""
         link_bytes_per_s = (

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import copy
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from kvbench.allocators.base import MemoryUsage
+from kvbench.engine.step_totals import CHUNK_ROWS, StepTotals
 
 STEP_COLUMNS = (
     "step",
@@ -28,13 +31,24 @@ STEP_COLUMNS = (
 )
 
 
+StepSink = Callable[[dict[str, list]], None]
+
+
 @dataclass
 class StepRecords:
-    """One entry per engine iteration, stored column by column (cheap to append, to tabulate)."""
+    """One entry per engine iteration, stored column by column (cheap to append, to tabulate).
+
+    With a ``sink``, every full chunk of ``CHUNK_ROWS`` steps is folded into the totals and handed
+    to the sink (a parquet writer, say), then dropped: memory stays bounded however long the run.
+    Without one, ``columns`` keeps every step. ``totals()`` is the same either way.
+    """
 
     columns: dict[str, list[float | int | bool]] = field(
         default_factory=lambda: {name: [] for name in STEP_COLUMNS}
     )
+    sink: StepSink | None = None
+    num_flushed: int = 0  # steps already handed to the sink
+    _flushed_totals: StepTotals = field(default_factory=StepTotals)
 
     def append(
         self,
@@ -53,7 +67,7 @@ class StepRecords:
     ) -> None:
         """Record one iteration that started at ``time_s`` and lasted ``duration_s``."""
         values = (
-            len(self.columns["step"]),
+            len(self),
             time_s,
             duration_s,
             batch_size,
@@ -74,12 +88,52 @@ class StepRecords:
         )
         for name, value in zip(STEP_COLUMNS, values, strict=True):
             self.columns[name].append(value)
+        if self.sink is not None and len(self.columns["step"]) >= CHUNK_ROWS:
+            self._flush_full_chunks()
+
+    def extend(self, columns: dict[str, list[float | int | bool]]) -> None:
+        """Record several iterations at once: every column except ``step``, equally long."""
+        first_step = len(self)
+        num_steps = len(columns["time_s"])
+        self.columns["step"].extend(range(first_step, first_step + num_steps))
+        for name in STEP_COLUMNS[1:]:
+            self.columns[name].extend(columns[name])
+        if self.sink is not None and len(self.columns["step"]) >= CHUNK_ROWS:
+            self._flush_full_chunks()
+
+    def close(self) -> None:
+        """Hand the last, partial chunk to the sink (at the end of the run)."""
+        if self.sink is not None and self.columns["step"]:
+            self._flush(len(self.columns["step"]))
+
+    def totals(self) -> StepTotals:
+        """Sums over every step so far, folded at the fixed chunk boundaries."""
+        totals = copy.deepcopy(self._flushed_totals)
+        num_rows = len(self.columns["step"])
+        for start in range(0, num_rows, CHUNK_ROWS):
+            totals.add_chunk(
+                {name: values[start : start + CHUNK_ROWS] for name, values in self.columns.items()}
+            )
+        return totals
+
+    def _flush_full_chunks(self) -> None:
+        while len(self.columns["step"]) >= CHUNK_ROWS:
+            self._flush(CHUNK_ROWS)
+
+    def _flush(self, num_rows: int) -> None:
+        chunk = {name: values[:num_rows] for name, values in self.columns.items()}
+        for values in self.columns.values():
+            del values[:num_rows]
+        self._flushed_totals.add_chunk(chunk)
+        self.num_flushed += num_rows
+        assert self.sink is not None
+        self.sink(chunk)
 
     def __len__(self) -> int:
-        return len(self.columns["step"])
+        return self.num_flushed + len(self.columns["step"])
 
 
-@dataclass
+@dataclass(slots=True)
 class RequestRecord:
     """The life of one request (times in seconds from the start of the run; NaN = never)."""
 

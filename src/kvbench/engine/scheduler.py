@@ -64,6 +64,22 @@ def _cached_prefix_tokens(allocator: Allocator, seq_id: int) -> int:
     return cached_prefix_tokens(seq_id) if cached_prefix_tokens is not None else 0
 
 
+def _append_all(allocator: Allocator, running: list[Sequence]) -> bool:
+    """One token for every running sequence in one allocator call, if the allocator can say that
+    all of them fit; False (nothing changed) otherwise."""
+    decode_rounds = getattr(allocator, "decode_rounds", None)
+    if decode_rounds is None:
+        return False
+    seq_ids = [seq.seq_id for seq in running]
+    rounds = decode_rounds(seq_ids)
+    if rounds is None or rounds.max_rounds < 1:
+        return False
+    if rounds.new_blocks[0] * allocator.block_size > allocator.usage().free:
+        return False
+    allocator.append_rounds(seq_ids, 1)
+    return True
+
+
 class Scheduler:
     """FCFS continuous-batching scheduler over one allocator."""
 
@@ -75,6 +91,9 @@ class Scheduler:
         self.running: list[Sequence] = []  # in arrival order: the last one is preempted first
         self.swapped: deque[Sequence] = deque()
         self.num_swapped_tokens = 0
+        # Let an allocator that offers append_rounds grow all running sequences in one call when
+        # every one of them fits (the same state as appending one by one): the fast path's.
+        self.bulk_appends = False
 
     def rejection_reason(self, seq: Sequence) -> str:
         """Why a request can never run here, or '' if it can."""
@@ -120,6 +139,9 @@ class Scheduler:
 
     def _grow_running(self, allocator: Allocator, batch: Batch) -> None:
         """Give each running sequence a slot for its next token, preempting the latest arrivals."""
+        if self.bulk_appends and self.running and _append_all(allocator, self.running):
+            batch.decode = list(self.running)
+            return
         queue = deque(self.running)
         kept: list[Sequence] = []
         while queue:

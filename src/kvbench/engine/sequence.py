@@ -8,12 +8,14 @@ from kvbench.engine.records import RequestRecord
 from kvbench.request import Request
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)  # identity: two samples of one request are distinct
 class Sequence:
     """One sequence of a request in the engine: how many tokens it generated, where its KV lives.
 
     A request with ``num_samples`` n > 1 is prefilled once as one sequence, which forks into n
-    sequences (parallel samples sharing the prompt's KV) once its first token is out.
+    sequences (parallel samples sharing the prompt's KV) once its first token is out; one with
+    ``beam_width`` k > 1 forks into k beams, which ``kvbench.engine.beams`` forks and drops
+    along recorded beam ancestry after every later step.
 
     Its KV cache holds ``prompt + generated`` tokens while it runs (the slot of a generated token
     is taken in the iteration that produces it), so it ends at ``prompt + output`` tokens.

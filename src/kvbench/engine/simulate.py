@@ -10,31 +10,18 @@ from collections.abc import Callable
 from collections.abc import Sequence as SequenceOf
 
 from kvbench.allocators.base import Allocator
+from kvbench.engine.arrivals import Arrivals, RecordSink, reject
+from kvbench.engine.beams import Ancestry
 from kvbench.engine.cost_model import IterationShape, RooflineCostModel
-from kvbench.engine.records import RequestRecord, SimulationResult, StepRecords
+from kvbench.engine.fast import run_decode_stretch
+from kvbench.engine.records import SimulationResult, StepRecords, StepSink
 from kvbench.engine.samples import SampleGroups
 from kvbench.engine.scheduler import Batch, Scheduler
-from kvbench.engine.sequence import Sequence
 from kvbench.request import Request
 
 ProgressCallback = Callable[[int], None]
 # Called with each iteration's batch and the allocator after scheduling, before the batch runs.
 StepObserver = Callable[[Batch, Allocator], None]
-
-
-def _new_sequence(request: Request) -> Sequence:
-    record = RequestRecord(
-        request_id=request.request_id,
-        arrival_s=request.arrival_s,
-        prompt_tokens=request.prompt_tokens,
-        output_tokens=request.output_tokens,
-    )
-    return Sequence(request=request, record=record, seq_id=request.request_id)
-
-
-def _reject(seq: Sequence, reason: str) -> None:
-    seq.record.status = "rejected"
-    seq.record.reject_reason = reason
 
 
 def _iteration_shape(batch: Batch) -> IterationShape:
@@ -67,6 +54,10 @@ def simulate(
     on_finish: ProgressCallback | None = None,
     *,
     on_step: StepObserver | None = None,
+    beam_ancestry: Ancestry | None = None,
+    fast: bool = True,
+    step_sink: StepSink | None = None,
+    record_sink: RecordSink | None = None,
 ) -> SimulationResult:
     """Serve ``requests`` (sorted by arrival) and record every iteration and every request.
 
@@ -74,44 +65,57 @@ def simulate(
     for progress bars; ``on_step`` with every iteration's batch and the allocator, once its slots
     are allocated and before it runs (the kernel benchmark reads block tables there). Observers
     must not change the run: the allocator is the engine's own, to be read only.
+    ``beam_ancestry`` is the recorded beam search that requests with ``beam_width`` > 1 replay
+    (``kvbench.engine.beams``; the runner passes the shipped table's).
+
+    ``fast`` (the default) lets ``kvbench.engine.fast`` run stretches of decode-only iterations
+    at once, with records identical to the step-by-step loop's (``fast=False``, the reference);
+    an ``on_step`` observer needs every iteration's batch and always gets the step-by-step loop.
+    ``step_sink`` and ``record_sink`` take the step records (in chunks of columns) and the request
+    records (in lists) as they complete, instead of the result keeping them: memory then stays
+    bounded by the requests in flight, however long the trace (``StepRecords``, ``Arrivals``).
     """
-    pending = sorted(requests, key=lambda r: (r.arrival_s, r.request_id))
-    sequences = [_new_sequence(request) for request in pending]
-    steps = StepRecords()
-    samples = SampleGroups(next_seq_id=max((r.request_id for r in pending), default=-1) + 1)
-    next_arrival = 0
+    arrivals = Arrivals(requests, record_sink)
+    steps = StepRecords(sink=step_sink)
+    samples = SampleGroups(next_seq_id=arrivals.first_free_seq_id,
+                           beam_ancestry=beam_ancestry or {})
+    use_fast_path = fast and on_step is None
+    scheduler.bulk_appends = use_fast_path
     now_s = 0.0
-    while next_arrival < len(sequences) or scheduler.has_work:
-        if not scheduler.has_work and sequences[next_arrival].request.arrival_s > now_s:
-            now_s = sequences[next_arrival].request.arrival_s  # idle: jump to the next arrival
-        num_ended = 0
-        while next_arrival < len(sequences) and sequences[next_arrival].request.arrival_s <= now_s:
-            seq = sequences[next_arrival]
-            next_arrival += 1
-            reason = scheduler.rejection_reason(seq)
-            if reason:
-                _reject(seq, reason)
-                num_ended += 1
-            else:
-                samples.start(seq)
-                scheduler.add(seq)
-        batch, rejected = scheduler.schedule(allocator)
-        for seq in rejected:
-            _reject(seq, "needs more KV memory than the whole pool holds")
-        num_ended += len(rejected)
-        if batch.sequences:
-            if on_step is not None:
-                on_step(batch, allocator)
-            now_s, num_finished = _run_iteration(
-                batch, now_s, scheduler, allocator, cost_model, steps, samples
+    while arrivals.num_pending or scheduler.has_work:
+        if not scheduler.has_work and arrivals.next_arrival_s() > now_s:
+            now_s = arrivals.next_arrival_s()  # idle: jump to the next arrival
+        num_ended = arrivals.admit_until(now_s, scheduler, samples)
+        stretch = None
+        if use_fast_path:
+            stretch = run_decode_stretch(
+                now_s, arrivals, scheduler, allocator, cost_model, steps, samples
             )
-            num_ended += num_finished
-        if on_finish is not None and num_ended:
-            on_finish(num_ended)
+        if stretch is not None:
+            now_s, num_stretch_ended = stretch
+            num_ended += num_stretch_ended
+        else:
+            batch, rejected = scheduler.schedule(allocator)
+            for seq in rejected:
+                reject(seq, "needs more KV memory than the whole pool holds")
+            num_ended += len(rejected)
+            if batch.sequences:
+                if on_step is not None:
+                    on_step(batch, allocator)
+                now_s, num_finished = _run_iteration(
+                    batch, now_s, scheduler, allocator, cost_model, steps, samples
+                )
+                num_ended += num_finished
+        if num_ended:
+            arrivals.flush_ended()
+            if on_finish is not None:
+                on_finish(num_ended)
+    steps.close()
+    arrivals.close()
     copies = getattr(allocator, "num_copy_on_writes", 0)
     return SimulationResult(
         steps=steps,
-        requests=[seq.record for seq in sequences],
+        requests=arrivals.records,
         num_slots=allocator.num_slots,
         num_copy_on_writes=copies,
     )
@@ -157,7 +161,7 @@ def _run_iteration(
         seq.num_generated += 1
         if seq.num_generated == 1:
             seq.record.first_token_s = end_s
-            if seq.request.num_samples > 1 and not seq.is_done:
+            if max(seq.request.num_samples, seq.request.beam_width) > 1 and not seq.is_done:
                 samples.fork(seq, allocator, scheduler)
         if seq.is_done:
             held_slots = _held_slots(allocator, seq.seq_id)
@@ -167,5 +171,6 @@ def _run_iteration(
                 seq.record.finish_s = end_s
                 seq.record.status = "finished"
                 num_finished += 1
+    samples.advance_beams(batch.sequences, allocator, scheduler)  # beam search: fork and drop
     allocator.take_copy_on_writes()  # the engine only counts them; an executor would copy
     return end_s, num_finished

@@ -311,8 +311,8 @@ def fig15_section() -> str:
     """Fig. 15 (sharing): measured by hand so far (the section after this block)."""
     return (
         "## Fig. 15: parallel sampling and beam search (sharing)\n\n"
-        "Not generated yet: the measured parallel-sampling figures are in the hand-written "
-        "section below; beam search is not built.\n"
+        "Not generated yet: the measured parallel-sampling and beam-search figures are in the "
+        "hand-written sections below.\n"
     )
 
 

@@ -14,7 +14,7 @@ from kvbench.workloads.arrivals import (
     poisson_arrivals,
     scale_trace_arrivals,
 )
-from kvbench.workloads.columns import ARRIVAL_S, NUM_SAMPLES
+from kvbench.workloads.columns import ARRIVAL_S, BEAM_WIDTH, NUM_SAMPLES
 from kvbench.workloads.config import WorkloadConfig, as_workload_config, validate_workload_config
 from kvbench.workloads.frames import trace_frame
 from kvbench.workloads.load import load_trace
@@ -141,5 +141,7 @@ def build_workload(cfg: WorkloadConfig | Any, max_model_len: int) -> pd.DataFram
     workload = sort_and_renumber(rows)
     if cfg.num_samples > 1:
         workload[NUM_SAMPLES] = cfg.num_samples
+    if cfg.beam_width > 1:
+        workload[BEAM_WIDTH] = cfg.beam_width
     workload.attrs.update({"workload": cfg.name, "max_model_len": max_model_len})
     return workload

@@ -13,9 +13,11 @@ PREFIX_TOKENS = "prefix_tokens"
 PREFIX_BLOCK_HASHES = "prefix_block_hashes"
 # Parallel samples (n) generated from the request's prompt.
 NUM_SAMPLES = "num_samples"
+# Beam width (k) of beam search over the request's prompt.
+BEAM_WIDTH = "beam_width"
 
 REQUIRED_COLUMNS = (REQUEST_ID, ARRIVAL_S, PROMPT_TOKENS, OUTPUT_TOKENS)
-OPTIONAL_COLUMNS = (PREFIX_GROUP, PREFIX_TOKENS, PREFIX_BLOCK_HASHES, NUM_SAMPLES)
+OPTIONAL_COLUMNS = (PREFIX_GROUP, PREFIX_TOKENS, PREFIX_BLOCK_HASHES, NUM_SAMPLES, BEAM_WIDTH)
 
 # DataFrame.attrs key holding the tokens covered by one entry of ``prefix_block_hashes``.
 HASH_BLOCK_TOKENS_ATTR = "hash_block_tokens"

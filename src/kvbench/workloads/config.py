@@ -51,6 +51,8 @@ class WorkloadConfig:
         system_prompt_tokens: length of the shared system prompt.
         seed: seeds sampling and arrivals.
         num_samples: parallel samples (n) each request generates from its one prompt.
+        beam_width: beam search width (k) of each request: 1 (no beam search) or a width the
+            shipped beam ancestry records (2, 4, 6); not together with num_samples > 1.
     """
 
     name: str = "sharegpt"
@@ -74,6 +76,7 @@ class WorkloadConfig:
     system_prompt_tokens: int = 1024
     seed: int = 0
     num_samples: int = 1
+    beam_width: int = 1
 
 
 def as_workload_config(cfg: Any) -> WorkloadConfig:
@@ -171,6 +174,22 @@ def _validate_filter(cfg: WorkloadConfig) -> None:
         _check_int_at_least(key, getattr(cfg, key), 0)
     _check_int_at_least("seed", cfg.seed, 0)
     _check_int_at_least("num_samples", cfg.num_samples, 1)
+    _validate_beam_width(cfg)
+
+
+def _validate_beam_width(cfg: WorkloadConfig) -> None:
+    _check_int_at_least("beam_width", cfg.beam_width, 1)
+    if cfg.beam_width == 1:
+        return
+    if cfg.num_samples > 1:
+        _fail("beam_width", cfg.beam_width, f"1 when num_samples={cfg.num_samples} > 1 "
+              "(parallel sampling and beam search are separate workloads; set one of the two)")
+    from kvbench.workloads.beam_ancestry import recorded_beam_widths
+
+    widths = recorded_beam_widths()
+    if cfg.beam_width not in widths:
+        _fail("beam_width", cfg.beam_width,
+              f"1 or a width with recorded beam ancestry ({', '.join(map(str, widths))})")
 
 
 def validate_workload_config(cfg: WorkloadConfig) -> None:

@@ -9,6 +9,7 @@ import pandas as pd
 from kvbench.request import Request
 from kvbench.workloads.columns import (
     ARRIVAL_S,
+    BEAM_WIDTH,
     HASH_BLOCK_TOKENS_ATTR,
     NUM_SAMPLES,
     OUTPUT_TOKENS,
@@ -45,7 +46,7 @@ def to_requests(df: pd.DataFrame) -> list[Request]:
         df[REQUEST_ID].tolist(), arrivals_s, df[PROMPT_TOKENS].tolist(),
         df[OUTPUT_TOKENS].tolist(), _optional_column(df, PREFIX_GROUP, None),
         _optional_column(df, PREFIX_TOKENS, 0), _optional_column(df, PREFIX_BLOCK_HASHES, ()),
-        _optional_column(df, NUM_SAMPLES, 1),
+        _optional_column(df, NUM_SAMPLES, 1), _optional_column(df, BEAM_WIDTH, 1),
         strict=True,
     )
     return [
@@ -59,8 +60,9 @@ def to_requests(df: pd.DataFrame) -> list[Request]:
             prefix_block_hashes=tuple(int(block) for block in hashes),
             hash_block_tokens=hash_block_tokens,
             num_samples=int(num_samples),
+            beam_width=int(beam_width),
         )
         for request_id, arrival_s, prompt_tokens, output_tokens, group, prefix_tokens, hashes,
-        num_samples
+        num_samples, beam_width
         in columns
     ]

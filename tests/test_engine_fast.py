@@ -1,0 +1,283 @@
+"""The engine's fast path gives exactly the step-by-step loop's records (issue: fast engine).
+
+Every comparison is exact (==): the same floats to the last digit, the same integers, the same
+request records, the same allocator state at the end.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from kvbench.allocators import ALLOCATOR_NAMES, make_allocator
+from kvbench.catalog import get_hardware, get_model
+from kvbench.engine import IterationShape, RooflineCostModel, Scheduler, SchedulerLimits, simulate
+from kvbench.engine import records as records_module
+from kvbench.request import Request
+from kvbench.specs import Deployment
+from kvbench.workloads import load_trace, to_requests
+
+OPT13B = Deployment(get_model("opt-13b"), get_hardware("a100-40gb"), kv_cache_gib=12)
+MAX_LEN = 2048
+
+
+def _run(requests, allocator_name, num_slots, block_size, limits, fast, **kwargs):
+    allocator = make_allocator(allocator_name, num_slots, block_size, limits.max_model_len)
+    result = simulate(requests, Scheduler(limits), allocator, RooflineCostModel(OPT13B),
+                      fast=fast, **kwargs)
+    return result, allocator
+
+
+def _assert_identical(requests, allocator_name, num_slots, block_size, limits):
+    fast, fast_allocator = _run(requests, allocator_name, num_slots, block_size, limits, True)
+    ref, ref_allocator = _run(requests, allocator_name, num_slots, block_size, limits, False)
+    assert fast.steps.columns == ref.steps.columns
+    assert fast.requests == ref.requests
+    assert fast.num_copy_on_writes == ref.num_copy_on_writes
+    assert fast_allocator.usage() == ref_allocator.usage()
+    return fast
+
+
+@st.composite
+def _workloads(draw):
+    num_requests = draw(st.integers(1, 40))
+    rng = random.Random(draw(st.integers(0, 2**32 - 1)))
+    burst = draw(st.booleans())
+    mean_gap_s = draw(st.sampled_from([0.001, 0.02, 0.2]))
+    with_samples = draw(st.booleans())
+    with_groups = draw(st.booleans())
+    arrival_s = 0.0
+    requests = []
+    for request_id in range(num_requests):
+        if not burst:
+            arrival_s += rng.expovariate(1 / mean_gap_s)
+        prompt_tokens = rng.randint(1, 300)
+        group = rng.choice([None, 0, 1]) if with_groups else None
+        requests.append(Request(
+            request_id=request_id,
+            arrival_s=arrival_s,
+            prompt_tokens=prompt_tokens,
+            output_tokens=rng.randint(1, 120),
+            prefix_group=group,
+            prefix_tokens=min(prompt_tokens, 64) if group is not None else 0,
+            num_samples=rng.choice([1, 1, 2, 3]) if with_samples else 1,
+        ))
+    return requests
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    requests=_workloads(),
+    allocator_name=st.sampled_from(ALLOCATOR_NAMES),
+    num_slots=st.sampled_from([600, 2_000, 20_000]),
+    block_size=st.sampled_from([1, 4, 16, 32]),
+    max_num_seqs=st.sampled_from([3, 256]),
+    max_num_batched_tokens=st.sampled_from([400, 2048]),
+    preemption=st.sampled_from(["recompute", "swap"]),
+)
+def test_fast_path_matches_the_step_by_step_loop(
+    requests, allocator_name, num_slots, block_size, max_num_seqs, max_num_batched_tokens,
+    preemption,
+):
+    limits = SchedulerLimits(max_model_len=MAX_LEN, max_num_seqs=max_num_seqs,
+                             max_num_batched_tokens=max_num_batched_tokens,
+                             preemption=preemption, swap_capacity_tokens=1_000)
+    _assert_identical(requests, allocator_name, num_slots, block_size, limits)
+
+
+def test_fast_path_skips_iterations_on_a_quiet_batch():
+    """Two long requests: all but a few iterations run as stretches, yet records are equal."""
+    requests = [Request(0, 0.0, 100, 500), Request(1, 0.0, 50, 300)]
+    limits = SchedulerLimits(max_model_len=MAX_LEN)
+    result = _assert_identical(requests, "paged", 20_000, 16, limits)
+    assert len(result.steps) == 500
+    assert result.steps.columns["batch_size"][:300] == [2] * 300
+
+
+TRACES = [
+    "sharegpt/sharegpt_val_10k_llama2.csv",
+    "alpaca/alpaca_5000_gpt2bpe_lengths.csv",
+    "azure2023/AzureLLMInferenceTrace_conv.csv",
+    "mooncake/conversation_trace.jsonl",
+    "arxiv/arxiv_summarization_stats_llama2_tokenizer_filtered_v2.csv",
+]
+# Llama-3-8B on one L40S: a small pool, so the traces preempt (as test_shared_traces_replay).
+L40S = Deployment(get_model("llama-3-8b"), get_hardware("l40s"))
+
+
+def _trace_requests(path, num_requests, speedup=4.0):
+    frame = load_trace(path)
+    if num_requests is not None:
+        frame = frame.head(num_requests)
+    if frame["arrival_s"].isna().any():
+        gaps_s = np.random.default_rng(0).exponential(0.05, len(frame))
+        frame = frame.assign(arrival_s=np.cumsum(gaps_s))
+    frame = frame.assign(arrival_s=(frame["arrival_s"] - frame["arrival_s"].min()) / speedup)
+    return to_requests(frame)
+
+
+def _assert_trace_identical(requests, allocator_name):
+    max_len = L40S.model.max_model_len
+    limits = SchedulerLimits(max_model_len=max_len, max_num_batched_tokens=max_len)
+    results = []
+    for fast in (True, False):
+        allocator = make_allocator(allocator_name, L40S.num_kv_slots, 16, max_len)
+        results.append(simulate(requests, Scheduler(limits), allocator,
+                                RooflineCostModel(L40S), fast=fast))
+    assert results[0].steps.columns == results[1].steps.columns
+    assert results[0].requests == results[1].requests
+
+
+@pytest.mark.parametrize("allocator_name", ALLOCATOR_NAMES)
+@pytest.mark.parametrize("trace", TRACES)
+def test_fast_path_matches_on_the_first_requests_of_each_trace(shared_traces, trace,
+                                                               allocator_name):
+    _assert_trace_identical(_trace_requests(shared_traces / trace, 300), allocator_name)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("allocator_name", ALLOCATOR_NAMES)
+@pytest.mark.parametrize("trace", TRACES)
+def test_fast_path_matches_on_every_request_of_each_trace(shared_traces, trace, allocator_name):
+    _assert_trace_identical(_trace_requests(shared_traces / trace, None), allocator_name)
+
+
+@pytest.mark.parametrize("allocator_name", ALLOCATOR_NAMES)
+def test_append_rounds_leaves_the_state_of_single_appends(allocator_name):
+    rng = random.Random(7)
+    single = make_allocator(allocator_name, 40_000, 8, MAX_LEN)
+    bulk = make_allocator(allocator_name, 40_000, 8, MAX_LEN)
+    seq_ids = []
+    for seq_id in range(12):
+        request = Request(seq_id, 0.0, rng.randint(1, 90), rng.randint(30, 90))
+        for allocator in (single, bulk):
+            assert allocator.admit(seq_id, request, request.prompt_tokens)
+        seq_ids.append(seq_id)
+    for seq_id in (3, 8):  # free some, so the free queue is not in id order
+        single.free(seq_id)
+        bulk.free(seq_id)
+        seq_ids.remove(seq_id)
+    rounds = bulk.decode_rounds(seq_ids)
+    num_rounds = min(rounds.max_rounds, 25)
+    usages = []
+    for _ in range(num_rounds):
+        for seq_id in seq_ids:
+            assert single.append(seq_id, 1)
+        usages.append(single.usage())
+    before = bulk.usage()
+    bulk.append_rounds(seq_ids, num_rounds)
+    assert [single.block_table(i) for i in seq_ids] == [bulk.block_table(i) for i in seq_ids]
+    assert single.usage() == bulk.usage()
+    # The DecodeRounds description predicts every round's usage.
+    block_size = bulk.block_size
+    held = before.token_states + before.reservation + before.internal_frag
+    num_taken = internal_frag = 0
+    for round_index, usage in enumerate(usages):
+        num_taken += rounds.new_blocks[round_index % len(rounds.new_blocks)]
+        internal_frag += rounds.internal_frag_slots.get(round_index, 0)
+        assert usage.token_states == before.token_states + (round_index + 1) * len(seq_ids)
+        assert usage.free == before.free - num_taken * block_size
+        assert usage.internal_frag == before.internal_frag + internal_frag
+        assert usage.token_states + usage.reservation + usage.internal_frag == (
+            held + num_taken * block_size
+        )
+
+
+def test_paged_decode_rounds_declines_a_shared_partial_block():
+    allocator = make_allocator("paged", 1_000, 16, MAX_LEN)
+    assert allocator.admit(0, Request(0, 0.0, 20, 10), 20)
+    assert allocator.fork(0, 1)
+    assert allocator.decode_rounds([0, 1]) is None  # the next token copies the shared block
+    assert allocator.append(0, 1)  # copy-on-write
+    assert allocator.decode_rounds([0, 1]) is not None
+
+
+@given(st.lists(st.integers(0, 2_000_000), min_size=1, max_size=20),
+       st.integers(1, 256), st.sampled_from(["llama-2-70b", "opt-13b", "mixtral-8x7b"]))
+def test_decode_time_fn_gives_the_iteration_times_bit_for_bit(contexts, num_seqs, model):
+    deployment = Deployment(get_model(model), get_hardware("a100-80gb"), num_gpus=4)
+    costs = RooflineCostModel(deployment)
+    decode_time_s = costs.decode_time_fn(num_seqs)
+    for context in contexts:
+        shape = IterationShape(0, 0, num_seqs, context)
+        assert decode_time_s(context) == costs.iteration_time_s(shape)
+
+
+def _streamed(requests, monkeypatch, chunk_rows):
+    monkeypatch.setattr(records_module, "CHUNK_ROWS", chunk_rows)
+    step_chunks, record_chunks = [], []
+    limits = SchedulerLimits(max_model_len=MAX_LEN)
+    streamed, _ = _run(requests, "paged", 2_000, 16, limits, True,
+                       step_sink=step_chunks.append, record_sink=record_chunks.append)
+    kept, _ = _run(requests, "paged", 2_000, 16, limits, True)
+    return streamed, kept, step_chunks, record_chunks
+
+
+def test_streamed_steps_and_records_equal_the_kept_ones(monkeypatch):
+    rng = random.Random(3)
+    requests = [Request(i, i * 0.05, rng.randint(1, 200), rng.randint(1, 100)) for i in range(60)]
+    streamed, kept, step_chunks, record_chunks = _streamed(requests, monkeypatch, 37)
+    assert len(streamed.steps) == len(kept.steps) > 37
+    assert streamed.steps.columns["step"] == []  # everything went to the sink
+    assert all(len(chunk["step"]) == 37 for chunk in step_chunks[:-1])
+    for name, values in kept.steps.columns.items():
+        assert [v for chunk in step_chunks for v in chunk[name]] == values
+    assert streamed.steps.totals() == kept.steps.totals()
+    assert [record for chunk in record_chunks for record in chunk] == kept.requests
+    assert streamed.requests == []
+
+
+def test_step_totals_do_not_depend_on_how_steps_arrive(monkeypatch):
+    """Appending rows one by one or in stretches of any length folds the same chunks."""
+    monkeypatch.setattr(records_module, "CHUNK_ROWS", 5)
+    rng = random.Random(11)
+    rows = [
+        {"time_s": rng.random(), "duration_s": rng.random() / 7, "batch_size": rng.randint(1, 9),
+         **{name: rng.randint(0, 1_000) for name in (
+             "num_prefill_seqs", "num_prefill_tokens", "num_decode_tokens", "num_waiting",
+             "num_swapped", "num_preempted", "token_states_slots", "reservation_slots",
+             "internal_frag_slots", "external_frag_slots", "free_slots", "shared_slots",
+             "saved_slots")},
+         "memory_blocked": False}
+        for _ in range(23)
+    ]
+    one_by_one, in_stretches = records_module.StepRecords(), records_module.StepRecords()
+    for row in rows:
+        one_by_one.extend({name: [value] for name, value in row.items()})
+    for start, stop in ((0, 3), (3, 17), (17, 23)):
+        in_stretches.extend({name: [row[name] for row in rows[start:stop]] for name in rows[0]})
+    assert one_by_one.columns == in_stretches.columns
+    assert one_by_one.totals() == in_stretches.totals()
+    assert one_by_one.totals().num_steps == 23
+
+
+def _summary(tmp_path, *overrides):
+    from conftest import compose_config
+
+    from kvbench.runner import run_experiment
+
+    cfg, deployment, raw = compose_config(
+        "model=opt-13b", "hardware=a100-40gb", "workload=fixed", "workload.num_requests=30",
+        "workload.request_rate=20",
+        "allocators=[paged,naive_oracle]", "plots=false", "progress=false", *overrides
+    )
+    out = tmp_path / ("-".join(overrides) or "default")
+    return run_experiment(cfg, deployment, raw, out)
+
+
+def test_config_engine_fast_false_gives_the_same_summary(tmp_path):
+    fast = _summary(tmp_path)
+    reference = _summary(tmp_path, "engine.fast=false")
+    columns = [c for c in fast.columns if c != "simulation_wall_s"]
+    assert fast[columns].equals(reference[columns])
+
+
+def test_record_dataclass_fields_are_what_the_stream_writes():
+    from kvbench.streaming import _RECORD_FIELDS
+
+    assert tuple(f.name for f in dataclasses.fields(records_module.RequestRecord)) == _RECORD_FIELDS
