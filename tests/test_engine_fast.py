@@ -281,3 +281,33 @@ def test_record_dataclass_fields_are_what_the_stream_writes():
     from kvbench.streaming import _RECORD_FIELDS
 
     assert tuple(f.name for f in dataclasses.fields(records_module.RequestRecord)) == _RECORD_FIELDS
+
+
+@pytest.mark.parametrize("allocator_name", ALLOCATOR_NAMES)
+def test_try_append_round_is_one_round_of_single_appends_or_nothing(allocator_name):
+    single = make_allocator(allocator_name, 20_000, 4, MAX_LEN)
+    bulk = make_allocator(allocator_name, 20_000, 4, MAX_LEN)
+    lengths = [(7, 9), (8, 3), (1, 2), (13, 40)]
+    for seq_id, (prompt_tokens, output_tokens) in enumerate(lengths):
+        request = Request(seq_id, 0.0, prompt_tokens, output_tokens)
+        for allocator in (single, bulk):
+            assert allocator.admit(seq_id, request, prompt_tokens)
+    for _ in range(3):
+        seq_ids = [i for i, (p, o) in enumerate(lengths) if bulk.num_tokens(i) < p + o]
+        for seq_id in seq_ids:
+            assert single.append(seq_id, 1)
+        assert bulk.try_append_round(seq_ids)
+        assert [single.block_table(i) for i in range(4)] == [bulk.block_table(i) for i in range(4)]
+        assert single.usage() == bulk.usage()
+    # Nothing changes when one sequence cannot take the round: a shared partial block (paged)
+    # or a sequence already at its final length (contiguous: the formulas stop there).
+    if bulk.block_size > 1:
+        assert bulk.fork(0, 9) and bulk.num_tokens(0) % bulk.block_size  # 10 tokens
+        seq_ids = [3, 0]
+    else:
+        seq_ids = [0, 2]
+    before = bulk.usage()
+    tables = [bulk.block_table(i) for i in seq_ids]
+    assert not bulk.try_append_round(seq_ids)
+    assert bulk.usage() == before
+    assert [bulk.block_table(i) for i in seq_ids] == tables

@@ -126,6 +126,17 @@ class ContiguousAllocator(ABC):
             max_rounds = min(max_rounds, linear_until - extent.num_tokens)
         return DecodeRounds(max(max_rounds, 0), (0,), {})
 
+    def try_append_round(self, seq_ids: list[int]) -> bool:
+        """One ``append(seq_id, 1)`` for each of ``seq_ids``, in one call, if each stays within
+        what it reserved and will hold; False (nothing changes) otherwise."""
+        extents = self._extents
+        for seq_id in seq_ids:
+            extent = extents[seq_id]
+            if extent.num_tokens >= min(extent.requested_slots, extent.final_tokens):
+                return False
+        self.append_rounds(seq_ids, 1)
+        return True
+
     def append_rounds(self, seq_ids: list[int], num_rounds: int) -> None:
         """Append ``num_rounds`` tokens to each of ``seq_ids`` (within ``decode_rounds``)."""
         for seq_id in seq_ids:

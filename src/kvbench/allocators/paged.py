@@ -121,19 +121,42 @@ class PagedAllocator:
                 )
         return DecodeRounds(max(max_rounds, 0), tuple(new_blocks), internal_frag_slots)
 
+    def try_append_round(self, seq_ids: list[int]) -> bool:
+        """One ``append(seq_id, 1)`` for each of ``seq_ids`` in order, in one call, if none of
+        them needs a copy-on-write and the pool has a block for each that starts one; False
+        (nothing changes) otherwise."""
+        block_size = self.block_size
+        sequences = self._sequences
+        ref_counts = self._pool.ref_counts
+        num_new_blocks = 0
+        for seq_id in seq_ids:
+            seq = sequences[seq_id]
+            if seq.num_tokens % block_size == 0:
+                num_new_blocks += 1
+            elif ref_counts[seq.blocks[-1]] > 1:
+                return False
+        if num_new_blocks > self._pool.num_free_blocks:
+            return False
+        self.append_rounds(seq_ids, 1)
+        return True
+
     def append_rounds(self, seq_ids: list[int], num_rounds: int) -> None:
         """Append ``num_rounds`` tokens to each of ``seq_ids``, with exactly the state that
         ``num_rounds`` rounds of ``append(seq_id, 1)`` over ``seq_ids`` in order would leave
         (the same blocks in the same places). The caller has checked ``decode_rounds`` and the
         free blocks."""
         block_size = self.block_size
-        seqs = [self._sequences[seq_id] for seq_id in seq_ids]
-        # New blocks go out round by round, in sequence order, as single appends take them.
-        starts = sorted(
-            (round_index, position)
-            for position, seq in enumerate(seqs)
-            for round_index in range(-seq.num_tokens % block_size, num_rounds, block_size)
-        )
+        sequences = self._sequences
+        seqs = [sequences[seq_id] for seq_id in seq_ids]
+        # New blocks go out round by round, in sequence order, as single appends take them:
+        # sequence i starts a block in rounds first_i, first_i + block_size, ...
+        starts = []
+        for position, seq in enumerate(seqs):
+            first_round = -seq.num_tokens % block_size
+            while first_round < num_rounds:
+                starts.append((first_round, position))
+                first_round += block_size
+        starts.sort()
         if len(starts) > self._pool.num_free_blocks:
             raise RuntimeError(f"{len(starts)} new blocks needed, only "
                                f"{self._pool.num_free_blocks} free: check decode_rounds first")
@@ -142,21 +165,26 @@ class PagedAllocator:
         filled_total = self._partial_filled_slots
         usable_total = self._partial_usable_slots
         for seq in seqs:
-            if seq.blocks:
-                entry = partial_blocks.pop(seq.blocks[-1], None)
-                if entry is not None:
-                    filled_total -= entry[0]
-                    usable_total -= entry[1]
-        for (_, position), block_id in zip(starts, self._allocate_blocks(len(starts)), strict=True):
-            seqs[position].blocks.append(block_id)
-        self._num_logical_blocks += len(starts)
+            if seq.num_tokens % block_size:  # only a partial last block is tracked
+                filled_slots, usable_slots = partial_blocks.pop(seq.blocks[-1])
+                filled_total -= filled_slots
+                usable_total -= usable_slots
+        if starts:
+            new_blocks = self._allocate_blocks(len(starts))
+            for (_, position), block_id in zip(starts, new_blocks, strict=True):
+                seqs[position].blocks.append(block_id)
+            self._num_logical_blocks += len(starts)
         for seq in seqs:
             num_tokens = seq.num_tokens + num_rounds
             seq.num_tokens = num_tokens
             filled_slots = num_tokens % block_size
             if filled_slots:
-                final_tokens = max(seq.final_tokens, num_tokens)
-                usable_slots = min(final_tokens - (num_tokens - filled_slots), block_size)
+                final_tokens = seq.final_tokens
+                if final_tokens < num_tokens:
+                    final_tokens = num_tokens
+                usable_slots = final_tokens - num_tokens + filled_slots
+                if usable_slots > block_size:
+                    usable_slots = block_size
                 partial_blocks[seq.blocks[-1]] = (filled_slots, usable_slots)
                 filled_total += filled_slots
                 usable_total += usable_slots

@@ -81,6 +81,13 @@ class PagedPrefixAllocator(PagedAllocator):
                 return None
         return super().decode_rounds(seq_ids)
 
+    def try_append_round(self, seq_ids: list[int]) -> bool:
+        """See ``PagedAllocator.try_append_round``; False also when a sequence could fill a
+        hashed prompt block."""
+        if self.decode_rounds(seq_ids) is None:
+            return False
+        return super().try_append_round(seq_ids)
+
     def fork(self, parent_id: int, child_id: int) -> bool:
         """Share every block of the parent (see ``PagedAllocator.fork``)."""
         super().fork(parent_id, child_id)

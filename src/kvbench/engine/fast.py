@@ -135,9 +135,12 @@ def run_decode_stretch(
             times_s, durations_s, num_blocks_taken, num_waiting,
         )
     )
+    done = []
     for seq in running:
         seq.num_generated += num_rounds
-    return now_s, num_rejected + _finish_done(list(running), now_s, scheduler, allocator, samples)
+        if seq.num_generated >= seq.request.output_tokens:  # seq.is_done
+            done.append(seq)
+    return now_s, num_rejected + _finish_done(done, now_s, scheduler, allocator, samples)
 
 
 def _stretch_columns(
@@ -202,12 +205,10 @@ def _finish_done(
     allocator: Allocator,
     samples: SampleGroups,
 ) -> int:
-    """Release the sequences that produced their last token (in batch order, as the
-    step-by-step loop does); returns how many requests finished."""
+    """Release ``seqs``, which produced their last token (in batch order, as the step-by-step
+    loop does); returns how many requests finished."""
     num_finished = 0
     for seq in seqs:
-        if not seq.is_done:
-            continue
         held_slots = len(allocator.block_table(seq.seq_id)) * allocator.block_size
         seq.record.peak_slots = max(seq.record.peak_slots, held_slots)
         scheduler.finish(allocator, seq)

@@ -65,19 +65,10 @@ def _cached_prefix_tokens(allocator: Allocator, seq_id: int) -> int:
 
 
 def _append_all(allocator: Allocator, running: list[Sequence]) -> bool:
-    """One token for every running sequence in one allocator call, if the allocator can say that
-    all of them fit; False (nothing changed) otherwise."""
-    decode_rounds = getattr(allocator, "decode_rounds", None)
-    if decode_rounds is None:
-        return False
-    seq_ids = [seq.seq_id for seq in running]
-    rounds = decode_rounds(seq_ids)
-    if rounds is None or rounds.max_rounds < 1:
-        return False
-    if rounds.new_blocks[0] * allocator.block_size > allocator.usage().free:
-        return False
-    allocator.append_rounds(seq_ids, 1)
-    return True
+    """One token for every running sequence in one allocator call, if the allocator can tell
+    that all of them fit; False (nothing changed) otherwise."""
+    try_append_round = getattr(allocator, "try_append_round", None)
+    return try_append_round is not None and try_append_round([seq.seq_id for seq in running])
 
 
 class Scheduler:
