@@ -1,4 +1,5 @@
-"""Property tests every allocator must pass, driven by random admit/append/fork/free sequences.
+"""Property tests every allocator must pass, driven by random admit/append/fork/free sequences
+and beam-search steps (fork the new beams, free the parent, append to each beam).
 
 The machine keeps its own model: each live sequence's request and token ids, and a simulated
 physical KV store keyed by slot (``block * block_size + offset``) that the harness writes the way
@@ -180,7 +181,9 @@ class AllocatorMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.tokens)
     @rule(index=st.integers(0, 1000), num_tokens=st.integers(0, 5))
     def append(self, index: int, num_tokens: int) -> None:
-        seq_id = self._pick(index)
+        self._append(self._pick(index), num_tokens)
+
+    def _append(self, seq_id: int, num_tokens: int) -> None:
         expected = self.allocator.can_append(seq_id, num_tokens)
         before = self._snapshot()
         appended = self.allocator.append(seq_id, num_tokens)
@@ -198,23 +201,49 @@ class AllocatorMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.tokens)
     @rule(index=st.integers(0, 1000))
     def fork(self, index: int) -> None:
-        parent_id = self._pick(index)
+        self._fork(self._pick(index))
+
+    def _fork(self, parent_id: int) -> int | None:
         child_id = self._new_id()
         before = self._snapshot()
         if not self.allocator.fork(parent_id, child_id):
             assert self._snapshot() == before
-            return
+            return None
         self.requests[child_id] = self.requests[parent_id]
         self.requested[child_id] = self.requested[parent_id]
         self.tokens[child_id] = list(self.tokens[parent_id])
         self._apply_copies()
+        return child_id
 
     @precondition(lambda self: self.tokens)
     @rule(index=st.integers(0, 1000))
     def free(self, index: int) -> None:
-        seq_id = self._pick(index)
+        self._free(self._pick(index))
+
+    def _free(self, seq_id: int) -> None:
         self.allocator.free(seq_id)
         del self.tokens[seq_id]
+
+    @precondition(lambda self: self.tokens)
+    @rule(
+        index=st.integers(0, 1000),
+        num_children=st.integers(0, 3),
+        num_tokens=st.lists(st.integers(0, 3), min_size=3, max_size=3),
+    )
+    def beam_step(self, index: int, num_children: int, num_tokens: list[int]) -> None:
+        """Beam search's step (as the engine replays recorded ancestry): the beam forks the new
+        beams that extend it, is freed (0 children: pruned), and each new beam appends its next
+        tokens, so a partial last block shared only by the new beams is copied on write while
+        the parent's blocks live on in its children alone. Applied again to a child, it is a
+        chain of forks and frees along one lineage."""
+        parent_id = self._pick(index)
+        children = [self._fork(parent_id) for _ in range(num_children)]
+        self._free(parent_id)
+        self.sequences_read_their_own_tokens()  # the children read the parent's tokens
+        self.tables_are_well_formed()  # the parent's references are gone, the children's remain
+        for child_id, count in zip(children, num_tokens, strict=False):
+            if child_id is not None:
+                self._append(child_id, count)
 
     # --- invariants ------------------------------------------------------------------------
 

@@ -1,14 +1,16 @@
 """`python -m kvbench.report`: aggregates runs (single and grid) into tables, charts, markdown."""
 
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pandas as pd
 import pytest
 from conftest import compose_config
 
-from kvbench.report import write_report
-from kvbench.report.docs_blocks import block
+from kvbench.report import sections, write_report
+from kvbench.report.docs_blocks import BEGIN, END, block
 from kvbench.study import run_study
 
 TINY = (
@@ -17,6 +19,12 @@ TINY = (
     "hardware.kv_cache_gib=2", "hardware.gpu_memory_utilization=1.0", "progress=false",
     "plots=false",
 )  # fmt: skip
+
+
+SAMPLING_WORKLOADS = ("alpaca_n2", "alpaca_n4", "alpaca_n6", "sharegpt_n2", "sharegpt_n4",
+                      "sharegpt_n6")  # fmt: skip
+DOCS = Path(__file__).resolve().parents[1] / "docs" / "reproduction.md"
+REFERENCE = Path(__file__).resolve().parents[1] / "results" / "reference"
 
 
 @pytest.fixture(scope="module")
@@ -31,6 +39,8 @@ def results(tmp_path_factory):
                        "preemption_modes=[recompute,swap]", "experiment_name=preemption"),
         "fig2": ("experiment=vllm_fig2", "~workloads.alpaca", "workloads.sharegpt.num_requests=60",
                  "allocators=[naive_max,paged]", "progress=false", "plots=false"),
+        "fig15": ("experiment=parallel_sampling", "progress=false", "plots=false",
+                  *(f"workloads.{name}.num_requests=20" for name in SAMPLING_WORKLOADS)),
     }  # fmt: skip
     rows = 0
     for name, overrides in studies.items():
@@ -91,3 +101,85 @@ def test_every_column_the_report_and_the_study_write_is_documented(results, tmp_
         columns = pd.read_parquet(tmp_path / f"{table}.parquet").columns
         undocumented = [column for column in columns if not _documented(column)]
         assert not undocumented, f"{table}.parquet columns missing from docs/metrics.md"
+
+
+def test_the_fig15_block_holds_every_sharing_run_next_to_the_paper(results, tmp_path):
+    root, _ = results
+    write_report([root], tmp_path)
+    text = (tmp_path / "reproduction.md").read_text()
+    body = _block_body(text, "fig15")
+    assert "Not generated yet" not in body
+    for trace in ("alpaca", "sharegpt"):
+        for n in (2, 4, 6):
+            assert f"| parallel sampling, n = {n} | {trace} |" in body
+    assert "6.09, 8.53, 9.79" in body and "16.2-30.5 (range)" in body
+
+
+def _sharing_row(sharing: str, workload: str, width: int, allocator: str, rate: float,
+                 saving: float, throughput: float) -> dict:  # fmt: skip
+    return {"experiment": sharing, "workload": workload, "model": "opt-13b", "num_gpus": 1,
+            "hardware": "a100-40gb", "block_size": 16, "preemption": "recompute",
+            "allocator": allocator, "request_rate": rate,
+            "n": width if sharing == "parallel_sampling" else 1,
+            "beam_width": width if sharing == "beam_search" else 1,
+            "memory_saving_pct": saving, "request_throughput": throughput}  # fmt: skip
+
+
+def test_fig15_reads_the_saving_at_the_trace_rate_and_the_knee_ratio():
+    rows = []
+    for rate, saving in ((5.0, 30.0), (10.0, 61.5), (20.0, 45.0)):  # read at 10 req/s
+        rows.append(_sharing_row("beam_search", "alpaca_k6", 6, "paged", rate, saving, rate))
+        rows.append(_sharing_row("beam_search", "alpaca_k6", 6, "naive_oracle", rate, 0.0,
+                                 rate / 2))  # fmt: skip
+    rows.append(_sharing_row("parallel_sampling", "sharegpt_n4", 4, "paged", 0.5, 21.8, 0.49))
+    knees = pd.DataFrame([
+        {"experiment": "beam_search", "workload": "alpaca_k6", "block_size": 16,
+         "allocator": allocator, "knee_rate": knee, "knee_censored": False, "min_rate": 5.0,
+         "knee_ratio": ratio, "knee_ratio_censored": False}
+        for allocator, knee, ratio in (("paged", 22.5, 1.0), ("naive_oracle", 8.3, 2.71))
+    ])  # fmt: skip
+    body = sections.fig15_section(pd.DataFrame(rows), knees)
+    assert "| beam search | alpaca @ 10 req/s | k = 6: 61.5 | 55.16 |" in body
+    assert "| parallel sampling | sharegpt @ 0.5 req/s | n = 4: 21.8 | 16.2-30.5 (range) |" in body
+    assert ("| beam search, k = 6 | alpaca | 61.50 | 10.00 | 5.00 | 2.00 | 22.5 / 8.3 | 2.71x "
+            "| 2.3x |") in body  # fmt: skip
+    assert sections.fig15_section(pd.DataFrame(rows[-1:]).assign(n=1), knees) == ""
+
+
+def _prefix_row(allocator: str, slots: int, block: int, hit: float, ideal: float) -> dict:
+    return {"experiment": "prefix_caching", "workload": "mooncake", "model": "qwen2.5-72b",
+            "hardware": "h100-80gb", "num_gpus": 8, "num_requests": 3000, "allocator": allocator,
+            "num_kv_slots": slots, "kv_pool_gb": slots * 327_680 / 1e9, "block_size": block,
+            "prefix_hit_rate": hit, "prefix_block_hit_rate": hit, "ideal_prefix_hit_rate": ideal,
+            "ideal_prefix_block_hit_rate": ideal, "mean_batch_size": 10.0,
+            "request_throughput": 2.0 + hit, "ttft_p50_s": 1.0, "num_preemptions": 0}  # fmt: skip
+
+
+def test_prefix_caching_shows_hit_rates_by_pool_and_block_next_to_the_ideal():
+    rows = [_prefix_row(allocator, slots, block, hit if allocator == "paged_prefix" else 0.0, 0.33)
+            for slots, hit in ((81_920, 0.055), (53_687_091, 0.33))
+            for block in (16, 256) for allocator in ("paged", "paged_prefix")]  # fmt: skip
+    body = sections.prefix_caching_section(pd.DataFrame(rows))
+    assert "| 81,920 | 25.0 | 5.5 / 5.5 | 5.5 / 5.5 |" in body
+    assert "| ideal (unbounded, same requests) | – | 33.0 / 33.0 | 33.0 / 33.0 |" in body
+    assert "| 53,687,091 | 33.00 | 10.00 | 10.00 | 2.00 | 2.33 | 1.17 |" in body
+    other = pd.DataFrame(rows).assign(experiment="system_prompt_sharing")
+    assert sections.prefix_caching_section(other) == ""
+
+
+def _block_body(text: str, name: str) -> str:
+    match = re.search(re.escape(BEGIN.format(name=name)) + r"\n(.*?)\n"
+                      + re.escape(END.format(name=name)), text, flags=re.S)  # fmt: skip
+    assert match, f"no generated block {name}"
+    return match.group(1)
+
+
+@pytest.mark.parametrize("name", ["fig15", "prefix_caching"])
+def test_the_docs_blocks_are_what_the_report_makes_of_the_reference_results(name):
+    """docs/reproduction.md's sharing blocks = the report on the committed reference tables."""
+    summary = pd.read_parquet(REFERENCE / "results.parquet")
+    knees = pd.read_parquet(REFERENCE / "knees.parquet")
+    expected = (sections.fig15_section(summary, knees) if name == "fig15"
+                else sections.prefix_caching_section(summary))  # fmt: skip
+    assert expected, f"results/reference holds no {name} runs"
+    assert _block_body(DOCS.read_text(), name) == expected.strip()

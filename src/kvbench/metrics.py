@@ -119,7 +119,19 @@ def _sharing(
         "prefix_hit_rate": float(admitted["cached_prompt_tokens"].sum() / prompt_tokens)
         if prompt_tokens > 0
         else float("nan"),
+        "prefix_block_hit_rate": _block_hit_rate(admitted),
     }
+
+
+def _block_hit_rate(admitted: pd.DataFrame) -> float:
+    """Prompt blocks found in the prefix cache / prompt blocks (a partial last block counted),
+    over admitted requests; NaN without a ``block_size`` column or without prompts."""
+    if "block_size" not in admitted.columns or admitted.empty:
+        return float("nan")
+    block_size = admitted["block_size"]
+    prompt_blocks = (-(-admitted["prompt_tokens"] // block_size)).sum()
+    hit_blocks = (admitted["cached_prompt_tokens"] // block_size).sum()
+    return float(hit_blocks / prompt_blocks) if prompt_blocks > 0 else float("nan")
 
 
 def _throughput(finished: pd.DataFrame) -> dict[str, float]:

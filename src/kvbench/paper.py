@@ -43,3 +43,16 @@ FIG18B_BEST_BLOCK_SIZES: dict[str, tuple[int, int]] = {"sharegpt": (16, 128), "a
 # §7.3 / Fig. 19 (exact): recomputation's overhead is never more than 20 % above swapping's latency;
 # the two are comparable at block sizes 16-64 (swapping suffers from small PCIe copies below).
 FIG19_RECOMPUTE_OVER_SWAP_MAX = 1.20
+
+# Fig. 15 (exact): memory saving (%) = blocks saved by sharing / blocks without sharing, OPT-13B on
+# Alpaca, by the number of parallel samples n or the beam width k; ShareGPT only as ranges (§6.3).
+FIG15_ALPACA_SAVING_PCT: dict[str, dict[int, float]] = {
+    "parallel_sampling": {2: 6.09, 4: 8.53, 6: 9.79},
+    "beam_search": {2: 37.56, 4: 53.13, 6: 55.16},
+}
+FIG15_SHAREGPT_SAVING_RANGE_PCT: dict[str, tuple[float, float]] = {
+    "parallel_sampling": (16.2, 30.5),
+    "beam_search": (44.3, 66.3),
+}
+# §6.3 (exact): vLLM's throughput over Orca (Oracle), OPT-13B on Alpaca, beam width 6.
+BEAM_K6_ALPACA_GAIN_OVER_ORACLE = 2.3

@@ -23,6 +23,7 @@ from kvbench.provenance import provenance
 from kvbench.specs import GIB, Deployment
 from kvbench.workloads import WorkloadConfig, build_workload, to_requests
 from kvbench.workloads.beam_ancestry import load_beam_ancestry
+from kvbench.workloads.prefix_reuse import has_prefix_identity, ideal_prefix_reuse
 
 # Longest a run waits before rewriting its steps and requests tables (summary: after every run).
 TABLES_EVERY_S = 30.0
@@ -101,6 +102,7 @@ def run_experiment(
         requests = to_requests(build_workload(workload_cfg, max_model_len))
         rate = workload_cfg.request_rate
         beams = load_beam_ancestry() if workload_cfg.beam_width > 1 else None
+        ideal = _ideal_prefix_columns(requests, cfg.allocator.block_size)
         for name in cfg.allocators:
             allocator = make_allocator(
                 name, deployment.num_kv_slots, cfg.allocator.block_size, max_model_len
@@ -120,7 +122,7 @@ def run_experiment(
             wall_s = time.perf_counter() - started_s
             steps = steps_frame(result, deployment).assign(**labels)
             request_table = requests_frame(result).assign(**labels)
-            summary = {**labels, **summarize(request_table, result, deployment)}
+            summary = {**labels, **summarize(request_table, result, deployment), **ideal}
             summary["simulation_wall_s"] = wall_s
             summaries.append(summary)
             all_steps.append(steps)
@@ -135,6 +137,17 @@ def run_experiment(
     if cfg.plots:
         plot_run(summary_table, pd.concat(all_steps, ignore_index=True), output_dir / "plots")
     return summary_table
+
+
+def _ideal_prefix_columns(requests: list, block_size: int) -> dict[str, float]:
+    """The hit rates an unbounded prefix cache would reach on exactly these requests (NaN when
+    no request names its prefix): the ceiling of ``prefix_hit_rate`` and
+    ``prefix_block_hit_rate``."""
+    if not has_prefix_identity(requests):
+        return {"ideal_prefix_hit_rate": float("nan"), "ideal_prefix_block_hit_rate": float("nan")}
+    ideal = ideal_prefix_reuse(requests, block_size)
+    return {"ideal_prefix_hit_rate": ideal.token_hit_rate,
+            "ideal_prefix_block_hit_rate": ideal.block_hit_rate}  # fmt: skip
 
 
 def _write_tables(

@@ -56,7 +56,8 @@ def section_bodies(tables: ReportTables) -> dict[str, str]:
         "fig12": sections.fig12_section(tables.summary, tables.knees, tables.sensitivity),
         "fig18b": sections.fig18b_section(tables.summary),
         "fig19": sections.fig19_section(tables.summary),
-        "fig15": sections.fig15_section(),
+        "fig15": sections.fig15_section(tables.summary, tables.knees),
+        "prefix_caching": sections.prefix_caching_section(tables.summary),
         "capacity": sections.capacity_section(tables.capacity),
         "runs": sections.runs_section(tables.summary, done),
     }

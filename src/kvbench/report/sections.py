@@ -13,14 +13,18 @@ import pandas as pd
 
 from kvbench.catalog import get_hardware, get_model
 from kvbench.paper import (
+    BEAM_K6_ALPACA_GAIN_OVER_ORACLE,
     FIG2_BREAKDOWN_PCT,
     FIG12_KNEES_APPROX,
     FIG12_SHAREGPT_KNEE_RATIO_RANGE,
     FIG13_MEAN_BATCH_SIZE,
+    FIG15_ALPACA_SAVING_PCT,
+    FIG15_SHAREGPT_SAVING_RANGE_PCT,
     FIG18B_BEST_BLOCK_SIZES,
     FIG19_RECOMPUTE_OVER_SWAP_MAX,
 )
 from kvbench.report.markdown_table import cell, markdown_table
+from kvbench.specs import GIB as GIB_BYTES
 from kvbench.specs import Deployment
 from kvbench.throughput_curves import LATENCY, curve_keys
 
@@ -37,6 +41,7 @@ TABLE1 = {
 # its traces (ShareGPT 337.99, Alpaca 58.45), gives its engine's seconds per iteration.
 PAPER_OUTPUT_TOKENS = {"sharegpt": 337.99, "alpaca": 58.45}
 PAPER_FIG13_RATES = {"sharegpt": 2.0, "alpaca": 30.0}
+PREFIX_CACHING_EXPERIMENT = "prefix_caching"
 
 
 def _opt13b(summary: pd.DataFrame) -> pd.DataFrame:
@@ -135,6 +140,7 @@ def _kvbench_iteration_ms(curve: pd.DataFrame, batch: float) -> tuple[float, flo
 
 def fig12_section(summary: pd.DataFrame, knees: pd.DataFrame, sensitivity: pd.DataFrame) -> str:
     """Fig. 12: each curve's knee and paged's knee ratios, beside the paper's."""
+    knees, sensitivity = _without_sharing(summary, knees), _without_sharing(summary, sensitivity)
     if knees.empty:
         return ""
     keys = curve_keys(knees)
@@ -152,6 +158,18 @@ def fig12_section(summary: pd.DataFrame, knees: pd.DataFrame, sensitivity: pd.Da
     parts.append(_sensitivity_table(sensitivity))
     parts.append(_fig12_gap(summary))
     return "\n".join(parts)
+
+
+def _without_sharing(summary: pd.DataFrame, frame: pd.DataFrame) -> pd.DataFrame:
+    """``frame``'s rows whose (experiment, workload) samples once per prompt: Fig. 12 is basic
+    sampling; curves with parallel samples or beams belong to Fig. 15."""
+    if frame.empty or "beam_width" not in summary.columns:
+        return frame
+    sharing = summary[(summary["n"] > 1) | (summary["beam_width"] > 1)]
+    pairs = set(zip(sharing["experiment"], sharing["workload"], strict=True))
+    keep = [(e, w) not in pairs for e, w in zip(frame["experiment"], frame["workload"],
+                                                  strict=True)]  # fmt: skip
+    return frame[keep]
 
 
 def _fig12_curve_table(labels: dict, group: pd.DataFrame) -> str:
@@ -233,7 +251,9 @@ def block_sweep_rows(summary: pd.DataFrame, compares_preemption: bool) -> pd.Dat
     preemption modes (Fig. 19) or, with ``compares_preemption`` False, the others (Fig. 18b)."""
     if summary.empty:
         return summary
-    paged = summary[summary["allocator"] == "paged"]
+    # prefix_caching sweeps block sizes for hit rates, at several pools: its own section
+    paged = summary[(summary["allocator"] == "paged")
+                    & (summary["experiment"] != PREFIX_CACHING_EXPERIMENT)]  # fmt: skip
     groups = paged.groupby(["experiment", "workload", "model", "num_gpus", "request_rate"])
     sizes = groups["block_size"].transform("nunique")
     modes = groups["preemption"].transform("nunique")
@@ -307,12 +327,185 @@ def fig19_section(summary: pd.DataFrame) -> str:
     )
 
 
-def fig15_section() -> str:
-    """Fig. 15 (sharing): measured by hand so far (the section after this block)."""
+# The rates parallel_sampling and beam_search replay each trace at (their configs): Fig. 15's
+# memory saving is read there, below the rates where paged preempts and a preempted sample or beam
+# stops sharing. A curve without that rate is read at its lowest rate.
+FIG15_RATES = {"alpaca": 10.0, "sharegpt": 0.5}
+SHARING_LABELS = {"parallel_sampling": "parallel sampling, n", "beam_search": "beam search, k"}
+
+
+def _trace_of(workload: str) -> str:
+    """The trace a workload label replays (``alpaca_k4`` -> ``alpaca``)."""
+    return next((trace for trace in FIG15_RATES if trace in workload), workload)
+
+
+def fig15_rows(summary: pd.DataFrame) -> pd.DataFrame:
+    """OPT-13B runs with parallel samples (n > 1) or beams (k > 1), one row per (sharing,
+    trace, width, allocator) at the trace's Fig. 15 rate (else its lowest), with ``sharing``,
+    ``trace`` and ``width`` columns."""
+    rows = _opt13b(summary)
+    if rows.empty or "beam_width" not in rows.columns:
+        return rows.iloc[0:0]
+    rows = rows[((rows["n"] > 1) | (rows["beam_width"] > 1)) & (rows["block_size"] == 16)]
+    rows = rows.assign(
+        sharing=["beam_search" if k > 1 else "parallel_sampling" for k in rows["beam_width"]],
+        trace=[_trace_of(str(w)) for w in rows["workload"]],
+        width=[int(max(n, k)) for n, k in zip(rows["n"], rows["beam_width"], strict=True)],
+    )
+    picked = []
+    for _, curve in rows.groupby(["sharing", "trace", "width"], sort=True):
+        rate = FIG15_RATES.get(str(curve["trace"].iloc[0]), math.nan)
+        at_rate = curve[curve["request_rate"] == rate]
+        if at_rate.empty:
+            at_rate = curve[curve["request_rate"] == curve["request_rate"].min()]
+        picked.append(at_rate.drop_duplicates("allocator", keep="last"))
+    return pd.concat(picked, ignore_index=True) if picked else rows.iloc[0:0]
+
+
+def _fig15_paper(sharing: str, trace: str, width: int) -> str:
+    if trace == "alpaca":
+        return cell(FIG15_ALPACA_SAVING_PCT[sharing].get(width, math.nan))
+    low, high = FIG15_SHAREGPT_SAVING_RANGE_PCT[sharing]
+    return f"{low:g}-{high:g} (range)" if trace == "sharegpt" else "–"
+
+
+def _knee_cells(knees: pd.DataFrame, row: pd.Series) -> tuple[str, str]:
+    """(paged's knee / naive_oracle's knee, paged's ratio over naive_oracle) of ``row``'s curve."""
+    if knees.empty:
+        return "–", "–"
+    curve = knees[(knees["experiment"] == row["experiment"])
+                  & (knees["workload"] == row["workload"])
+                  & (knees["block_size"] == row["block_size"])]  # fmt: skip
+    paged = curve[curve["allocator"] == "paged"]
+    oracle = curve[curve["allocator"] == "naive_oracle"]
+    if paged.empty or oracle.empty:
+        return "–", "–"
+    paged, oracle = paged.iloc[0], oracle.iloc[0]
+
+    def knee(entry: pd.Series) -> str:
+        if math.isnan(entry["knee_rate"]):  # over the bound at the lowest rate
+            return f"< {entry['min_rate']:g}"
+        return ("> " if entry["knee_censored"] else "") + f"{entry['knee_rate']:.3g}"
+
+    if math.isnan(oracle["knee_rate"]):
+        ratio = f"> {paged['knee_rate'] / oracle['min_rate']:.2f}x"
+    else:
+        ratio = ("≥ " if oracle["knee_ratio_censored"] else "") + f"{oracle['knee_ratio']:.2f}x"
+    return f"{knee(paged)} / {knee(oracle)}", ratio
+
+
+def fig15_section(summary: pd.DataFrame, knees: pd.DataFrame) -> str:
+    """Fig. 15: memory saved by sharing (parallel sampling, beam search) beside the paper's, and
+    what it buys over ``naive_oracle`` in throughput."""
+    rows = fig15_rows(summary)
+    paged = rows[rows["allocator"] == "paged"] if not rows.empty else rows
+    if paged.empty:
+        return ""
+    saving_rows = []
+    for (sharing, trace), group in paged.groupby(["sharing", "trace"], sort=True):
+        widths = sorted(group["width"].unique())
+        measured = ", ".join(f"{SHARING_LABELS[sharing][-1]} = {w}: "
+                             f"{group.loc[group['width'] == w, 'memory_saving_pct'].iloc[0]:.1f}"
+                             for w in widths)  # fmt: skip
+        paper = ", ".join(_fig15_paper(sharing, trace, w) for w in widths)
+        if trace == "sharegpt":
+            paper = _fig15_paper(sharing, trace, widths[0])
+        rate = group["request_rate"].iloc[0]
+        saving_rows.append([SHARING_LABELS[sharing].removesuffix(", n").removesuffix(", k"),
+                            f"{trace} @ {rate:g} req/s", measured, paper])  # fmt: skip
+    gain_rows = []
+    oracles = rows[rows["allocator"] == "naive_oracle"].set_index(["sharing", "trace", "width"])
+    for _, row in paged.sort_values(["sharing", "trace", "width"]).iterrows():
+        key = (row["sharing"], row["trace"], row["width"])
+        oracle_rps = (oracles.loc[[key], "request_throughput"].iloc[0] if key in oracles.index
+                      else math.nan)  # fmt: skip
+        knees_cell, ratio_cell = _knee_cells(knees, row)
+        paper_gain = (f"{BEAM_K6_ALPACA_GAIN_OVER_ORACLE:g}x"
+                      if key == ("beam_search", "alpaca", 6) else "–")  # fmt: skip
+        gain_rows.append([
+            f"{SHARING_LABELS[row['sharing']]} = {row['width']}", row["trace"],
+            row["memory_saving_pct"], row["request_throughput"], oracle_rps,
+            row["request_throughput"] / oracle_rps, knees_cell, ratio_cell, paper_gain,
+        ])  # fmt: skip
+    saving_header = ["sharing", "trace", "kvbench memory saving (%)", "paper (%)"]
+    gain_header = ["sharing", "trace", "memory saving (%)", "paged req/s", "naive_oracle req/s",
+                   "paged / oracle", "knee paged / oracle (req/s)", "knee ratio",
+                   "paper gain"]  # fmt: skip
     return (
         "## Fig. 15: parallel sampling and beam search (sharing)\n\n"
-        "Not generated yet: the measured parallel-sampling and beam-search figures are in the "
-        "hand-written sections below.\n"
+        "Memory saving = blocks saved by sharing / blocks without sharing, time-weighted "
+        "(`memory_saving_pct`), of `paged` on OPT-13B with 12 GiB of KV; `naive_oracle` copies "
+        "the prompt per sample and holds k full reservations per beam search, so it saves "
+        "nothing.\n\n"
+        + markdown_table(saving_header, saving_rows)
+        + "\n\nThroughput at the same rate, and at equal latency where the run swept rates (the "
+        "knee: highest rate under 4x the unloaded latency; `>` past the sweep, `<` over the "
+        "bound at the lowest rate):\n\n"
+        + markdown_table(gain_header, gain_rows)
+        + "\n\nWhy the savings differ from the paper's: the hand-written sections below.\n"
+    )
+
+
+def prefix_caching_section(summary: pd.DataFrame) -> str:
+    """Prefix caching on a trace with prefix hashes: hit rate vs cache size and block size next
+    to an unbounded cache's ideal on the same requests, and paged vs paged_prefix batch and
+    throughput."""
+    if summary.empty or "ideal_prefix_hit_rate" not in summary.columns:
+        return ""
+    rows = summary[(summary["experiment"] == PREFIX_CACHING_EXPERIMENT)
+                   & summary["ideal_prefix_hit_rate"].notna()]  # fmt: skip
+    rows = rows.drop_duplicates(["allocator", "num_kv_slots", "block_size"], keep="last")
+    cached = rows[rows["allocator"] == "paged_prefix"]
+    if cached.empty:
+        return ""
+    first = cached.iloc[0]
+    slots = sorted(cached["num_kv_slots"].unique())
+    sizes = sorted(cached["block_size"].unique())
+    bytes_per_slot = first["kv_pool_gb"] * 1e9 / first["num_kv_slots"]
+    hit_rows = []
+    for num_slots in slots:
+        at_size = cached[cached["num_kv_slots"] == num_slots].set_index("block_size")
+        hit_rows.append([f"{num_slots:,}", num_slots * bytes_per_slot / GIB_BYTES,
+                         *[f"{100 * at_size.loc[b, 'prefix_hit_rate']:.1f} / "
+                           f"{100 * at_size.loc[b, 'prefix_block_hit_rate']:.1f}"
+                           if b in at_size.index else "–" for b in sizes]])  # fmt: skip
+    ideal = cached.drop_duplicates("block_size").set_index("block_size")
+    hit_rows.append(["ideal (unbounded, same requests)", "–",
+                     *[f"{100 * ideal.loc[b, 'ideal_prefix_hit_rate']:.1f} / "
+                       f"{100 * ideal.loc[b, 'ideal_prefix_block_hit_rate']:.1f}"
+                       for b in sizes]])  # fmt: skip
+    hit_header = ["KV slots", "KV GiB", *[f"block {b}: tokens / blocks (%)" for b in sizes]]
+    effect_rows = []
+    block = 16 if 16 in sizes else sizes[0]
+    at_block = rows[rows["block_size"] == block]
+    for num_slots in slots:
+        pair = at_block[at_block["num_kv_slots"] == num_slots].set_index("allocator")
+        if not {"paged", "paged_prefix"} <= set(pair.index):
+            continue
+        base, prefix = pair.loc["paged"], pair.loc["paged_prefix"]
+        effect_rows.append([f"{num_slots:,}", 100 * prefix["prefix_hit_rate"],
+                            base["mean_batch_size"], prefix["mean_batch_size"],
+                            base["request_throughput"], prefix["request_throughput"],
+                            prefix["request_throughput"] / base["request_throughput"],
+                            base["ttft_p50_s"], prefix["ttft_p50_s"],
+                            int(base["num_preemptions"]),
+                            int(prefix["num_preemptions"])])  # fmt: skip
+    effect_header = ["KV slots", "hit rate (%)", "batch paged", "batch paged_prefix",
+                     "req/s paged", "req/s paged_prefix", "gain", "TTFT p50 paged (s)",
+                     "TTFT p50 paged_prefix (s)", "preemptions paged",
+                     "preemptions paged_prefix"]  # fmt: skip
+    return (
+        f"## Prefix caching: {first['workload']}, {first['model']} on {first['num_gpus']}x "
+        f"{first['hardware']}\n\n"
+        f"{int(first['num_requests']):,} requests at the trace's timestamps. Hit rate = prompt "
+        "tokens (blocks) found in the cache at admission / prompt tokens (blocks) "
+        "(`prefix_hit_rate` / `prefix_block_hit_rate`); the ideal is an unbounded, "
+        "never-evicting cache on exactly these requests at that block size "
+        "(`ideal_prefix_hit_rate` / `ideal_prefix_block_hit_rate`).\n\n"
+        + markdown_table(hit_header, hit_rows, digits=1)
+        + f"\n\nWhat the cache does to batch and throughput (block {block}):\n\n"
+        + markdown_table(effect_header, effect_rows)
+        + "\n"
     )
 
 
