@@ -100,6 +100,24 @@ def test_block_tables_are_scattered(tiny):
     assert any(later != earlier + 1 for earlier, later in itertools.pairwise(table))
 
 
+# Logit gap (relative to the row's largest |logit|) under which two tokens are a tie: the peer
+# batches the prompts as its scheduler thread happens to group them, so its fp32 sums differ from
+# one-at-a-time decode in the last bits, and a random tiny model has near-ties a flip can follow.
+NEAR_TIE_REL_GAP = 1e-4
+
+
+def _steps_agreed(ours, peer_tokens: list[int]) -> int:
+    """Steps on which kvbench's greedy tokens equal the peer's, up to the first difference, which
+    must be a near-tie in kvbench's own logits (after it the two continue differently)."""
+    for step, (our_token, peer_token) in enumerate(zip(ours.tokens, peer_tokens, strict=True)):
+        if our_token != peer_token:
+            logits = ours.logits[step]  # [vocab]
+            gap = float((logits[our_token] - logits[peer_token]) / logits.abs().max())
+            assert gap <= NEAR_TIE_REL_GAP, (step, our_token, peer_token, gap)
+            return step
+    return len(peer_tokens)
+
+
 def test_transformers_continuous_batching_gives_the_same_greedy_tokens(tiny):
     from kvbench.equivalence.peer import continuous_batching_tokens
 
@@ -108,5 +126,9 @@ def test_transformers_continuous_batching_gives_the_same_greedy_tokens(tiny):
     peer_tokens = continuous_batching_tokens(
         model, [case.token_ids for case in cases], NUM_STEPS + 1, BLOCK_SIZE
     )
-    for case, tokens in zip(cases, peer_tokens, strict=True):
-        assert paged[(case.prompt_id, 0)].tokens == tokens
+    agreed = [
+        _steps_agreed(paged[(case.prompt_id, 0)], tokens)
+        for case, tokens in zip(cases, peer_tokens, strict=True)
+    ]
+    # A near-tie may end one comparison early, not most of them.
+    assert sum(agreed) >= (len(cases) - 1) * (NUM_STEPS + 1), agreed

@@ -15,6 +15,7 @@ from __future__ import annotations
 from kvbench.allocators.base import Allocator, DecodeRounds, MemoryUsage
 from kvbench.engine.arrivals import Arrivals
 from kvbench.engine.cost_model import RooflineCostModel
+from kvbench.engine.finish import finish_sequence
 from kvbench.engine.records import StepRecords
 from kvbench.engine.samples import SampleGroups
 from kvbench.engine.scheduler import Scheduler
@@ -140,7 +141,11 @@ def run_decode_stretch(
         seq.num_generated += num_rounds
         if seq.num_generated >= seq.request.output_tokens:  # seq.is_done
             done.append(seq)
-    return now_s, num_rejected + _finish_done(done, now_s, scheduler, allocator, samples)
+    # Released in batch order, as the step-by-step loop does.
+    num_finished = sum(
+        finish_sequence(seq, now_s, scheduler, allocator, samples) for seq in done
+    )
+    return now_s, num_rejected + num_finished
 
 
 def _stretch_columns(
@@ -196,24 +201,3 @@ def _stretch_columns(
         "shared_slots": [usage.shared_slots] * num_rounds,
         "saved_slots": [usage.saved_slots] * num_rounds,
     }
-
-
-def _finish_done(
-    seqs: list[Sequence],
-    end_s: float,
-    scheduler: Scheduler,
-    allocator: Allocator,
-    samples: SampleGroups,
-) -> int:
-    """Release ``seqs``, which produced their last token (in batch order, as the step-by-step
-    loop does); returns how many requests finished."""
-    num_finished = 0
-    for seq in seqs:
-        held_slots = len(allocator.block_table(seq.seq_id)) * allocator.block_size
-        seq.record.peak_slots = max(seq.record.peak_slots, held_slots)
-        scheduler.finish(allocator, seq)
-        if samples.finish(seq):
-            seq.record.finish_s = end_s
-            seq.record.status = "finished"
-            num_finished += 1
-    return num_finished

@@ -14,6 +14,7 @@ from kvbench.engine.arrivals import Arrivals, RecordSink, reject
 from kvbench.engine.beams import Ancestry
 from kvbench.engine.cost_model import IterationShape, RooflineCostModel
 from kvbench.engine.fast import run_decode_stretch
+from kvbench.engine.finish import finish_sequence
 from kvbench.engine.records import SimulationResult, StepRecords, StepSink
 from kvbench.engine.samples import SampleGroups
 from kvbench.engine.scheduler import Batch, Scheduler
@@ -40,10 +41,6 @@ def _iteration_shape(batch: Batch) -> IterationShape:
         num_decode_tokens=len(batch.decode) + len(batch.swapped_in),
         decode_context_tokens=decode_context_tokens,
     )
-
-
-def _held_slots(allocator: Allocator, seq_id: int) -> int:
-    return len(allocator.block_table(seq_id)) * allocator.block_size
 
 
 def simulate(
@@ -164,13 +161,7 @@ def _run_iteration(
             if max(seq.request.num_samples, seq.request.beam_width) > 1 and not seq.is_done:
                 samples.fork(seq, allocator, scheduler)
         if seq.is_done:
-            held_slots = _held_slots(allocator, seq.seq_id)
-            seq.record.peak_slots = max(seq.record.peak_slots, held_slots)
-            scheduler.finish(allocator, seq)
-            if samples.finish(seq):
-                seq.record.finish_s = end_s
-                seq.record.status = "finished"
-                num_finished += 1
+            num_finished += finish_sequence(seq, end_s, scheduler, allocator, samples)
     samples.advance_beams(batch.sequences, allocator, scheduler)  # beam search: fork and drop
     allocator.take_copy_on_writes()  # the engine only counts them; an executor would copy
     return end_s, num_finished
