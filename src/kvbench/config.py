@@ -90,6 +90,9 @@ class EngineConfig:
     # Run stretches of decode-only iterations at once (kvbench.engine.fast); false = the
     # step-by-step reference loop. Both give identical records; docs/performance.md.
     fast: bool = True
+    # Write each run's steps and requests to steps/ and requests/ (one parquet per run) as it
+    # runs, instead of keeping every run's tables in memory: for traces of millions of requests.
+    stream_tables: bool = False
 
 
 @dataclass

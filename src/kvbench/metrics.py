@@ -20,7 +20,13 @@ GB = 1e9
 
 def steps_frame(result: SimulationResult, deployment: Deployment) -> pd.DataFrame:
     """One row per iteration: time, batch, queue, every usage category in slots and GB."""
-    steps = pd.DataFrame(result.steps.columns)
+    return step_table(result.steps.columns, deployment)
+
+
+def step_table(columns: dict[str, list], deployment: Deployment) -> pd.DataFrame:
+    """``steps_frame`` of step records given column by column (a whole run, or a streamed
+    chunk of one)."""
+    steps = pd.DataFrame(columns)
     for category in (*USAGE_CATEGORIES, "shared"):
         slots = steps[f"{category}_slots"].astype("float64")
         steps[f"{category}_gb"] = deployment.slots_to_bytes(slots) / GB

@@ -21,6 +21,7 @@ from kvbench.metrics import requests_frame, steps_frame, summarize
 from kvbench.plots import plot_run
 from kvbench.provenance import provenance
 from kvbench.specs import GIB, Deployment
+from kvbench.streamed_tables import StreamedTables
 from kvbench.workloads import WorkloadConfig, build_workload, to_requests
 from kvbench.workloads.beam_ancestry import load_beam_ancestry
 from kvbench.workloads.prefix_reuse import has_prefix_identity, ideal_prefix_reuse
@@ -89,6 +90,9 @@ def run_experiment(
     Returns the summary table. The summary is written after every run and the (larger) steps and
     requests tables at least every ``TABLES_EVERY_S`` seconds and at the end, so an interrupted
     experiment keeps what it finished without rewriting millions of step rows after each run.
+    With ``engine.stream_tables`` each run's steps and requests go to their own parquet files in
+    ``steps/`` and ``requests/`` as the run goes (``StreamedTables``): memory no longer grows with
+    the steps (one run's request records are still held, for its summary).
     """
     max_model_len = deployment.model.max_model_len
     limits = scheduler_limits(cfg, deployment)
@@ -97,6 +101,7 @@ def run_experiment(
     summaries: list[dict] = []
     all_steps: list[pd.DataFrame] = []
     all_requests: list[pd.DataFrame] = []
+    streamed = StreamedTables(output_dir, metadata) if cfg.engine.stream_tables else None
     tables_written_s = time.perf_counter()
     for workload_label, workload_cfg in _runs(cfg):
         requests = to_requests(build_workload(workload_cfg, max_model_len))
@@ -110,6 +115,7 @@ def run_experiment(
             labels = _run_labels(cfg, deployment, workload_label, name, rate)
             labels["n"] = workload_cfg.num_samples
             labels["beam_width"] = workload_cfg.beam_width
+            step_sink = streamed.start_run(labels, deployment) if streamed else None
             started_s = time.perf_counter()
             with tqdm(
                 total=len(requests),
@@ -118,21 +124,27 @@ def run_experiment(
                 disable=not cfg.progress,
             ) as bar:
                 result = simulate(requests, Scheduler(limits), allocator, costs, bar.update,
-                                  beam_ancestry=beams, fast=cfg.engine.fast)
+                                  beam_ancestry=beams, fast=cfg.engine.fast, step_sink=step_sink)
             wall_s = time.perf_counter() - started_s
-            steps = steps_frame(result, deployment).assign(**labels)
             request_table = requests_frame(result).assign(**labels)
             summary = {**labels, **summarize(request_table, result, deployment), **ideal}
             summary["simulation_wall_s"] = wall_s
             summaries.append(summary)
-            all_steps.append(steps)
+            if streamed:
+                streamed.end_run(request_table)
+                write_table(pd.DataFrame(summaries), output_dir / "summary.parquet", metadata)
+                continue
+            all_steps.append(steps_frame(result, deployment).assign(**labels))
             all_requests.append(request_table)
             if time.perf_counter() - tables_written_s >= TABLES_EVERY_S:
                 _write_tables(output_dir, summaries, all_steps, all_requests, metadata)
                 tables_written_s = time.perf_counter()
             else:
                 write_table(pd.DataFrame(summaries), output_dir / "summary.parquet", metadata)
-    _write_tables(output_dir, summaries, all_steps, all_requests, metadata)
+    if streamed:
+        all_steps = streamed.plot_steps  # a thinned copy: the tables are on disk already
+    else:
+        _write_tables(output_dir, summaries, all_steps, all_requests, metadata)
     summary_table = pd.DataFrame(summaries)
     if cfg.plots:
         plot_run(summary_table, pd.concat(all_steps, ignore_index=True), output_dir / "plots")

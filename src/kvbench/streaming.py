@@ -12,6 +12,7 @@ import json
 import os
 from pathlib import Path
 
+import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -34,7 +35,14 @@ class ParquetStream:
 
     def write_columns(self, columns: dict[str, list]) -> None:
         """Append one chunk of rows, given column by column (a ``step_sink``)."""
-        table = pa.table(columns)
+        self._write(pa.table(columns))
+
+    def write_frame(self, frame: pd.DataFrame) -> None:
+        """Append the rows of a table."""
+        if len(frame):
+            self._write(pa.Table.from_pandas(frame, preserve_index=False))
+
+    def _write(self, table: pa.Table) -> None:
         if self._writer is None:
             schema = table.schema.with_metadata(self._metadata)
             self._writer = pq.ParquetWriter(self._tmp_path, schema)
