@@ -101,6 +101,7 @@ def test_fast_path_skips_iterations_on_a_quiet_batch():
 
 TRACES = [
     "sharegpt/sharegpt_val_10k_llama2.csv",
+    "sharegpt/sharegpt_8k_filtered_stats_llama2_tokenizer.csv",
     "alpaca/alpaca_5000_gpt2bpe_lengths.csv",
     "azure2023/AzureLLMInferenceTrace_conv.csv",
     "mooncake/conversation_trace.jsonl",
