@@ -75,18 +75,21 @@ class PagedPrefixAllocator(PagedAllocator):
     def decode_rounds(self, seq_ids: list[int]) -> DecodeRounds | None:
         """See ``PagedAllocator.decode_rounds``; None also when a sequence could still fill a
         hashed prompt block (single appends would cache it, in their order)."""
-        for seq_id in seq_ids:
-            num_full_blocks = self._sequences[seq_id].num_tokens // self.block_size
-            if len(self._hashes_of_seq[seq_id]) > num_full_blocks:
-                return None
+        if self._may_fill_hashed_block(seq_ids):
+            return None
         return super().decode_rounds(seq_ids)
 
     def try_append_round(self, seq_ids: list[int]) -> bool:
         """See ``PagedAllocator.try_append_round``; False also when a sequence could fill a
         hashed prompt block."""
-        if self.decode_rounds(seq_ids) is None:
-            return False
-        return super().try_append_round(seq_ids)
+        return not self._may_fill_hashed_block(seq_ids) and super().try_append_round(seq_ids)
+
+    def _may_fill_hashed_block(self, seq_ids: list[int]) -> bool:
+        block_size = self.block_size
+        return any(
+            len(self._hashes_of_seq[seq_id]) > self._sequences[seq_id].num_tokens // block_size
+            for seq_id in seq_ids
+        )
 
     def fork(self, parent_id: int, child_id: int) -> bool:
         """Share every block of the parent (see ``PagedAllocator.fork``)."""
