@@ -24,6 +24,15 @@ from hydra import compose, initialize_config_module
 from kvbench.config import validate_config
 
 SHARED_TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
+# The real traces under SHARED_TRACES, one file each, that replays and equality tests walk.
+SHARED_TRACE_FILES = [
+    "sharegpt/sharegpt_val_10k_llama2.csv",
+    "sharegpt/sharegpt_8k_filtered_stats_llama2_tokenizer.csv",
+    "alpaca/alpaca_5000_gpt2bpe_lengths.csv",
+    "azure2023/AzureLLMInferenceTrace_conv.csv",
+    "mooncake/conversation_trace.jsonl",
+    "arxiv/arxiv_summarization_stats_llama2_tokenizer_filtered_v2.csv",
+]
 
 
 def compose_config(*overrides: str):

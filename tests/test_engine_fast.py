@@ -11,6 +11,7 @@ import random
 
 import numpy as np
 import pytest
+from conftest import SHARED_TRACE_FILES
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -99,14 +100,7 @@ def test_fast_path_skips_iterations_on_a_quiet_batch():
     assert result.steps.columns["batch_size"][:300] == [2] * 300
 
 
-TRACES = [
-    "sharegpt/sharegpt_val_10k_llama2.csv",
-    "sharegpt/sharegpt_8k_filtered_stats_llama2_tokenizer.csv",
-    "alpaca/alpaca_5000_gpt2bpe_lengths.csv",
-    "azure2023/AzureLLMInferenceTrace_conv.csv",
-    "mooncake/conversation_trace.jsonl",
-    "arxiv/arxiv_summarization_stats_llama2_tokenizer_filtered_v2.csv",
-]
+TRACES = SHARED_TRACE_FILES
 # Llama-3-8B on one L40S: a small pool, so the traces preempt (as test_shared_traces_replay).
 L40S = Deployment(get_model("llama-3-8b"), get_hardware("l40s"))
 

@@ -6,6 +6,7 @@ pool: a burst); the `slow` one replays every request of every trace at the trace
 
 import numpy as np
 import pytest
+from conftest import SHARED_TRACE_FILES
 
 from kvbench.allocators import ALLOCATOR_NAMES, make_allocator
 from kvbench.catalog import get_hardware, get_model
@@ -13,14 +14,7 @@ from kvbench.engine import RooflineCostModel, Scheduler, SchedulerLimits, simula
 from kvbench.specs import Deployment
 from kvbench.workloads import load_trace, to_requests
 
-TRACES = [
-    "sharegpt/sharegpt_val_10k_llama2.csv",
-    "sharegpt/sharegpt_8k_filtered_stats_llama2_tokenizer.csv",
-    "alpaca/alpaca_5000_gpt2bpe_lengths.csv",
-    "azure2023/AzureLLMInferenceTrace_conv.csv",
-    "mooncake/conversation_trace.jsonl",
-    "arxiv/arxiv_summarization_stats_llama2_tokenizer_filtered_v2.csv",
-]
+TRACES = SHARED_TRACE_FILES
 # Llama-3-8B (8K context) on one L40S: a small pool (about 16K slots after the weights), so long
 # traces preempt, and Mooncake's 100K-token prompts are rejected as too long.
 DEPLOYMENT = Deployment(get_model("llama-3-8b"), get_hardware("l40s"))
