@@ -138,6 +138,21 @@ class Allocator(Protocol):
         """(src, dst) block copies made since the last call, for the executor to perform."""
         ...
 
+    def decode_rounds(self, seq_ids: list[int]) -> DecodeRounds | None:
+        """How the pool changes while ``seq_ids`` each append one token per round, or None when
+        single appends must run (a copy-on-write, a prefix block to cache)."""
+        ...
+
+    def append_rounds(self, seq_ids: list[int], num_rounds: int) -> None:
+        """The state ``num_rounds`` rounds of ``append(seq_id, 1)`` over ``seq_ids`` would leave
+        (within ``decode_rounds``, with the free blocks checked)."""
+        ...
+
+    def try_append_round(self, seq_ids: list[int]) -> bool:
+        """One round of single appends over ``seq_ids`` if all of them fit at once; False (no
+        change) otherwise."""
+        ...
+
     def usage(self) -> MemoryUsage:
         """The pool split into the paper's categories, now."""
         ...

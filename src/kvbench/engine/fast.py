@@ -49,9 +49,6 @@ def _plan(
 ) -> tuple[list[int], DecodeRounds, int, int] | None:
     """(sequence ids, the allocator's rounds, most rounds before a sequence finishes, summed
     context tokens), or None when the running sequences cannot run as a stretch."""
-    decode_rounds = getattr(allocator, "decode_rounds", None)
-    if decode_rounds is None:
-        return None
     seq_ids = []
     context_tokens = 0
     rounds_to_finish = allocator.num_slots + 1
@@ -62,7 +59,7 @@ def _plan(
         seq_ids.append(seq.seq_id)
         context_tokens += request.prompt_tokens + seq.num_generated  # seq.num_kv_tokens
         rounds_to_finish = min(rounds_to_finish, request.output_tokens - seq.num_generated)
-    rounds = decode_rounds(seq_ids)
+    rounds = allocator.decode_rounds(seq_ids)
     if rounds is None:
         return None
     return seq_ids, rounds, min(rounds.max_rounds, rounds_to_finish), context_tokens

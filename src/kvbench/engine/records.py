@@ -7,7 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from kvbench.allocators.base import MemoryUsage
-from kvbench.engine.step_totals import CHUNK_ROWS, StepTotals
+from kvbench.engine.step_totals import CHUNK_ROWS, SLOT_COLUMNS, StepTotals
 
 STEP_COLUMNS = (
     "step",
@@ -21,13 +21,7 @@ STEP_COLUMNS = (
     "num_swapped",
     "num_preempted",
     "memory_blocked",
-    "token_states_slots",
-    "reservation_slots",
-    "internal_frag_slots",
-    "external_frag_slots",
-    "free_slots",
-    "shared_slots",
-    "saved_slots",
+    *SLOT_COLUMNS,
 )
 
 

@@ -64,13 +64,6 @@ def _cached_prefix_tokens(allocator: Allocator, seq_id: int) -> int:
     return cached_prefix_tokens(seq_id) if cached_prefix_tokens is not None else 0
 
 
-def _append_all(allocator: Allocator, running: list[Sequence]) -> bool:
-    """One token for every running sequence in one allocator call, if the allocator can tell
-    that all of them fit; False (nothing changed) otherwise."""
-    try_append_round = getattr(allocator, "try_append_round", None)
-    return try_append_round is not None and try_append_round([seq.seq_id for seq in running])
-
-
 class Scheduler:
     """FCFS continuous-batching scheduler over one allocator."""
 
@@ -130,7 +123,10 @@ class Scheduler:
 
     def _grow_running(self, allocator: Allocator, batch: Batch) -> None:
         """Give each running sequence a slot for its next token, preempting the latest arrivals."""
-        if self.bulk_appends and self.running and _append_all(allocator, self.running):
+        # One allocator call when every sequence fits (the same state as one append each).
+        if self.bulk_appends and self.running and allocator.try_append_round(
+            [seq.seq_id for seq in self.running]
+        ):
             batch.decode = list(self.running)
             return
         queue = deque(self.running)

@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 CHUNK_ROWS = 65_536
-# Step columns whose duration-weighted sums (slots x s) the summary uses.
-WEIGHTED_COLUMNS = (
+# The step columns of the pool's usage (slots), as ``StepRecords`` stores them.
+SLOT_COLUMNS = (
     "token_states_slots",
     "reservation_slots",
     "internal_frag_slots",
@@ -21,8 +21,10 @@ WEIGHTED_COLUMNS = (
     "free_slots",
     "shared_slots",
     "saved_slots",
-    "held_slots",  # token states + reservation + internal fragmentation
 )
+# Columns whose duration-weighted sums (slots x s) the summary uses; held = token states +
+# reservation + internal fragmentation.
+WEIGHTED_COLUMNS = (*SLOT_COLUMNS, "held_slots")
 
 
 @dataclass
