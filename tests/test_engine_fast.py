@@ -15,7 +15,7 @@ from conftest import SHARED_TRACE_FILES
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kvbench.allocators import ALLOCATOR_NAMES, make_allocator
+from kvbench.allocators import ALLOCATOR_NAMES, PagedAllocator, make_allocator
 from kvbench.catalog import get_hardware, get_model
 from kvbench.engine import IterationShape, RooflineCostModel, Scheduler, SchedulerLimits, simulate
 from kvbench.engine import records as records_module
@@ -41,7 +41,16 @@ def _assert_identical(requests, allocator_name, num_slots, block_size, limits):
     assert fast.requests == ref.requests
     assert fast.num_copy_on_writes == ref.num_copy_on_writes
     assert fast_allocator.usage() == ref_allocator.usage()
+    assert _free_memory(fast_allocator) == _free_memory(ref_allocator)
     return fast
+
+
+def _free_memory(allocator):
+    """The allocator's free memory in reuse order: equal only if every allocation and release
+    came in the same order."""
+    if hasattr(allocator, "free_blocks"):
+        return allocator.free_blocks()
+    return allocator.free_extents()
 
 
 @st.composite
@@ -100,6 +109,27 @@ def test_fast_path_skips_iterations_on_a_quiet_batch():
     assert result.steps.columns["batch_size"][:300] == [2] * 300
 
 
+def test_paged_runs_advance_the_cohort_without_per_sequence_appends(monkeypatch):
+    """With nothing to preempt, a paged run never appends sequence by sequence: every iteration
+    is a cohort round (O(new blocks)), and the records still equal the reference's."""
+    rng = random.Random(3)
+    requests = [Request(i, i * 0.01, rng.randint(1, 300), rng.randint(1, 200)) for i in range(60)]
+    limits = SchedulerLimits(max_model_len=MAX_LEN)
+    _assert_identical(requests, "paged", 200_000, 16, limits)
+    calls = []
+    for name in ("append", "decode_rounds", "append_rounds", "try_append_round"):
+        original = getattr(PagedAllocator, name)
+        monkeypatch.setattr(PagedAllocator, name, lambda *args, _name=name, _original=original:
+                            calls.append(_name) or _original(*args))
+    rounds = []
+    original_advance = PagedAllocator.advance_cohort
+    monkeypatch.setattr(PagedAllocator, "advance_cohort",
+                        lambda self, n: rounds.append(n) or original_advance(self, n))
+    result, _ = _run(requests, "paged", 200_000, 16, limits, True)
+    assert calls == []
+    assert sum(rounds) == len(result.steps)
+
+
 TRACES = SHARED_TRACE_FILES
 # Llama-3-8B on one L40S: a small pool, so the traces preempt (as test_shared_traces_replay).
 L40S = Deployment(get_model("llama-3-8b"), get_hardware("l40s"))
@@ -120,12 +150,15 @@ def _assert_trace_identical(requests, allocator_name):
     max_len = L40S.model.max_model_len
     limits = SchedulerLimits(max_model_len=max_len, max_num_batched_tokens=max_len)
     results = []
+    free_memory = []
     for fast in (True, False):
         allocator = make_allocator(allocator_name, L40S.num_kv_slots, 16, max_len)
         results.append(simulate(requests, Scheduler(limits), allocator,
                                 RooflineCostModel(L40S), fast=fast))
+        free_memory.append(_free_memory(allocator))
     assert results[0].steps.columns == results[1].steps.columns
     assert results[0].requests == results[1].requests
+    assert free_memory[0] == free_memory[1]
 
 
 @pytest.mark.parametrize("allocator_name", ALLOCATOR_NAMES)

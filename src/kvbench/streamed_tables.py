@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from kvbench.engine.records import StepSink
@@ -37,7 +38,7 @@ class StreamedTables:
         self._steps = ParquetStream(self._path("steps"), self.metadata)
         steps = self._steps
 
-        def write_chunk(columns: dict[str, list]) -> None:
+        def write_chunk(columns: dict[str, np.ndarray]) -> None:
             frame = step_table(columns, deployment).assign(**labels)
             steps.write_frame(frame)
             self.plot_steps.append(frame.iloc[:: max(1, len(frame) // PLOT_ROWS_PER_CHUNK)])

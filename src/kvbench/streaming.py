@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import operator
 import os
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -20,6 +23,7 @@ from kvbench.engine.records import RequestRecord
 from kvbench.io import METADATA_KEY
 
 _RECORD_FIELDS = tuple(field.name for field in dataclasses.fields(RequestRecord))
+_record_values = operator.attrgetter(*_RECORD_FIELDS)  # record -> tuple of its fields
 
 
 class ParquetStream:
@@ -33,7 +37,7 @@ class ParquetStream:
         self._tmp_path = path.with_name(f".{path.name}.tmp-{os.getpid()}")
         self._writer: pq.ParquetWriter | None = None
 
-    def write_columns(self, columns: dict[str, list]) -> None:
+    def write_columns(self, columns: Mapping[str, Sequence | np.ndarray]) -> None:
         """Append one chunk of rows, given column by column (a ``step_sink``)."""
         self._write(pa.table(columns))
 
@@ -51,9 +55,10 @@ class ParquetStream:
 
     def write_records(self, records: list[RequestRecord]) -> None:
         """Append request records (a ``record_sink``)."""
-        self.write_columns(
-            {name: [getattr(record, name) for record in records] for name in _RECORD_FIELDS}
-        )
+        if not records:
+            return
+        rows = map(_record_values, records)
+        self.write_columns(dict(zip(_RECORD_FIELDS, zip(*rows, strict=True), strict=True)))
 
     def close(self) -> Path:
         """Finish the file and move it into place."""

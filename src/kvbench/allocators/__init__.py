@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from kvbench.allocators.base import Allocator, MemoryUsage
+from kvbench.allocators.base import Allocator, CohortAllocator, MemoryUsage
 from kvbench.allocators.naive_max import NaiveMaxAllocator
 from kvbench.allocators.naive_oracle import NaiveOracleAllocator
 from kvbench.allocators.naive_pow2 import NaivePow2Allocator
@@ -42,6 +42,7 @@ def make_allocator(name: str, num_slots: int, block_size: int, max_model_len: in
 __all__ = [
     "ALLOCATOR_NAMES",
     "Allocator",
+    "CohortAllocator",
     "MemoryUsage",
     "NaiveMaxAllocator",
     "NaiveOracleAllocator",

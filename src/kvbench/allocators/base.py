@@ -6,6 +6,7 @@ computed only by the catalog (``kvbench.specs``), from slots.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Protocol, runtime_checkable
 
@@ -88,6 +89,24 @@ class DecodeRounds:
     internal_frag_slots: dict[int, int]
 
 
+@dataclass(frozen=True, slots=True)
+class CohortRounds:
+    """The next rounds of a cohort (``CohortAllocator``), while no member joins or leaves.
+
+    Attributes:
+        new_blocks: the round ``k`` rounds from now (0: the next) takes
+            ``new_blocks[k % len(new_blocks)]`` new blocks.
+        first_round: the cohort's index of the next round.
+        internal_frag_slots: cohort round index -> internal-fragmentation slots that round adds
+            (members entering the block of their final token); a read-only live view of the
+            cohort's calendar (rounds are dropped from it as they run): read it before advancing.
+    """
+
+    new_blocks: tuple[int, ...]
+    first_round: int
+    internal_frag_slots: Mapping[int, int]
+
+
 @runtime_checkable
 class Allocator(Protocol):
     """What the scheduler needs from a KV-cache allocator.
@@ -153,6 +172,42 @@ class Allocator(Protocol):
         change) otherwise."""
         ...
 
+    def join_cohort(self, seq_ids: list[int]) -> bool:
+        """Put the sequences in the cohort that ``CohortAllocator.advance_cohort`` grows by a
+        token per round (lazily), or False (no change) when this allocator or these sequences
+        cannot be advanced that way."""
+        ...
+
     def usage(self) -> MemoryUsage:
         """The pool split into the paper's categories, now."""
+        ...
+
+
+@runtime_checkable
+class CohortAllocator(Allocator, Protocol):
+    """An allocator whose ``join_cohort`` can succeed: the engine's fast path then advances the
+    running batch one round per iteration at a cost of O(new blocks), not O(sequences).
+
+    Members append one token per round, in join order; their token counts are lazy (read them
+    with ``num_tokens``); ``free`` takes a member out, and ``append``/``fork`` refuse members.
+    """
+
+    def leave_cohort(self, seq_ids: list[int]) -> None:
+        """Take the sequences out of the cohort."""
+        ...
+
+    def cohort_new_blocks(self, rounds_ahead: int) -> int:
+        """Blocks the round ``rounds_ahead`` rounds from now takes (0: the next one)."""
+        ...
+
+    def cohort_rounds(self) -> CohortRounds:
+        """The blocks and internal fragmentation of the next rounds."""
+        ...
+
+    def advance_cohort(self, num_rounds: int) -> None:
+        """Run ``num_rounds`` rounds (the caller has checked the free blocks)."""
+        ...
+
+    def num_free_blocks(self) -> int:
+        """Blocks free for new allocations."""
         ...

@@ -145,6 +145,11 @@ class ContiguousAllocator(ABC):
         self._held_breakdown[0] += num_tokens
         self._held_breakdown[1] -= num_tokens
 
+    def join_cohort(self, seq_ids: list[int]) -> bool:
+        """Always False: the engine advances contiguous sequences with ``decode_rounds``, which
+        is already O(sequences) per stretch with no allocation to order."""
+        return False
+
     def fork(self, parent_id: int, child_id: int) -> bool:
         """Reserve a new extent as large as the parent's and copy its tokens into it (one
         (src_slot, dst_slot) pair per token in ``take_copy_on_writes``). False if no room."""

@@ -9,20 +9,23 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvbench.allocators.base import DecodeRounds, MemoryUsage
+from kvbench.allocators.base import CohortRounds, DecodeRounds, MemoryUsage
 from kvbench.allocators.block_pool import BlockPool
 from kvbench.allocators.checks import check_token_count
+from kvbench.allocators.cohort import Cohort
 from kvbench.request import Request
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)  # identity: the cohort finds members by it
 class _PagedSequence:
-    """One sequence's block table and token count."""
+    """One sequence's block table and token count (``cohort_offset + round`` while it is in the
+    cohort: then ``num_tokens`` is stale)."""
 
     request: Request
     final_tokens: int  # the request's true final length, capped at max_model_len
     num_tokens: int
     blocks: list[int]
+    cohort_offset: int | None = None
 
 
 class PagedAllocator:
@@ -50,6 +53,8 @@ class PagedAllocator:
         self._partial_blocks: dict[int, tuple[int, int]] = {}
         self._partial_filled_slots = 0
         self._partial_usable_slots = 0
+        # Sequences the engine advances a token per round lazily (their last blocks untracked).
+        self._cohort = Cohort(block_size, self._allocate_blocks)
 
     def _new_pool(self, num_blocks: int) -> BlockPool:
         return BlockPool(num_blocks)
@@ -77,6 +82,7 @@ class PagedAllocator:
         """Grow the sequence, copying a shared last block first. False if no room (no change)."""
         check_token_count(num_tokens)
         seq = self._sequences[seq_id]
+        self._check_not_in_cohort(seq)
         num_new_blocks, needs_copy = self._append_plan(seq, num_tokens)
         if num_new_blocks + needs_copy > self._pool.num_free_blocks:
             return False
@@ -191,10 +197,56 @@ class PagedAllocator:
         self._partial_filled_slots = filled_total
         self._partial_usable_slots = usable_total
 
+    def join_cohort(self, seq_ids: list[int]) -> bool:
+        """Let ``advance_cohort`` append a token per round to each of ``seq_ids`` (in this order,
+        after the members already in), if none of them is about to copy a shared last block;
+        False (nothing changes) otherwise. Their token counts are then held lazily."""
+        block_size = self.block_size
+        ref_counts = self._pool.ref_counts
+        members = [self._sequences[seq_id] for seq_id in seq_ids]
+        for seq in members:
+            if seq.cohort_offset is not None:
+                raise ValueError("the sequence is already in the cohort")
+            if seq.num_tokens > seq.final_tokens or (
+                seq.num_tokens % block_size and ref_counts[seq.blocks[-1]] > 1
+            ):
+                return False
+        for seq in members:
+            if seq.num_tokens % block_size:
+                self._untrack_partial(seq.blocks[-1])  # the cohort counts its unfilled slots
+            self._cohort.join(seq)
+        return True
+
+    def leave_cohort(self, seq_ids: list[int]) -> None:
+        """Take the sequences out of the cohort (their token counts written back)."""
+        for seq_id in seq_ids:
+            seq = self._sequences[seq_id]
+            self._cohort.leave(seq)
+            self._track_last_block(seq)
+
+    def cohort_new_blocks(self, rounds_ahead: int) -> int:
+        """Blocks the cohort round ``rounds_ahead`` rounds from now takes (0: the next)."""
+        return self._cohort.new_blocks(rounds_ahead)
+
+    def cohort_rounds(self) -> CohortRounds:
+        """The blocks and internal fragmentation of the cohort's next rounds."""
+        return self._cohort.rounds()
+
+    def advance_cohort(self, num_rounds: int) -> None:
+        """Append ``num_rounds`` tokens to every cohort member: the state that as many rounds of
+        ``append(seq_id, 1)`` over the members in join order would leave. The caller has checked
+        the free blocks against ``cohort_new_blocks``."""
+        self._num_logical_blocks += self._cohort.advance(num_rounds)
+
+    def num_free_blocks(self) -> int:
+        """Blocks in the free queue."""
+        return self._pool.num_free_blocks
+
     def fork(self, parent_id: int, child_id: int) -> bool:
         """Make ``child_id`` share every block of ``parent_id`` (always succeeds: no new block)."""
         self._check_new(child_id)
         parent = self._sequences[parent_id]
+        self._check_not_in_cohort(parent)
         for block_id in parent.blocks:
             self._pool.incref(block_id)
         self._sequences[child_id] = _PagedSequence(
@@ -209,6 +261,8 @@ class PagedAllocator:
     def free(self, seq_id: int) -> None:
         """Drop the sequence's references; blocks nobody else holds return to the free queue."""
         seq = self._sequences.pop(seq_id)
+        if seq.cohort_offset is not None:
+            self._cohort.leave(seq)
         self._num_logical_blocks -= len(seq.blocks)
         # Tail first, so the end of a sequence is reused (evicted) before its prefix (as vLLM).
         self._pool.release(seq.blocks[::-1])
@@ -218,11 +272,18 @@ class PagedAllocator:
 
     def num_tokens(self, seq_id: int) -> int:
         """Tokens the sequence currently holds."""
-        return self._sequences[seq_id].num_tokens
+        seq = self._sequences[seq_id]
+        if seq.cohort_offset is not None:
+            return seq.cohort_offset + self._cohort.round_index
+        return seq.num_tokens
 
     def block_table(self, seq_id: int) -> tuple[int, ...]:
         """Physical block ids of the sequence, in order."""
         return tuple(self._sequences[seq_id].blocks)
+
+    def free_blocks(self) -> tuple[int, ...]:
+        """The free block ids in the order they will be reused (least recently freed first)."""
+        return self._pool.free_queue()
 
     def ref_count(self, block_id: int) -> int:
         """Number of block-table entries that point at ``block_id``."""
@@ -237,12 +298,21 @@ class PagedAllocator:
         """The pool split into the paper's categories (definitions in docs/metrics.md)."""
         num_partial_blocks = len(self._partial_blocks)
         num_held_blocks = self._pool.num_held_blocks
-        num_full_blocks = num_held_blocks - num_partial_blocks
+        num_full_blocks = num_held_blocks - num_partial_blocks  # and the cohort's last blocks
+        cohort_unfilled = self._cohort.num_unfilled_slots
+        cohort_frag = self._cohort.internal_frag_slots
         return MemoryUsage(
             num_slots=self.num_slots,
-            token_states=num_full_blocks * self.block_size + self._partial_filled_slots,
-            reservation=self._partial_usable_slots - self._partial_filled_slots,
-            internal_frag=num_partial_blocks * self.block_size - self._partial_usable_slots,
+            token_states=(
+                num_full_blocks * self.block_size + self._partial_filled_slots - cohort_unfilled
+            ),
+            reservation=(
+                self._partial_usable_slots - self._partial_filled_slots
+                + cohort_unfilled - cohort_frag
+            ),
+            internal_frag=(
+                num_partial_blocks * self.block_size - self._partial_usable_slots + cohort_frag
+            ),
             external_frag=self.num_slots - self._pool.num_blocks * self.block_size,
             free=self._pool.num_free_blocks * self.block_size,
             shared_slots=self._pool.num_shared_blocks * self.block_size,
@@ -309,6 +379,10 @@ class PagedAllocator:
         filled_slots, usable_slots = self._partial_blocks.pop(block_id, (0, 0))
         self._partial_filled_slots -= filled_slots
         self._partial_usable_slots -= usable_slots
+
+    def _check_not_in_cohort(self, seq: _PagedSequence) -> None:
+        if seq.cohort_offset is not None:
+            raise RuntimeError("the sequence is in the cohort: leave_cohort first")
 
     def _check_new(self, seq_id: int) -> None:
         if seq_id in self._sequences:

@@ -84,6 +84,11 @@ class PagedPrefixAllocator(PagedAllocator):
         hashed prompt block."""
         return not self._may_fill_hashed_block(seq_ids) and super().try_append_round(seq_ids)
 
+    def join_cohort(self, seq_ids: list[int]) -> bool:
+        """Always False: a cohort round would neither cache the prompt blocks it fills nor
+        evict through the prefix cache (the engine then uses ``decode_rounds``)."""
+        return False
+
     def _may_fill_hashed_block(self, seq_ids: list[int]) -> bool:
         block_size = self.block_size
         return any(

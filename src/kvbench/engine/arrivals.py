@@ -13,6 +13,8 @@ from kvbench.request import Request
 
 RECORDS_PER_CHUNK = 65_536
 RecordSink = Callable[[list[RequestRecord]], None]
+# Why a request is rejected when it cannot be admitted even with nothing else holding memory.
+NO_ROOM_REASON = "needs more KV memory than the whole pool holds"
 
 
 def reject(seq: Sequence, reason: str) -> None:

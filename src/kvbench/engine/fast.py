@@ -22,7 +22,7 @@ from kvbench.engine.scheduler import Scheduler
 from kvbench.engine.sequence import Sequence
 
 
-def _head_blocked(scheduler: Scheduler, allocator: Allocator) -> bool | None:
+def head_blocked(scheduler: Scheduler, allocator: Allocator) -> bool | None:
     """Whether the waiting head stays blocked while the running sequences only decode: False
     (blocked by seats or the token budget, or nothing waits), True (blocked for lack of memory:
     the step's ``memory_blocked``), None (it might be admitted: not a quiet stretch).
@@ -84,7 +84,7 @@ def run_decode_stretch(
     running = scheduler.running
     if not running or scheduler.swapped:
         return None
-    memory_blocked = _head_blocked(scheduler, allocator)
+    memory_blocked = head_blocked(scheduler, allocator)
     if memory_blocked is None:
         return None
     plan = _plan(running, allocator)

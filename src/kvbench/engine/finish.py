@@ -1,10 +1,11 @@
-"""Releasing a sequence that produced its last token (both engine paths do it the same way)."""
+"""The end of an iteration: its sequences' tokens come out, samples fork, finished sequences go
+(every engine path does it the same way)."""
 
 from __future__ import annotations
 
 from kvbench.allocators.base import Allocator
 from kvbench.engine.samples import SampleGroups
-from kvbench.engine.scheduler import Scheduler
+from kvbench.engine.scheduler import Batch, Scheduler
 from kvbench.engine.sequence import Sequence
 
 
@@ -22,3 +23,31 @@ def finish_sequence(
     seq.record.finish_s = end_s
     seq.record.status = "finished"
     return True
+
+
+def end_iteration(
+    batch: Batch,
+    now_s: float,
+    end_s: float,
+    scheduler: Scheduler,
+    allocator: Allocator,
+    samples: SampleGroups,
+) -> int:
+    """Advance the sequences of ``batch``, which ran from ``now_s`` to ``end_s``, by their token;
+    returns how many requests finished."""
+    for seq in batch.prefill:
+        if seq.record.admit_s != seq.record.admit_s:  # NaN: first admission
+            seq.record.admit_s = now_s
+            seq.record.cached_prompt_tokens = seq.num_cached_tokens
+    num_finished = 0
+    for seq in batch.sequences:
+        seq.num_generated += 1
+        if seq.num_generated == 1:
+            seq.record.first_token_s = end_s
+            if max(seq.request.num_samples, seq.request.beam_width) > 1 and not seq.is_done:
+                samples.fork(seq, allocator, scheduler)
+        if seq.is_done:
+            num_finished += finish_sequence(seq, end_s, scheduler, allocator, samples)
+    samples.advance_beams(batch.sequences, allocator, scheduler)  # beam search: fork and drop
+    allocator.take_copy_on_writes()  # the engine only counts them; an executor would copy
+    return num_finished

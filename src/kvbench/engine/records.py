@@ -6,6 +6,8 @@ import copy
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from kvbench.allocators.base import MemoryUsage
 from kvbench.engine.step_totals import CHUNK_ROWS, SLOT_COLUMNS, StepTotals
 
@@ -25,7 +27,10 @@ STEP_COLUMNS = (
 )
 
 
-StepSink = Callable[[dict[str, list]], None]
+# Column dtypes of the chunks handed to a sink (every other column is int64).
+STEP_DTYPES = {"time_s": np.float64, "duration_s": np.float64, "memory_blocked": np.bool_}
+# Takes one chunk of steps: column name -> array of CHUNK_ROWS values (fewer in the last one).
+StepSink = Callable[[dict[str, np.ndarray]], None]
 
 
 @dataclass
@@ -60,29 +65,27 @@ class StepRecords:
         usage: MemoryUsage,
     ) -> None:
         """Record one iteration that started at ``time_s`` and lasted ``duration_s``."""
-        values = (
-            len(self),
-            time_s,
-            duration_s,
-            batch_size,
-            num_prefill_seqs,
-            num_prefill_tokens,
-            num_decode_tokens,
-            num_waiting,
-            num_swapped,
-            num_preempted,
-            memory_blocked,
-            usage.token_states,
-            usage.reservation,
-            usage.internal_frag,
-            usage.external_frag,
-            usage.free,
-            usage.shared_slots,
-            usage.saved_slots,
-        )
-        for name, value in zip(STEP_COLUMNS, values, strict=True):
-            self.columns[name].append(value)
-        if self.sink is not None and len(self.columns["step"]) >= CHUNK_ROWS:
+        columns = self.columns
+        step_column = columns["step"]
+        step_column.append(self.num_flushed + len(step_column))
+        columns["time_s"].append(time_s)
+        columns["duration_s"].append(duration_s)
+        columns["batch_size"].append(batch_size)
+        columns["num_prefill_seqs"].append(num_prefill_seqs)
+        columns["num_prefill_tokens"].append(num_prefill_tokens)
+        columns["num_decode_tokens"].append(num_decode_tokens)
+        columns["num_waiting"].append(num_waiting)
+        columns["num_swapped"].append(num_swapped)
+        columns["num_preempted"].append(num_preempted)
+        columns["memory_blocked"].append(memory_blocked)
+        columns["token_states_slots"].append(usage.token_states)
+        columns["reservation_slots"].append(usage.reservation)
+        columns["internal_frag_slots"].append(usage.internal_frag)
+        columns["external_frag_slots"].append(usage.external_frag)
+        columns["free_slots"].append(usage.free)
+        columns["shared_slots"].append(usage.shared_slots)
+        columns["saved_slots"].append(usage.saved_slots)
+        if self.sink is not None and len(step_column) >= CHUNK_ROWS:
             self._flush_full_chunks()
 
     def extend(self, columns: dict[str, list[float | int | bool]]) -> None:
@@ -115,7 +118,12 @@ class StepRecords:
             self._flush(CHUNK_ROWS)
 
     def _flush(self, num_rows: int) -> None:
-        chunk = {name: values[:num_rows] for name, values in self.columns.items()}
+        # Typed arrays once, for the totals and the sink alike (a parquet writer takes them
+        # without converting each value again).
+        chunk = {
+            name: np.asarray(values[:num_rows], dtype=STEP_DTYPES.get(name, np.int64))
+            for name, values in self.columns.items()
+        }
         for values in self.columns.values():
             del values[:num_rows]
         self._flushed_totals.add_chunk(chunk)

@@ -111,7 +111,7 @@ class Scheduler:
         if batch.num_preempted == 0:
             self._swap_in(allocator, batch)
             if not self.swapped:
-                rejected = self._admit_waiting(allocator, batch)
+                rejected = self.admit_waiting(allocator, batch)
         self.running.extend(batch.swapped_in)
         self.running.extend(batch.prefill)
         return batch, rejected
@@ -174,7 +174,10 @@ class Scheduler:
             batch.num_swap_in_tokens += seq.num_kv_tokens
             batch.swapped_in.append(seq)
 
-    def _admit_waiting(self, allocator: Allocator, batch: Batch) -> list[Sequence]:
+    def admit_waiting(self, allocator: Allocator, batch: Batch) -> list[Sequence]:
+        """Admit waiting requests first come, first served into ``batch`` (whose ``decode`` and
+        ``swapped_in`` are set, and nothing swapped out waits); returns the ones rejected for
+        good. ``running`` is extended with the admitted ones by the caller."""
         rejected: list[Sequence] = []
         token_budget = self.limits.max_num_batched_tokens - len(batch.decode)
         while self.waiting and self._has_seat(batch):

@@ -10,37 +10,21 @@ from collections.abc import Callable
 from collections.abc import Sequence as SequenceOf
 
 from kvbench.allocators.base import Allocator
-from kvbench.engine.arrivals import Arrivals, RecordSink, reject
+from kvbench.engine.arrivals import NO_ROOM_REASON, Arrivals, RecordSink, reject
 from kvbench.engine.beams import Ancestry
-from kvbench.engine.cost_model import IterationShape, RooflineCostModel
+from kvbench.engine.cost_model import RooflineCostModel
 from kvbench.engine.fast import run_decode_stretch
-from kvbench.engine.finish import finish_sequence
+from kvbench.engine.finish import end_iteration
+from kvbench.engine.lazy_batch import LazyBatch
 from kvbench.engine.records import SimulationResult, StepRecords, StepSink
 from kvbench.engine.samples import SampleGroups
 from kvbench.engine.scheduler import Batch, Scheduler
+from kvbench.engine.shape import iteration_shape
 from kvbench.request import Request
 
 ProgressCallback = Callable[[int], None]
 # Called with each iteration's batch and the allocator after scheduling, before the batch runs.
 StepObserver = Callable[[Batch, Allocator], None]
-
-
-def _iteration_shape(batch: Batch) -> IterationShape:
-    decode_context_tokens = sum(seq.num_kv_tokens for seq in batch.decode + batch.swapped_in)
-    num_prefill_tokens = 0
-    prefill_attention_pairs = 0
-    for seq in batch.prefill:
-        length = seq.num_kv_tokens
-        cached = seq.num_cached_tokens
-        num_prefill_tokens += length - cached
-        # Causal attention: token i sees i tokens; cached tokens are not recomputed.
-        prefill_attention_pairs += length * (length + 1) // 2 - cached * (cached + 1) // 2
-    return IterationShape(
-        num_prefill_tokens=num_prefill_tokens,
-        prefill_attention_pairs=prefill_attention_pairs,
-        num_decode_tokens=len(batch.decode) + len(batch.swapped_in),
-        decode_context_tokens=decode_context_tokens,
-    )
 
 
 def simulate(
@@ -78,13 +62,20 @@ def simulate(
                            beam_ancestry=beam_ancestry or {})
     use_fast_path = fast and on_step is None
     scheduler.bulk_appends = use_fast_path
+    lazy_batch = None
+    if use_fast_path:
+        lazy_batch = LazyBatch(arrivals, scheduler, allocator, cost_model, steps, samples)
+        if not lazy_batch.enabled:
+            lazy_batch = None
     now_s = 0.0
     while arrivals.num_pending or scheduler.has_work:
         if not scheduler.has_work and arrivals.next_arrival_s() > now_s:
             now_s = arrivals.next_arrival_s()  # idle: jump to the next arrival
         num_ended = arrivals.admit_until(now_s, scheduler, samples)
         stretch = None
-        if use_fast_path:
+        if lazy_batch is not None:
+            stretch = lazy_batch.step(now_s)
+        if stretch is None and use_fast_path:
             stretch = run_decode_stretch(
                 now_s, arrivals, scheduler, allocator, cost_model, steps, samples
             )
@@ -94,7 +85,7 @@ def simulate(
         else:
             batch, rejected = scheduler.schedule(allocator)
             for seq in rejected:
-                reject(seq, "needs more KV memory than the whole pool holds")
+                reject(seq, NO_ROOM_REASON)
             num_ended += len(rejected)
             if batch.sequences:
                 if on_step is not None:
@@ -107,6 +98,8 @@ def simulate(
             arrivals.flush_ended()
             if on_finish is not None:
                 on_finish(num_ended)
+    if lazy_batch is not None:
+        lazy_batch.deactivate()
     steps.close()
     arrivals.close()
     copies = getattr(allocator, "num_copy_on_writes", 0)
@@ -132,7 +125,11 @@ def _run_iteration(
     if batch.memory_blocked:
         usage = usage.with_free_blocked()
     swap_tokens = batch.num_swap_in_tokens + batch.num_swap_out_tokens
-    duration_s = cost_model.iteration_time_s(_iteration_shape(batch))
+    decode = batch.decode + batch.swapped_in
+    shape = iteration_shape(
+        batch.prefill, len(decode), sum(seq.num_kv_tokens for seq in decode)
+    )
+    duration_s = cost_model.iteration_time_s(shape)
     if swap_tokens:
         duration_s += cost_model.swap_time_s(swap_tokens)
     steps.append(
@@ -149,19 +146,4 @@ def _run_iteration(
         usage=usage,
     )
     end_s = now_s + duration_s
-    for seq in batch.prefill:
-        if seq.record.admit_s != seq.record.admit_s:  # NaN: first admission
-            seq.record.admit_s = now_s
-            seq.record.cached_prompt_tokens = seq.num_cached_tokens
-    num_finished = 0
-    for seq in batch.sequences:
-        seq.num_generated += 1
-        if seq.num_generated == 1:
-            seq.record.first_token_s = end_s
-            if max(seq.request.num_samples, seq.request.beam_width) > 1 and not seq.is_done:
-                samples.fork(seq, allocator, scheduler)
-        if seq.is_done:
-            num_finished += finish_sequence(seq, end_s, scheduler, allocator, samples)
-    samples.advance_beams(batch.sequences, allocator, scheduler)  # beam search: fork and drop
-    allocator.take_copy_on_writes()  # the engine only counts them; an executor would copy
-    return end_s, num_finished
+    return end_s, end_iteration(batch, now_s, end_s, scheduler, allocator, samples)

@@ -1,0 +1,303 @@
+"""The engine's fast path for cohort allocators: the running batch with lazy token counts.
+
+Every iteration, every running sequence produces one token. ``LazyBatch`` holds that as a clock:
+a running sequence has generated ``offset + tick`` tokens, its allocator holds its KV in a cohort
+(``CohortAllocator``: a round appends a token to every member for O(new blocks) work), and the
+iterations at which sequences finish wait in a heap. An iteration then costs O(what changes in
+it) (the sequences it admits or finishes, the blocks it starts), not O(running sequences):
+
+- a quiet stretch (nothing can be admitted) runs until the next finish, an arrival into an
+  empty queue, or a round the pool cannot hold, with O(1) work per iteration;
+- an iteration that may admit runs the scheduler's admission as the step-by-step loop does,
+  after one cohort round for the running sequences.
+
+Whatever else (a preemption, swapped-out sequences, beams, a new request's samples forking, a
+copy-on-write) goes to the step-by-step loop: ``step`` writes every count back first
+(``deactivate``). The records are identical to the step-by-step loop's (``simulate(fast=False)``).
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable
+from typing import cast
+
+from kvbench.allocators.base import Allocator, CohortAllocator
+from kvbench.engine.arrivals import NO_ROOM_REASON, Arrivals, reject
+from kvbench.engine.cost_model import RooflineCostModel
+from kvbench.engine.fast import head_blocked
+from kvbench.engine.finish import end_iteration, finish_sequence
+from kvbench.engine.records import StepRecords
+from kvbench.engine.samples import SampleGroups
+from kvbench.engine.scheduler import Batch, Scheduler
+from kvbench.engine.sequence import Sequence
+from kvbench.engine.shape import iteration_shape
+
+
+class LazyBatch:
+    """The running batch of one ``simulate`` run, advanced lazily while it can be.
+
+    ``enabled`` is False for allocators that refuse the cohort (the engine then uses
+    ``run_decode_stretch``). While ``active``, ``Sequence.num_generated`` of running sequences and
+    the allocator's token counts are stale: ``deactivate`` writes them back.
+    """
+
+    def __init__(
+        self,
+        arrivals: Arrivals,
+        scheduler: Scheduler,
+        allocator: Allocator,
+        cost_model: RooflineCostModel,
+        steps: StepRecords,
+        samples: SampleGroups,
+    ) -> None:
+        self.enabled = allocator.join_cohort([])
+        self.active = False
+        self._arrivals = arrivals
+        self._scheduler = scheduler
+        self._allocator = cast(CohortAllocator, allocator)
+        self._cost_model = cost_model
+        self._steps = steps
+        self._samples = samples
+        self._tick = 0  # iterations run while active: a running sequence generated offset + tick
+        self._finish_tick: dict[Sequence, int] = {}  # running sequence -> tick it finishes at
+        self._finishing: dict[int, list[Sequence]] = {}  # tick -> its finishers, running order
+        self._finish_ticks: list[int] = []  # heap of the keys of _finishing
+        self._context_tokens = 0  # KV tokens of the running sequences
+        self._decode_time_fns: dict[int, Callable[[int], float]] = {}
+
+    def step(self, now_s: float) -> tuple[float, int] | None:
+        """Run the next iteration, or a stretch of them; (end time, requests ended), or None
+        (counts written back, nothing run) when the step-by-step loop must run it."""
+        if not self.active and not self._activate():
+            return None
+        scheduler = self._scheduler
+        allocator = self._allocator
+        if not scheduler.running and not scheduler.waiting:
+            return now_s, 0
+        if allocator.cohort_new_blocks(0) > allocator.num_free_blocks():
+            self.deactivate()  # a running sequence cannot grow: preemption
+            return None
+        memory_blocked = head_blocked(scheduler, allocator) if scheduler.running else None
+        if memory_blocked is None:
+            return self._admission_iteration(now_s)
+        return self._stretch(now_s, memory_blocked)
+
+    def deactivate(self) -> None:
+        """Write the running sequences' counts back and leave the cohort."""
+        if not self.active:
+            return
+        running = self._scheduler.running
+        tick = self._tick
+        finish_tick = self._finish_tick
+        for seq in running:
+            seq.num_generated = seq.request.output_tokens - (finish_tick[seq] - tick)
+        self._allocator.leave_cohort([seq.seq_id for seq in running])
+        finish_tick.clear()
+        self._finishing.clear()
+        self._finish_ticks.clear()
+        self._context_tokens = 0
+        self.active = False
+
+    def _activate(self) -> bool:
+        scheduler = self._scheduler
+        if not self.enabled or scheduler.swapped or self._samples.beams.beams:
+            return False  # swap-in and beam steps run step by step
+        running = scheduler.running
+        if not self._allocator.join_cohort([seq.seq_id for seq in running]):
+            return False
+        for seq in running:
+            self._join(seq)
+        self.active = True
+        return True
+
+    def _join(self, seq: Sequence) -> None:
+        """Start tracking a running sequence (its ``num_generated`` is current)."""
+        finish_tick = self._tick + seq.request.output_tokens - seq.num_generated
+        self._finish_tick[seq] = finish_tick
+        finishers = self._finishing.get(finish_tick)
+        if finishers is None:
+            self._finishing[finish_tick] = [seq]
+            heapq.heappush(self._finish_ticks, finish_tick)
+        else:
+            finishers.append(seq)
+        self._context_tokens += seq.request.prompt_tokens + seq.num_generated
+
+    def _finish_due(self, end_s: float) -> int:
+        """Finish the sequences whose last token the iteration ending at ``end_s`` produced, in
+        running order; returns the requests that finished."""
+        finish_ticks = self._finish_ticks
+        tick = self._tick
+        if not finish_ticks or finish_ticks[0] != tick:
+            return 0
+        heapq.heappop(finish_ticks)
+        num_finished = 0
+        for seq in self._finishing.pop(tick):
+            del self._finish_tick[seq]
+            seq.num_generated = seq.request.output_tokens
+            self._context_tokens -= seq.request.prompt_tokens + seq.num_generated
+            num_finished += finish_sequence(
+                seq, end_s, self._scheduler, self._allocator, self._samples
+            )  # free() takes it out of the cohort
+        return num_finished
+
+    def _decode_time_fn(self, num_seqs: int) -> Callable[[int], float]:
+        decode_time_s = self._decode_time_fns.get(num_seqs)
+        if decode_time_s is None:
+            decode_time_s = self._cost_model.decode_time_fn(num_seqs)
+            self._decode_time_fns[num_seqs] = decode_time_s
+        return decode_time_s
+
+    def _admission_iteration(self, now_s: float) -> tuple[float, int]:
+        """One iteration as ``Scheduler.schedule`` and the step-by-step loop would run it, when no
+        preemption is needed and nothing is swapped out."""
+        scheduler = self._scheduler
+        allocator = self._allocator
+        running = scheduler.running
+        allocator.advance_cohort(1)  # every running sequence's slot for this iteration's token
+        num_decode = len(running)
+        batch = Batch(decode=running)  # not copied: admission only counts it
+        rejected = scheduler.admit_waiting(allocator, batch)
+        for seq in rejected:
+            reject(seq, NO_ROOM_REASON)
+        prefill = batch.prefill
+        if not num_decode and not prefill:
+            return now_s, len(rejected)
+        usage = allocator.usage()
+        if batch.memory_blocked:
+            usage = usage.with_free_blocked()
+        if prefill:
+            shape = iteration_shape(prefill, num_decode, self._context_tokens)
+            duration_s = self._cost_model.iteration_time_s(shape)
+        else:
+            duration_s = self._decode_time_fn(num_decode)(self._context_tokens)
+        self._steps.append(
+            time_s=now_s,
+            duration_s=duration_s,
+            batch_size=num_decode + len(prefill),
+            num_prefill_seqs=len(prefill),
+            num_prefill_tokens=sum(seq.num_prefill_tokens for seq in prefill),
+            num_decode_tokens=num_decode,
+            num_waiting=len(scheduler.waiting),
+            num_swapped=0,
+            num_preempted=0,
+            memory_blocked=batch.memory_blocked,
+            usage=usage,
+        )
+        end_s = now_s + duration_s
+        forks = False
+        for seq in prefill:
+            request = seq.request
+            if request.num_samples > 1 or request.beam_width > 1:
+                forks = True
+        if forks or not allocator.join_cohort([seq.seq_id for seq in prefill]):
+            # A new request's samples fork after this token: step by step from here on.
+            self.deactivate()
+            batch.decode = running[:]
+            running.extend(prefill)
+            return end_s, len(rejected) + end_iteration(
+                batch, now_s, end_s, scheduler, allocator, self._samples
+            )
+        for seq in prefill:
+            record = seq.record
+            if record.admit_s != record.admit_s:  # NaN: first admission
+                record.admit_s = now_s
+                record.cached_prompt_tokens = seq.num_cached_tokens
+            if seq.num_generated == 0:
+                record.first_token_s = end_s
+            self._join(seq)
+        running.extend(prefill)
+        self._tick += 1
+        self._context_tokens += len(running)
+        return end_s, len(rejected) + self._finish_due(end_s)
+
+    def _stretch(self, now_s: float, memory_blocked: bool) -> tuple[float, int]:
+        """Decode-only iterations until the first finish (run), an arrival into an empty queue or
+        a round the pool cannot hold (not run); O(1) work per iteration."""
+        scheduler = self._scheduler
+        allocator = self._allocator
+        arrivals = self._arrivals
+        waiting = scheduler.waiting
+        num_seqs = len(scheduler.running)
+        decode_time_s = self._decode_time_fn(num_seqs)
+        rounds = allocator.cohort_rounds()
+        new_blocks = rounds.new_blocks
+        block_size = allocator.block_size
+        period = len(new_blocks)
+        first_round = rounds.first_round
+        frag_by_round = rounds.internal_frag_slots
+        num_free_blocks = allocator.num_free_blocks()
+        usage = allocator.usage()  # before the stretch
+        queue_was_empty = not waiting
+        next_arrival_s = arrivals.next_arrival_s()
+        context_tokens = self._context_tokens
+        internal_frag = usage.internal_frag
+        times_s: list[float] = []
+        durations_s: list[float] = []
+        num_waiting: list[int] = []
+        num_taken_after: list[int] = []  # new blocks since the stretch began, after each round
+        internal_frag_slots: list[int] = []
+        num_rejected = 0
+        num_taken = 0
+        for round_index in range(self._finish_ticks[0] - self._tick):
+            if round_index and next_arrival_s <= now_s:
+                if queue_was_empty:
+                    break  # the scheduler may admit it: its own iteration decides
+                # Behind a blocked head an arrival only waits (or is rejected for good).
+                num_rejected += arrivals.admit_until(now_s, scheduler, self._samples)
+                next_arrival_s = arrivals.next_arrival_s()
+            num_taken_next = num_taken + new_blocks[round_index % period]
+            if num_taken_next > num_free_blocks:
+                break  # some sequence cannot grow: preemption, step by step
+            num_taken = num_taken_next
+            if frag_by_round:
+                internal_frag += frag_by_round.get(first_round + round_index, 0)
+            duration_s = decode_time_s(context_tokens)
+            times_s.append(now_s)
+            durations_s.append(duration_s)
+            num_waiting.append(len(waiting))
+            num_taken_after.append(num_taken)
+            internal_frag_slots.append(internal_frag)
+            now_s += duration_s
+            context_tokens += num_seqs
+        num_rounds = len(times_s)  # >= 1: step checked the first round's blocks
+        allocator.advance_cohort(num_rounds)
+        # The usage after each round: one token state more per sequence, a block more per start.
+        first_states = usage.token_states + num_seqs
+        token_states_slots = list(range(first_states, first_states + num_rounds * num_seqs,
+                                        num_seqs))
+        held_slots = usage.token_states + usage.reservation + usage.internal_frag
+        reservation_slots = [
+            held_slots + taken * block_size - states - frag
+            for taken, states, frag in zip(
+                num_taken_after, token_states_slots, internal_frag_slots, strict=True
+            )
+        ]
+        free_slots = [usage.free - taken * block_size for taken in num_taken_after]
+        if memory_blocked:  # as MemoryUsage.with_free_blocked
+            external_frag_slots = [usage.external_frag + free for free in free_slots]
+            free_slots = [0] * num_rounds
+        else:
+            external_frag_slots = [usage.external_frag] * num_rounds
+        self._steps.extend({
+            "time_s": times_s,
+            "duration_s": durations_s,
+            "batch_size": [num_seqs] * num_rounds,
+            "num_prefill_seqs": [0] * num_rounds,
+            "num_prefill_tokens": [0] * num_rounds,
+            "num_decode_tokens": [num_seqs] * num_rounds,
+            "num_waiting": num_waiting,
+            "num_swapped": [0] * num_rounds,
+            "num_preempted": [0] * num_rounds,
+            "memory_blocked": [memory_blocked] * num_rounds,
+            "token_states_slots": token_states_slots,
+            "reservation_slots": reservation_slots,
+            "internal_frag_slots": internal_frag_slots,
+            "external_frag_slots": external_frag_slots,
+            "free_slots": free_slots,
+            "shared_slots": [usage.shared_slots] * num_rounds,
+            "saved_slots": [usage.saved_slots] * num_rounds,
+        })
+        self._tick += num_rounds
+        self._context_tokens = context_tokens
+        return now_s, num_rejected + self._finish_due(now_s)
