@@ -236,6 +236,18 @@ def test_decode_time_fn_gives_the_iteration_times_bit_for_bit(contexts, num_seqs
         assert decode_time_s(context) == costs.iteration_time_s(shape)
 
 
+@given(st.lists(st.tuples(st.integers(0, 8_192), st.integers(0, 30_000_000),
+                          st.integers(0, 256), st.integers(0, 2_000_000)), min_size=1,
+                max_size=20),
+       st.sampled_from(["llama-2-70b", "opt-13b", "mixtral-8x7b"]))
+def test_iteration_time_fn_gives_the_iteration_times_bit_for_bit(shapes, model):
+    deployment = Deployment(get_model(model), get_hardware("a100-80gb"), num_gpus=4)
+    costs = RooflineCostModel(deployment)
+    iteration_time_s = costs.iteration_time_fn()
+    for counts in shapes:
+        assert iteration_time_s(*counts) == costs.iteration_time_s(IterationShape(*counts))
+
+
 def _streamed(requests, monkeypatch, chunk_rows):
     monkeypatch.setattr(records_module, "CHUNK_ROWS", chunk_rows)
     step_chunks, record_chunks = [], []

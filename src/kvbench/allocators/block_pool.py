@@ -94,6 +94,16 @@ class BlockPool:
     def release(self, block_ids: list[int]) -> None:
         """``decref`` every block of ``block_ids``, in order."""
         ref_counts = self._ref_counts
+        if not self.num_shared_blocks:
+            # Every held block has one reference: all of them become free (runs for every
+            # finished sequence, so without the general case's branches).
+            for block_id in block_ids:
+                if ref_counts[block_id] != 1:
+                    raise ValueError(f"block {block_id} is already free")
+                ref_counts[block_id] = 0
+            self._push_free(block_ids)
+            self.num_free_blocks += len(block_ids)
+            return
         freed = []
         for block_id in block_ids:
             num_refs = ref_counts[block_id]

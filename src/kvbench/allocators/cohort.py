@@ -15,7 +15,6 @@ filled, is its own (no copy-on-write is pending), so the slots members have not 
 from __future__ import annotations
 
 from collections.abc import Callable
-from types import MappingProxyType
 from typing import Protocol
 
 from kvbench.allocators.base import CohortRounds
@@ -72,7 +71,7 @@ class Cohort:
         return CohortRounds(
             new_blocks=tuple(counts[phase:] + counts[:phase]),
             first_round=self.round_index,
-            internal_frag_slots=MappingProxyType(self._frag_calendar),
+            internal_frag_slots=self._frag_calendar,  # read only: see CohortRounds
         )
 
     def join(self, member: CohortMember) -> None:

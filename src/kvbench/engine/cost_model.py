@@ -135,6 +135,40 @@ class RooflineCostModel:
 
         return decode_time_s
 
+    def iteration_time_fn(self) -> Callable[[int, int, int, int], float]:
+        """``iteration_time_s`` as a function of the shape's four counts (num_prefill_tokens,
+        prefill_attention_pairs, num_decode_tokens, decode_context_tokens): the same arithmetic
+        in the same order (identical floats), with the deployment's constants looked up once."""
+        if self.attention_time_s is not None:
+            return lambda *counts: self.iteration_time_s(IterationShape(*counts))
+        model = self.deployment.model
+        active_parameters = model.active_parameters
+        weight_bytes = model.weight_bytes
+        kv_bytes_per_token = self.deployment.kv_bytes_per_token
+        flops_per_pair = self._attention_flops_per_pair()
+        fixed_s = self._fixed_s()
+        flops_per_s = self._flops_per_s
+        bytes_per_s = self._bytes_per_s
+
+        def iteration_time_s(
+            num_prefill_tokens: int,
+            prefill_attention_pairs: int,
+            num_decode_tokens: int,
+            decode_context_tokens: int,
+        ) -> float:
+            num_tokens = num_prefill_tokens + num_decode_tokens
+            if num_tokens == 0:
+                return 0.0
+            dense_flops = 2.0 * active_parameters * num_tokens
+            dense_bytes = weight_bytes + num_tokens * kv_bytes_per_token
+            attention_pairs = prefill_attention_pairs + decode_context_tokens
+            flops = dense_flops + flops_per_pair * attention_pairs
+            kv_read_bytes = decode_context_tokens * kv_bytes_per_token
+            bytes_moved = dense_bytes + kv_read_bytes
+            return fixed_s + max(flops / flops_per_s, bytes_moved / bytes_per_s)
+
+        return iteration_time_s
+
     def swap_time_s(self, num_tokens: int) -> float:
         """Seconds to copy ``num_tokens`` tokens of KV over PCIe (one direction, all GPUs)."""
         link_bytes_per_s = (

@@ -65,6 +65,7 @@ class LazyBatch:
         self._finish_ticks: list[int] = []  # heap of the keys of _finishing
         self._context_tokens = 0  # KV tokens of the running sequences
         self._decode_time_fns: dict[int, Callable[[int], float]] = {}
+        self._iteration_time_s = cost_model.iteration_time_fn()
 
     def step(self, now_s: float) -> tuple[float, int] | None:
         """Run the next iteration, or a stretch of them; (end time, requests ended), or None
@@ -166,11 +167,11 @@ class LazyBatch:
         usage = allocator.usage()
         if batch.memory_blocked:
             usage = usage.with_free_blocked()
-        if prefill:
-            shape = iteration_shape(prefill, num_decode, self._context_tokens)
-            duration_s = self._cost_model.iteration_time_s(shape)
-        else:
-            duration_s = self._decode_time_fn(num_decode)(self._context_tokens)
+        shape = iteration_shape(prefill, num_decode, self._context_tokens)
+        duration_s = self._iteration_time_s(
+            shape.num_prefill_tokens, shape.prefill_attention_pairs, num_decode,
+            self._context_tokens,
+        )
         self._steps.append(
             time_s=now_s,
             duration_s=duration_s,
@@ -212,8 +213,30 @@ class LazyBatch:
         return end_s, len(rejected) + self._finish_due(end_s)
 
     def _stretch(self, now_s: float, memory_blocked: bool) -> tuple[float, int]:
-        """Decode-only iterations until the first finish (run), an arrival into an empty queue or
-        a round the pool cannot hold (not run); O(1) work per iteration."""
+        """Decode-only iterations: rounds up to the first finish (run, and the finishers freed),
+        and on past it while nothing waits (the next iteration would decode the smaller batch
+        alone), until an arrival into an empty queue or a round the pool cannot hold (not run).
+        O(1) work per iteration, O(what changes) per finish."""
+        scheduler = self._scheduler
+        num_ended, reached_finish = 0, True
+        check_first_arrival = False  # the engine queued the arrivals due now
+        while reached_finish and scheduler.running:
+            now_s, num_rejected, reached_finish = self._decode_rounds(
+                now_s, memory_blocked, check_first_arrival
+            )
+            num_ended += num_rejected
+            if reached_finish:
+                num_ended += self._finish_due(now_s)
+                if scheduler.waiting:
+                    break  # the freed seat or memory may admit the head: its own iteration
+                memory_blocked, check_first_arrival = False, True
+        return now_s, num_ended
+
+    def _decode_rounds(
+        self, now_s: float, memory_blocked: bool, check_first_arrival: bool
+    ) -> tuple[float, int, bool]:
+        """Decode-only iterations of the running batch up to the next finish; (end time, requests
+        rejected on arrival, whether the finishing round ran)."""
         scheduler = self._scheduler
         allocator = self._allocator
         arrivals = self._arrivals
@@ -226,78 +249,70 @@ class LazyBatch:
         period = len(new_blocks)
         first_round = rounds.first_round
         frag_by_round = rounds.internal_frag_slots
-        num_free_blocks = allocator.num_free_blocks()
-        usage = allocator.usage()  # before the stretch
+        num_free_slots = allocator.num_free_blocks() * block_size
+        usage = allocator.usage()  # before these rounds
         queue_was_empty = not waiting
         next_arrival_s = arrivals.next_arrival_s()
         context_tokens = self._context_tokens
+        # Each round's record goes straight into the step columns (the constant ones after).
+        # The usage after a round: a token state more per sequence, a block more per start.
+        columns = self._steps.columns
+        append_time_s = columns["time_s"].append
+        append_duration_s = columns["duration_s"].append
+        append_num_waiting = columns["num_waiting"].append
+        append_token_states = columns["token_states_slots"].append
+        append_reservation = columns["reservation_slots"].append
+        append_internal_frag = columns["internal_frag_slots"].append
+        # Free slots, or with a memory-blocked head external fragmentation (with_free_blocked).
+        append_free = columns["external_frag_slots" if memory_blocked else "free_slots"].append
+        free_base_slots = usage.free + (usage.external_frag if memory_blocked else 0)
+        token_states = usage.token_states
         internal_frag = usage.internal_frag
-        times_s: list[float] = []
-        durations_s: list[float] = []
-        num_waiting: list[int] = []
-        num_taken_after: list[int] = []  # new blocks since the stretch began, after each round
-        internal_frag_slots: list[int] = []
+        held_slots = token_states + usage.reservation + internal_frag
         num_rejected = 0
-        num_taken = 0
-        for round_index in range(self._finish_ticks[0] - self._tick):
-            if round_index and next_arrival_s <= now_s:
+        num_taken_slots = 0
+        num_rounds = 0
+        max_rounds = self._finish_ticks[0] - self._tick
+        while num_rounds < max_rounds:
+            if (num_rounds or check_first_arrival) and next_arrival_s <= now_s:
                 if queue_was_empty:
                     break  # the scheduler may admit it: its own iteration decides
                 # Behind a blocked head an arrival only waits (or is rejected for good).
                 num_rejected += arrivals.admit_until(now_s, scheduler, self._samples)
                 next_arrival_s = arrivals.next_arrival_s()
-            num_taken_next = num_taken + new_blocks[round_index % period]
-            if num_taken_next > num_free_blocks:
+            taken_slots = num_taken_slots + new_blocks[num_rounds % period] * block_size
+            if taken_slots > num_free_slots:
                 break  # some sequence cannot grow: preemption, step by step
-            num_taken = num_taken_next
+            num_taken_slots = taken_slots
             if frag_by_round:
-                internal_frag += frag_by_round.get(first_round + round_index, 0)
+                internal_frag += frag_by_round.get(first_round + num_rounds, 0)
+            token_states += num_seqs
             duration_s = decode_time_s(context_tokens)
-            times_s.append(now_s)
-            durations_s.append(duration_s)
-            num_waiting.append(len(waiting))
-            num_taken_after.append(num_taken)
-            internal_frag_slots.append(internal_frag)
+            append_time_s(now_s)
+            append_duration_s(duration_s)
+            append_num_waiting(len(waiting))
+            append_token_states(token_states)
+            append_internal_frag(internal_frag)
+            append_reservation(held_slots + taken_slots - token_states - internal_frag)
+            append_free(free_base_slots - taken_slots)
             now_s += duration_s
             context_tokens += num_seqs
-        num_rounds = len(times_s)  # >= 1: step checked the first round's blocks
+            num_rounds += 1
+        if not num_rounds:
+            return now_s, num_rejected, False
         allocator.advance_cohort(num_rounds)
-        # The usage after each round: one token state more per sequence, a block more per start.
-        first_states = usage.token_states + num_seqs
-        token_states_slots = list(range(first_states, first_states + num_rounds * num_seqs,
-                                        num_seqs))
-        held_slots = usage.token_states + usage.reservation + usage.internal_frag
-        reservation_slots = [
-            held_slots + taken * block_size - states - frag
-            for taken, states, frag in zip(
-                num_taken_after, token_states_slots, internal_frag_slots, strict=True
-            )
-        ]
-        free_slots = [usage.free - taken * block_size for taken in num_taken_after]
-        if memory_blocked:  # as MemoryUsage.with_free_blocked
-            external_frag_slots = [usage.external_frag + free for free in free_slots]
-            free_slots = [0] * num_rounds
-        else:
-            external_frag_slots = [usage.external_frag] * num_rounds
-        self._steps.extend({
-            "time_s": times_s,
-            "duration_s": durations_s,
-            "batch_size": [num_seqs] * num_rounds,
-            "num_prefill_seqs": [0] * num_rounds,
-            "num_prefill_tokens": [0] * num_rounds,
-            "num_decode_tokens": [num_seqs] * num_rounds,
-            "num_waiting": num_waiting,
-            "num_swapped": [0] * num_rounds,
-            "num_preempted": [0] * num_rounds,
-            "memory_blocked": [memory_blocked] * num_rounds,
-            "token_states_slots": token_states_slots,
-            "reservation_slots": reservation_slots,
-            "internal_frag_slots": internal_frag_slots,
-            "external_frag_slots": external_frag_slots,
-            "free_slots": free_slots,
-            "shared_slots": [usage.shared_slots] * num_rounds,
-            "saved_slots": [usage.saved_slots] * num_rounds,
-        })
+        self._steps.complete_decode_rows(
+            num_rounds,
+            num_seqs=num_seqs,
+            memory_blocked=memory_blocked,
+            constant_slots={
+                "free_slots" if memory_blocked else "external_frag_slots": (
+                    0 if memory_blocked else usage.external_frag
+                ),
+                "shared_slots": usage.shared_slots,
+                "saved_slots": usage.saved_slots,
+            },
+        )
         self._tick += num_rounds
         self._context_tokens = context_tokens
-        return now_s, num_rejected + self._finish_due(now_s)
+        return now_s, num_rejected, num_rounds == max_rounds

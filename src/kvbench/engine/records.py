@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from itertools import repeat
 
 import numpy as np
 
@@ -88,14 +89,46 @@ class StepRecords:
         if self.sink is not None and len(step_column) >= CHUNK_ROWS:
             self._flush_full_chunks()
 
-    def extend(self, columns: dict[str, list[float | int | bool]]) -> None:
-        """Record several iterations at once: every column except ``step``, equally long."""
+    def extend(self, columns: Mapping[str, Iterable[float | int | bool]]) -> None:
+        """Record several iterations at once: every column except ``step``, equally long
+        (``time_s`` a list, the others any iterable)."""
         first_step = len(self)
         num_steps = len(columns["time_s"])
         self.columns["step"].extend(range(first_step, first_step + num_steps))
         for name in STEP_COLUMNS[1:]:
             self.columns[name].extend(columns[name])
         if self.sink is not None and len(self.columns["step"]) >= CHUNK_ROWS:
+            self._flush_full_chunks()
+
+    def complete_decode_rows(
+        self,
+        num_rows: int,
+        *,
+        num_seqs: int,
+        memory_blocked: bool,
+        constant_slots: dict[str, int],
+    ) -> None:
+        """Complete ``num_rows`` decode-only iterations of ``num_seqs`` sequences whose changing
+        columns the caller appended to ``columns`` itself (``time_s``, ``duration_s``,
+        ``num_waiting``, the slot columns not in ``constant_slots``): the step numbers, the
+        constant columns, and ``constant_slots`` (slot column -> its value in every row).
+        The fast path's hot loop, which would otherwise build every column twice."""
+        step_column = self.columns["step"]
+        first_step = self.num_flushed + len(step_column)
+        step_column.extend(range(first_step, first_step + num_rows))
+        constants = {
+            "batch_size": num_seqs,
+            "num_prefill_seqs": 0,
+            "num_prefill_tokens": 0,
+            "num_decode_tokens": num_seqs,
+            "num_swapped": 0,
+            "num_preempted": 0,
+            "memory_blocked": memory_blocked,
+            **constant_slots,
+        }
+        for name, value in constants.items():
+            self.columns[name].extend(repeat(value, num_rows))
+        if self.sink is not None and len(step_column) >= CHUNK_ROWS:
             self._flush_full_chunks()
 
     def close(self) -> None:
