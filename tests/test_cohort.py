@@ -1,4 +1,4 @@
-"""The paged allocator's cohort (lazy rounds) against single appends, operation by operation."""
+"""The allocators' cohort (lazy rounds) against single appends, operation by operation."""
 
 from __future__ import annotations
 
@@ -9,25 +9,31 @@ from hypothesis import strategies as st
 from kvbench.allocators import CohortAllocator, PagedAllocator, make_allocator
 from kvbench.request import Request
 
-MAX_LEN = 4096
+MAX_LEN = 256
+COHORT_ALLOCATORS = ["paged", "paged_prefix", "naive_max", "naive_pow2", "naive_oracle"]
 
 
-def _assert_same_state(lazy: PagedAllocator, single: PagedAllocator, seq_ids: list[int]) -> None:
+def _assert_same_state(lazy, single, seq_ids: list[int]) -> None:
     assert lazy.usage() == single.usage()
     for seq_id in seq_ids:
         assert lazy.block_table(seq_id) == single.block_table(seq_id)
         assert lazy.num_tokens(seq_id) == single.num_tokens(seq_id)
 
 
-@settings(max_examples=80, deadline=None)
+@pytest.mark.parametrize("allocator_name", COHORT_ALLOCATORS)
+@settings(max_examples=60, deadline=None)
 @given(
     block_size=st.sampled_from([1, 3, 16]),
     num_blocks=st.integers(20, 400),
     data=st.data(),
 )
-def test_cohort_rounds_leave_the_state_of_single_appends(block_size, num_blocks, data):
-    lazy = PagedAllocator(num_blocks * block_size, block_size, MAX_LEN)
-    single = PagedAllocator(num_blocks * block_size, block_size, MAX_LEN)
+def test_cohort_rounds_leave_the_state_of_single_appends(
+    allocator_name, block_size, num_blocks, data
+):
+    lazy = make_allocator(allocator_name, num_blocks * block_size, block_size, MAX_LEN)
+    single = make_allocator(allocator_name, num_blocks * block_size, block_size, MAX_LEN)
+    block_size = lazy.block_size  # 1 for the contiguous allocators
+    final_tokens: dict[int, int] = {}
     live: list[int] = []  # every sequence, admitted order
     members: list[int] = []  # the cohort, in join order
     next_id = 0
@@ -39,13 +45,14 @@ def test_cohort_rounds_leave_the_state_of_single_appends(block_size, num_blocks,
             if lazy.admit(next_id, request, prompt + 1):
                 assert single.admit(next_id, request, prompt + 1)
                 live.append(next_id)
+                final_tokens[next_id] = request.total_tokens
                 if data.draw(st.booleans(), label="join"):
                     assert lazy.join_cohort([next_id])
                     members.append(next_id)
             next_id += 1
         elif operation == "advance" and members:
             # Within every member's final length and the pool's free blocks.
-            room = min(lazy._sequences[i].final_tokens - lazy.num_tokens(i) for i in members)
+            room = min(final_tokens[i] - lazy.num_tokens(i) for i in members)
             rounds = lazy.cohort_rounds()
             before = lazy.usage()
             num_rounds = taken = 0
@@ -119,8 +126,25 @@ def test_members_refuse_appends_and_forks():
         allocator.join_cohort([0])
 
 
-@pytest.mark.parametrize("allocator_name", ["paged_prefix", "naive_max", "naive_pow2",
-                                            "naive_oracle"])
-def test_allocators_without_a_cohort_refuse_it(allocator_name):
-    allocator = make_allocator(allocator_name, 1_000, 16, MAX_LEN)
-    assert not allocator.join_cohort([])
+def test_paged_prefix_keeps_a_sequence_that_could_fill_a_hashed_block_out():
+    allocator = make_allocator("paged_prefix", 1_000, 4, MAX_LEN)
+    request = Request(0, 0.0, 12, 10, prefix_group=0, prefix_tokens=12)
+    assert allocator.admit(0, request, 6)  # holds 6 of the 12 prompt tokens it hashes
+    assert not allocator.join_cohort([0])  # a round would complete (and cache) block 2
+    assert allocator.admit(1, Request(1, 0.0, 12, 10, prefix_group=0, prefix_tokens=12), 13)
+    assert allocator.join_cohort([1])
+
+
+@pytest.mark.parametrize("allocator_name", ["naive_max", "naive_pow2", "naive_oracle"])
+def test_contiguous_members_refuse_appends_and_forks(allocator_name):
+    allocator = make_allocator(allocator_name, 4_096, 1, MAX_LEN)
+    assert allocator.admit(0, Request(0, 0.0, 20, 10), 21)
+    assert allocator.join_cohort([0])
+    allocator.advance_cohort(4)
+    assert allocator.num_tokens(0) == 25
+    with pytest.raises(RuntimeError, match="cohort"):
+        allocator.append(0, 1)
+    with pytest.raises(RuntimeError, match="cohort"):
+        allocator.fork(0, 1)
+    allocator.leave_cohort([0])
+    assert allocator.append(0, 1) and allocator.num_tokens(0) == 26

@@ -15,7 +15,7 @@ from conftest import SHARED_TRACE_FILES
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kvbench.allocators import ALLOCATOR_NAMES, PagedAllocator, make_allocator
+from kvbench.allocators import ALLOCATOR_NAMES, make_allocator
 from kvbench.catalog import get_hardware, get_model
 from kvbench.engine import IterationShape, RooflineCostModel, Scheduler, SchedulerLimits, simulate
 from kvbench.engine import records as records_module
@@ -109,23 +109,25 @@ def test_fast_path_skips_iterations_on_a_quiet_batch():
     assert result.steps.columns["batch_size"][:300] == [2] * 300
 
 
-def test_paged_runs_advance_the_cohort_without_per_sequence_appends(monkeypatch):
-    """With nothing to preempt, a paged run never appends sequence by sequence: every iteration
-    is a cohort round (O(new blocks)), and the records still equal the reference's."""
+@pytest.mark.parametrize("allocator_name", ALLOCATOR_NAMES)
+def test_runs_advance_the_cohort_without_per_sequence_appends(allocator_name, monkeypatch):
+    """With nothing to preempt, a run never appends sequence by sequence: every iteration is a
+    cohort round (O(new blocks)), and the records still equal the reference's."""
     rng = random.Random(3)
     requests = [Request(i, i * 0.01, rng.randint(1, 300), rng.randint(1, 200)) for i in range(60)]
     limits = SchedulerLimits(max_model_len=MAX_LEN)
-    _assert_identical(requests, "paged", 200_000, 16, limits)
+    _assert_identical(requests, allocator_name, 400_000, 16, limits)
+    allocator_class = type(make_allocator(allocator_name, 16, 16, MAX_LEN))
     calls = []
-    for name in ("append", "decode_rounds", "append_rounds", "try_append_round"):
-        original = getattr(PagedAllocator, name)
-        monkeypatch.setattr(PagedAllocator, name, lambda *args, _name=name, _original=original:
+    for name in ("append", "append_rounds", "try_append_round"):
+        original = getattr(allocator_class, name)
+        monkeypatch.setattr(allocator_class, name, lambda *args, _name=name, _original=original:
                             calls.append(_name) or _original(*args))
     rounds = []
-    original_advance = PagedAllocator.advance_cohort
-    monkeypatch.setattr(PagedAllocator, "advance_cohort",
+    original_advance = allocator_class.advance_cohort
+    monkeypatch.setattr(allocator_class, "advance_cohort",
                         lambda self, n: rounds.append(n) or original_advance(self, n))
-    result, _ = _run(requests, "paged", 200_000, 16, limits, True)
+    result, _ = _run(requests, allocator_name, 400_000, 16, limits, True)
     assert calls == []
     assert sum(rounds) == len(result.steps)
 
@@ -190,39 +192,13 @@ def test_append_rounds_leaves_the_state_of_single_appends(allocator_name):
         single.free(seq_id)
         bulk.free(seq_id)
         seq_ids.remove(seq_id)
-    rounds = bulk.decode_rounds(seq_ids)
-    num_rounds = min(rounds.max_rounds, 25)
-    usages = []
+    num_rounds = 25  # every request has 30 or more output tokens
     for _ in range(num_rounds):
         for seq_id in seq_ids:
             assert single.append(seq_id, 1)
-        usages.append(single.usage())
-    before = bulk.usage()
     bulk.append_rounds(seq_ids, num_rounds)
     assert [single.block_table(i) for i in seq_ids] == [bulk.block_table(i) for i in seq_ids]
     assert single.usage() == bulk.usage()
-    # The DecodeRounds description predicts every round's usage.
-    block_size = bulk.block_size
-    held = before.token_states + before.reservation + before.internal_frag
-    num_taken = internal_frag = 0
-    for round_index, usage in enumerate(usages):
-        num_taken += rounds.new_blocks[round_index % len(rounds.new_blocks)]
-        internal_frag += rounds.internal_frag_slots.get(round_index, 0)
-        assert usage.token_states == before.token_states + (round_index + 1) * len(seq_ids)
-        assert usage.free == before.free - num_taken * block_size
-        assert usage.internal_frag == before.internal_frag + internal_frag
-        assert usage.token_states + usage.reservation + usage.internal_frag == (
-            held + num_taken * block_size
-        )
-
-
-def test_paged_decode_rounds_declines_a_shared_partial_block():
-    allocator = make_allocator("paged", 1_000, 16, MAX_LEN)
-    assert allocator.admit(0, Request(0, 0.0, 20, 10), 20)
-    assert allocator.fork(0, 1)
-    assert allocator.decode_rounds([0, 1]) is None  # the next token copies the shared block
-    assert allocator.append(0, 1)  # copy-on-write
-    assert allocator.decode_rounds([0, 1]) is not None
 
 
 @given(st.lists(st.integers(0, 2_000_000), min_size=1, max_size=20),

@@ -87,8 +87,8 @@ class SchedulerConfig:
 class EngineConfig:
     """``engine.*``: how the simulation loop runs (never what it computes)."""
 
-    # Run stretches of decode-only iterations at once (kvbench.engine.fast); false = the
-    # step-by-step reference loop. Both give identical records; docs/performance.md.
+    # Advance the running batch lazily (kvbench.engine.lazy_batch); false = the step-by-step
+    # reference loop. Both give identical records; docs/performance.md.
     fast: bool = True
     # Write each run's steps and requests to steps/ and requests/ (one parquet per run) as it
     # runs, instead of keeping every run's tables in memory: for traces of millions of requests.

@@ -64,32 +64,6 @@ class MemoryUsage:
 
 
 @dataclass(frozen=True, slots=True)
-class DecodeRounds:
-    """How an allocator's pool changes while the same sequences each append one token per round.
-
-    The engine's fast path asks for this before it advances a batch of decoding sequences over
-    several iterations at once (``decode_rounds``), then applies them (``append_rounds``). Round
-    ``k`` (0-based) appends one token to every sequence, in the order given. Over such rounds the
-    token states grow by one slot per sequence and round, the held slots by ``block_size`` per new
-    block (taken from the free ones), internal fragmentation as below, and reservation is the rest
-    of the held slots; external fragmentation, shared and saved slots do not change.
-
-    Attributes:
-        max_rounds: rounds these formulas hold for (each sequence stays within what it will
-            finally hold, or within its reservation); the pool's free blocks are checked by the
-            caller from ``new_blocks``.
-        new_blocks: round ``k`` allocates ``new_blocks[k % len(new_blocks)]`` new blocks (a
-            sequence starts a block every ``block_size`` tokens, so the pattern repeats).
-        internal_frag_slots: round -> internal-fragmentation slots that round adds (a sequence
-            entering the block its final token lies in: the slots past that token).
-    """
-
-    max_rounds: int
-    new_blocks: tuple[int, ...]
-    internal_frag_slots: dict[int, int]
-
-
-@dataclass(frozen=True, slots=True)
 class CohortRounds:
     """The next rounds of a cohort (``CohortAllocator``), while no member joins or leaves.
 
@@ -153,18 +127,17 @@ class Allocator(Protocol):
         """Physical block ids of the sequence, in order (slot ids for contiguous allocators)."""
         ...
 
+    def held_slots(self, seq_id: int) -> int:
+        """Slots the sequence's table covers: ``len(block_table(seq_id)) * block_size``."""
+        ...
+
     def take_copy_on_writes(self) -> list[tuple[int, int]]:
         """(src, dst) block copies made since the last call, for the executor to perform."""
         ...
 
-    def decode_rounds(self, seq_ids: list[int]) -> DecodeRounds | None:
-        """How the pool changes while ``seq_ids`` each append one token per round, or None when
-        single appends must run (a copy-on-write, a prefix block to cache)."""
-        ...
-
     def append_rounds(self, seq_ids: list[int], num_rounds: int) -> None:
         """The state ``num_rounds`` rounds of ``append(seq_id, 1)`` over ``seq_ids`` would leave
-        (within ``decode_rounds``, with the free blocks checked)."""
+        (the caller has checked that they fit, as ``try_append_round`` does)."""
         ...
 
     def try_append_round(self, seq_ids: list[int]) -> bool:

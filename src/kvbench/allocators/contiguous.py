@@ -9,7 +9,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, replace
 
-from kvbench.allocators.base import DecodeRounds, MemoryUsage
+from kvbench.allocators.base import CohortRounds, MemoryUsage
 from kvbench.allocators.buddy import BuddyAllocator, next_power_of_two
 from kvbench.allocators.checks import check_token_count
 from kvbench.request import Request
@@ -24,7 +24,8 @@ class _Extent:
     block_slots: int  # the buddy block held
     requested_slots: int  # what the policy asked for (<= block_slots)
     final_tokens: int  # the request's true final length, capped at max_model_len
-    num_tokens: int
+    num_tokens: int  # stale while in the cohort: then cohort_offset + the cohort's round
+    cohort_offset: int | None = None
 
     def breakdown(self) -> tuple[int, int, int, int]:
         """(token_states, reservation, internal_frag, external_frag) of the slots held."""
@@ -66,6 +67,9 @@ class ContiguousAllocator(ABC):
         self._copies: list[tuple[int, int]] = []
         # Running sums of _Extent.breakdown() over live sequences, so usage() is O(1).
         self._held_breakdown = [0, 0, 0, 0]
+        # The cohort: sequences advanced a token per round lazily (advance_cohort).
+        self._cohort_round = 0
+        self._num_cohort_members = 0
 
     @abstractmethod
     def _requested_slots(self, request: Request) -> int:
@@ -107,6 +111,7 @@ class ContiguousAllocator(ABC):
 
     def append(self, seq_id: int, num_tokens: int = 1) -> bool:
         """Grow the sequence inside its extent. False (nothing changes) if it would overrun it."""
+        self._check_not_in_cohort(self._extents[seq_id])
         if not self.can_append(seq_id, num_tokens):
             return False
         extent = self._extents[seq_id]
@@ -114,17 +119,6 @@ class ContiguousAllocator(ABC):
         extent.num_tokens += num_tokens
         self._add_breakdown(extent, 1)
         return True
-
-    def decode_rounds(self, seq_ids: list[int]) -> DecodeRounds:
-        """How the arena changes while ``seq_ids`` each append a token per round (see
-        ``DecodeRounds``): tokens fill reserved slots, nothing is allocated."""
-        max_rounds = self.max_model_len
-        for seq_id in seq_ids:
-            extent = self._extents[seq_id]
-            # Up to here each token turns one reserved slot into a token state.
-            linear_until = min(extent.requested_slots, extent.final_tokens)
-            max_rounds = min(max_rounds, linear_until - extent.num_tokens)
-        return DecodeRounds(max(max_rounds, 0), (0,), {})
 
     def try_append_round(self, seq_ids: list[int]) -> bool:
         """One ``append(seq_id, 1)`` for each of ``seq_ids``, in one call, if each stays within
@@ -138,7 +132,8 @@ class ContiguousAllocator(ABC):
         return True
 
     def append_rounds(self, seq_ids: list[int], num_rounds: int) -> None:
-        """Append ``num_rounds`` tokens to each of ``seq_ids`` (within ``decode_rounds``)."""
+        """Append ``num_rounds`` tokens to each of ``seq_ids``, each staying within what it
+        reserved and will hold (``try_append_round`` checks it)."""
         for seq_id in seq_ids:
             self._extents[seq_id].num_tokens += num_rounds
         num_tokens = num_rounds * len(seq_ids)
@@ -146,9 +141,54 @@ class ContiguousAllocator(ABC):
         self._held_breakdown[1] -= num_tokens
 
     def join_cohort(self, seq_ids: list[int]) -> bool:
-        """Always False: the engine advances contiguous sequences with ``decode_rounds``, which
-        is already O(sequences) per stretch with no allocation to order."""
-        return False
+        """Let ``advance_cohort`` append a token per round to each of ``seq_ids`` (lazily), if
+        each reserved at least what it will finally hold: every round then turns one reserved
+        slot of each into a token state. False (nothing changes) otherwise."""
+        extents = [self._extents[seq_id] for seq_id in seq_ids]
+        for extent in extents:
+            if extent.cohort_offset is not None:
+                raise ValueError("the sequence is already in the cohort")
+            if not extent.num_tokens <= extent.final_tokens <= extent.requested_slots:
+                return False
+        for extent in extents:
+            extent.cohort_offset = extent.num_tokens - self._cohort_round
+        self._num_cohort_members += len(extents)
+        return True
+
+    def leave_cohort(self, seq_ids: list[int]) -> None:
+        """Take the sequences out of the cohort (their token counts written back)."""
+        for seq_id in seq_ids:
+            self._leave_cohort(self._extents[seq_id])
+
+    def cohort_new_blocks(self, rounds_ahead: int) -> int:
+        """0: cohort rounds fill reserved slots."""
+        return 0
+
+    def cohort_rounds(self) -> CohortRounds:
+        """Rounds allocate nothing and add no internal fragmentation."""
+        return CohortRounds(new_blocks=(0,), first_round=self._cohort_round,
+                            internal_frag_slots={})
+
+    def advance_cohort(self, num_rounds: int) -> None:
+        """Append ``num_rounds`` tokens to every cohort member."""
+        num_tokens = num_rounds * self._num_cohort_members
+        self._held_breakdown[0] += num_tokens
+        self._held_breakdown[1] -= num_tokens
+        self._cohort_round += num_rounds
+
+    def num_free_blocks(self) -> int:
+        """Free slots (``block_size`` is 1)."""
+        return self._buddy.free_slots - self._unusable_slots
+
+    def _leave_cohort(self, extent: _Extent) -> None:
+        assert extent.cohort_offset is not None, "not a cohort member"
+        extent.num_tokens = extent.cohort_offset + self._cohort_round
+        extent.cohort_offset = None
+        self._num_cohort_members -= 1
+
+    def _check_not_in_cohort(self, extent: _Extent) -> None:
+        if extent.cohort_offset is not None:
+            raise RuntimeError("the sequence is in the cohort: leave_cohort first")
 
     def fork(self, parent_id: int, child_id: int) -> bool:
         """Reserve a new extent as large as the parent's and copy its tokens into it (one
@@ -156,6 +196,7 @@ class ContiguousAllocator(ABC):
         if child_id in self._extents:
             raise ValueError(f"sequence {child_id} is already allocated")
         parent = self._extents[parent_id]
+        self._check_not_in_cohort(parent)
         start_slot = self._buddy.allocate(parent.block_slots)
         if start_slot is None:
             return False
@@ -170,12 +211,21 @@ class ContiguousAllocator(ABC):
     def free(self, seq_id: int) -> None:
         """Release the sequence's extent."""
         extent = self._extents.pop(seq_id)
+        if extent.cohort_offset is not None:
+            self._leave_cohort(extent)
         self._add_breakdown(extent, -1)
         self._buddy.free(extent.start_slot)
 
     def num_tokens(self, seq_id: int) -> int:
         """Tokens the sequence currently holds."""
-        return self._extents[seq_id].num_tokens
+        extent = self._extents[seq_id]
+        if extent.cohort_offset is not None:
+            return extent.cohort_offset + self._cohort_round
+        return extent.num_tokens
+
+    def held_slots(self, seq_id: int) -> int:
+        """Slots the sequence's extent holds (its buddy block)."""
+        return self._extents[seq_id].block_slots
 
     def extent(self, seq_id: int) -> tuple[int, int]:
         """(start_slot, num_slots) of the buddy block the sequence holds."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvbench.allocators.base import CohortRounds, DecodeRounds, MemoryUsage
+from kvbench.allocators.base import CohortRounds, MemoryUsage
 from kvbench.allocators.block_pool import BlockPool
 from kvbench.allocators.checks import check_token_count
 from kvbench.allocators.cohort import Cohort
@@ -99,34 +99,6 @@ class PagedAllocator:
         self._track_last_block(seq)
         return True
 
-    def decode_rounds(self, seq_ids: list[int]) -> DecodeRounds | None:
-        """How the pool changes while ``seq_ids`` each append a token per round (see
-        ``DecodeRounds``); None when a sequence's next token would copy a shared block."""
-        block_size = self.block_size
-        sequences = self._sequences
-        ref_counts = self._pool.ref_counts
-        new_blocks = [0] * block_size
-        internal_frag_slots: dict[int, int] = {}
-        max_rounds = self.max_model_len
-        for seq_id in seq_ids:
-            seq = sequences[seq_id]
-            num_tokens = seq.num_tokens
-            final_tokens = seq.final_tokens
-            if num_tokens % block_size and ref_counts[seq.blocks[-1]] > 1:
-                return None  # copy-on-write: the step-by-step path handles it
-            new_blocks[-num_tokens % block_size] += 1  # the round whose token starts a block
-            if final_tokens - num_tokens < max_rounds:
-                max_rounds = final_tokens - num_tokens
-            # Entering the final block: the slots past the final token are internal fragments.
-            final_block_start = (final_tokens - 1) // block_size * block_size
-            slots_past_final = final_block_start + block_size - final_tokens
-            round_index = final_block_start - num_tokens
-            if round_index >= 0 and slots_past_final:
-                internal_frag_slots[round_index] = (
-                    internal_frag_slots.get(round_index, 0) + slots_past_final
-                )
-        return DecodeRounds(max(max_rounds, 0), tuple(new_blocks), internal_frag_slots)
-
     def try_append_round(self, seq_ids: list[int]) -> bool:
         """One ``append(seq_id, 1)`` for each of ``seq_ids`` in order, in one call, if none of
         them needs a copy-on-write and the pool has a block for each that starts one; False
@@ -149,8 +121,8 @@ class PagedAllocator:
     def append_rounds(self, seq_ids: list[int], num_rounds: int) -> None:
         """Append ``num_rounds`` tokens to each of ``seq_ids``, with exactly the state that
         ``num_rounds`` rounds of ``append(seq_id, 1)`` over ``seq_ids`` in order would leave
-        (the same blocks in the same places). The caller has checked ``decode_rounds`` and the
-        free blocks."""
+        (the same blocks in the same places). The caller has checked that no sequence needs a
+        copy-on-write and that the pool holds the new blocks (``try_append_round`` does)."""
         block_size = self.block_size
         sequences = self._sequences
         seqs = [sequences[seq_id] for seq_id in seq_ids]
@@ -165,8 +137,9 @@ class PagedAllocator:
         starts.sort()
         if len(starts) > self._pool.num_free_blocks:
             raise RuntimeError(f"{len(starts)} new blocks needed, only "
-                               f"{self._pool.num_free_blocks} free: check decode_rounds first")
-        # _untrack_partial / _track_last_block, inlined: this runs for every decode stretch.
+                               f"{self._pool.num_free_blocks} free: check the free blocks first")
+        # _untrack_partial / _track_last_block, inlined: this runs for every iteration that
+        # goes step by step.
         partial_blocks = self._partial_blocks
         filled_total = self._partial_filled_slots
         usable_total = self._partial_usable_slots
@@ -276,6 +249,10 @@ class PagedAllocator:
         if seq.cohort_offset is not None:
             return seq.cohort_offset + self._cohort.round_index
         return seq.num_tokens
+
+    def held_slots(self, seq_id: int) -> int:
+        """Slots of the blocks in the sequence's table (shared ones included)."""
+        return len(self._sequences[seq_id].blocks) * self.block_size
 
     def block_table(self, seq_id: int) -> tuple[int, ...]:
         """Physical block ids of the sequence, in order."""

@@ -10,7 +10,6 @@ least recently freed one and forgets its hash (LRU eviction).
 
 from __future__ import annotations
 
-from kvbench.allocators.base import DecodeRounds
 from kvbench.allocators.block_pool import BlockPool, RevivableBlockPool
 from kvbench.allocators.checks import check_token_count
 from kvbench.allocators.paged import PagedAllocator
@@ -72,22 +71,16 @@ class PagedPrefixAllocator(PagedAllocator):
             self._register_full_blocks(seq_id, num_full_blocks, num_full_blocks_now)
         return True
 
-    def decode_rounds(self, seq_ids: list[int]) -> DecodeRounds | None:
-        """See ``PagedAllocator.decode_rounds``; None also when a sequence could still fill a
-        hashed prompt block (single appends would cache it, in their order)."""
-        if self._may_fill_hashed_block(seq_ids):
-            return None
-        return super().decode_rounds(seq_ids)
-
     def try_append_round(self, seq_ids: list[int]) -> bool:
         """See ``PagedAllocator.try_append_round``; False also when a sequence could fill a
         hashed prompt block."""
         return not self._may_fill_hashed_block(seq_ids) and super().try_append_round(seq_ids)
 
     def join_cohort(self, seq_ids: list[int]) -> bool:
-        """Always False: a cohort round would neither cache the prompt blocks it fills nor
-        evict through the prefix cache (the engine then uses ``decode_rounds``)."""
-        return False
+        """See ``PagedAllocator.join_cohort``; False also when a sequence could still fill a
+        hashed prompt block (single appends would cache it). Cohort rounds take their blocks
+        through ``_allocate_blocks``, so they evict cached blocks as single appends do."""
+        return not self._may_fill_hashed_block(seq_ids) and super().join_cohort(seq_ids)
 
     def _may_fill_hashed_block(self, seq_ids: list[int]) -> bool:
         block_size = self.block_size

@@ -15,8 +15,7 @@ def finish_sequence(
 ) -> bool:
     """Record the slots it held at its end, free it, and close its request's record if it was
     the request's last sequence (then True)."""
-    held_slots = len(allocator.block_table(seq.seq_id)) * allocator.block_size
-    seq.record.peak_slots = max(seq.record.peak_slots, held_slots)
+    seq.record.peak_slots = max(seq.record.peak_slots, allocator.held_slots(seq.seq_id))
     scheduler.finish(allocator, seq)
     if not samples.finish(seq):
         return False

@@ -1,4 +1,4 @@
-"""The engine's fast path for cohort allocators: the running batch with lazy token counts.
+"""The engine's fast path: the running batch with lazy token counts.
 
 Every iteration, every running sequence produces one token. ``LazyBatch`` holds that as a clock:
 a running sequence has generated ``offset + tick`` tokens, its allocator holds its KV in a cohort
@@ -6,8 +6,8 @@ a running sequence has generated ``offset + tick`` tokens, its allocator holds i
 iterations at which sequences finish wait in a heap. An iteration then costs O(what changes in
 it) (the sequences it admits or finishes, the blocks it starts), not O(running sequences):
 
-- a quiet stretch (nothing can be admitted) runs until the next finish, an arrival into an
-  empty queue, or a round the pool cannot hold, with O(1) work per iteration;
+- a quiet stretch (nothing can be admitted) runs until an arrival into an empty queue, or a
+  round the pool cannot hold, with O(1) work per iteration and the finishers freed as it goes;
 - an iteration that may admit runs the scheduler's admission as the step-by-step loop does,
   after one cohort round for the running sequences.
 
@@ -25,7 +25,6 @@ from typing import cast
 from kvbench.allocators.base import Allocator, CohortAllocator
 from kvbench.engine.arrivals import NO_ROOM_REASON, Arrivals, reject
 from kvbench.engine.cost_model import RooflineCostModel
-from kvbench.engine.fast import head_blocked
 from kvbench.engine.finish import end_iteration, finish_sequence
 from kvbench.engine.records import StepRecords
 from kvbench.engine.samples import SampleGroups
@@ -37,9 +36,9 @@ from kvbench.engine.shape import iteration_shape
 class LazyBatch:
     """The running batch of one ``simulate`` run, advanced lazily while it can be.
 
-    ``enabled`` is False for allocators that refuse the cohort (the engine then uses
-    ``run_decode_stretch``). While ``active``, ``Sequence.num_generated`` of running sequences and
-    the allocator's token counts are stale: ``deactivate`` writes them back.
+    ``enabled`` is False for an allocator that refuses every cohort (the engine then runs step by
+    step). While ``active``, ``Sequence.num_generated`` of running sequences and the allocator's
+    token counts are stale: ``deactivate`` writes them back.
     """
 
     def __init__(
@@ -79,7 +78,7 @@ class LazyBatch:
         if allocator.cohort_new_blocks(0) > allocator.num_free_blocks():
             self.deactivate()  # a running sequence cannot grow: preemption
             return None
-        memory_blocked = head_blocked(scheduler, allocator) if scheduler.running else None
+        memory_blocked = _head_blocked(scheduler, allocator) if scheduler.running else None
         if memory_blocked is None:
             return self._admission_iteration(now_s)
         return self._stretch(now_s, memory_blocked)
@@ -316,3 +315,25 @@ class LazyBatch:
         self._tick += num_rounds
         self._context_tokens = context_tokens
         return now_s, num_rejected, num_rounds == max_rounds
+
+
+def _head_blocked(scheduler: Scheduler, allocator: Allocator) -> bool | None:
+    """Whether the waiting head stays blocked while the running sequences only decode: False
+    (blocked by seats or the token budget, or nothing waits), True (blocked for lack of memory:
+    the step's ``memory_blocked``), None (it might be admitted: an admission iteration).
+
+    A head blocked now stays blocked: seats and token budget do not change while the batch is the
+    same, and decoding only takes free blocks (and evicts cached ones), never gives them back.
+    """
+    if not scheduler.waiting:
+        return False
+    limits = scheduler.limits
+    num_running = len(scheduler.running)
+    if num_running >= limits.max_num_seqs:
+        return False
+    head = scheduler.waiting[0]
+    if head.num_kv_tokens > limits.max_num_batched_tokens - num_running:
+        return False
+    if allocator.can_admit(head.request, head.num_kv_tokens + 1):
+        return None
+    return True

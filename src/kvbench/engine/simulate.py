@@ -13,7 +13,6 @@ from kvbench.allocators.base import Allocator
 from kvbench.engine.arrivals import NO_ROOM_REASON, Arrivals, RecordSink, reject
 from kvbench.engine.beams import Ancestry
 from kvbench.engine.cost_model import RooflineCostModel
-from kvbench.engine.fast import run_decode_stretch
 from kvbench.engine.finish import end_iteration
 from kvbench.engine.lazy_batch import LazyBatch
 from kvbench.engine.records import SimulationResult, StepRecords, StepSink
@@ -49,9 +48,10 @@ def simulate(
     ``beam_ancestry`` is the recorded beam search that requests with ``beam_width`` > 1 replay
     (``kvbench.engine.beams``; the runner passes the shipped table's).
 
-    ``fast`` (the default) lets ``kvbench.engine.fast`` run stretches of decode-only iterations
-    at once, with records identical to the step-by-step loop's (``fast=False``, the reference);
-    an ``on_step`` observer needs every iteration's batch and always gets the step-by-step loop.
+    ``fast`` (the default) lets ``kvbench.engine.lazy_batch`` advance the running batch lazily
+    (an iteration then costs what changes in it, not a pass over the batch), with records
+    identical to the step-by-step loop's (``fast=False``, the reference); an ``on_step``
+    observer needs every iteration's batch and always gets the step-by-step loop.
     ``step_sink`` and ``record_sink`` take the step records (in chunks of columns) and the request
     records (in lists) as they complete, instead of the result keeping them: memory then stays
     bounded by the requests in flight, however long the trace (``StepRecords``, ``Arrivals``).
@@ -72,16 +72,10 @@ def simulate(
         if not scheduler.has_work and arrivals.next_arrival_s() > now_s:
             now_s = arrivals.next_arrival_s()  # idle: jump to the next arrival
         num_ended = arrivals.admit_until(now_s, scheduler, samples)
-        stretch = None
-        if lazy_batch is not None:
-            stretch = lazy_batch.step(now_s)
-        if stretch is None and use_fast_path:
-            stretch = run_decode_stretch(
-                now_s, arrivals, scheduler, allocator, cost_model, steps, samples
-            )
-        if stretch is not None:
-            now_s, num_stretch_ended = stretch
-            num_ended += num_stretch_ended
+        lazy_step = lazy_batch.step(now_s) if lazy_batch is not None else None
+        if lazy_step is not None:
+            now_s, num_lazy_ended = lazy_step
+            num_ended += num_lazy_ended
         else:
             batch, rejected = scheduler.schedule(allocator)
             for seq in rejected:
