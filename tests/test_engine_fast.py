@@ -15,7 +15,7 @@ from conftest import SHARED_TRACE_FILES
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kvbench.allocators import ALLOCATOR_NAMES, make_allocator
+from kvbench.allocators import ALLOCATOR_NAMES, MemoryUsage, make_allocator
 from kvbench.catalog import get_hardware, get_model
 from kvbench.engine import IterationShape, RooflineCostModel, Scheduler, SchedulerLimits, simulate
 from kvbench.engine import records as records_module
@@ -249,24 +249,31 @@ def test_streamed_steps_and_records_equal_the_kept_ones(monkeypatch):
 
 
 def test_step_totals_do_not_depend_on_how_steps_arrive(monkeypatch):
-    """Appending rows one by one or in stretches of any length folds the same chunks."""
+    """Recording decode rows one by one or in stretches of any length folds the same chunks."""
     monkeypatch.setattr(records_module, "CHUNK_ROWS", 5)
     rng = random.Random(11)
-    rows = [
-        {"time_s": rng.random(), "duration_s": rng.random() / 7, "batch_size": rng.randint(1, 9),
-         **{name: rng.randint(0, 1_000) for name in (
-             "num_prefill_seqs", "num_prefill_tokens", "num_decode_tokens", "num_waiting",
-             "num_swapped", "num_preempted", "token_states_slots", "reservation_slots",
-             "internal_frag_slots", "external_frag_slots", "free_slots", "shared_slots",
-             "saved_slots")},
-         "memory_blocked": False}
-        for _ in range(23)
-    ]
+    changing = ("time_s", "duration_s", "num_waiting", "token_states_slots", "reservation_slots",
+                "internal_frag_slots", "free_slots")
+    rows = [{name: rng.random() if name.endswith("_s") else rng.randint(0, 1_000)
+             for name in changing} for _ in range(23)]
+    constant_slots = {"external_frag_slots": 7, "shared_slots": 3, "saved_slots": 5}
     one_by_one, in_stretches = records_module.StepRecords(), records_module.StepRecords()
     for row in rows:
-        one_by_one.extend({name: [value] for name, value in row.items()})
+        states = row["token_states_slots"]
+        reservation = row["reservation_slots"]
+        frag = row["internal_frag_slots"]
+        usage = MemoryUsage(states + reservation + frag + 7 + row["free_slots"], states,
+                            reservation, frag, 7, row["free_slots"], 3, 5)
+        one_by_one.append(time_s=row["time_s"], duration_s=row["duration_s"], batch_size=4,
+                          num_prefill_seqs=0, num_prefill_tokens=0, num_decode_tokens=4,
+                          num_waiting=row["num_waiting"], num_swapped=0, num_preempted=0,
+                          memory_blocked=False, usage=usage)
     for start, stop in ((0, 3), (3, 17), (17, 23)):
-        in_stretches.extend({name: [row[name] for row in rows[start:stop]] for name in rows[0]})
+        for row in rows[start:stop]:
+            for name in changing:
+                in_stretches.columns[name].append(row[name])
+        in_stretches.complete_decode_rows(stop - start, num_seqs=4, memory_blocked=False,
+                                          constant_slots=constant_slots)
     assert one_by_one.columns == in_stretches.columns
     assert one_by_one.totals() == in_stretches.totals()
     assert one_by_one.totals().num_steps == 23

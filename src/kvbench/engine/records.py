@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from itertools import repeat
 
@@ -87,17 +87,6 @@ class StepRecords:
         columns["shared_slots"].append(usage.shared_slots)
         columns["saved_slots"].append(usage.saved_slots)
         if self.sink is not None and len(step_column) >= CHUNK_ROWS:
-            self._flush_full_chunks()
-
-    def extend(self, columns: Mapping[str, Iterable[float | int | bool]]) -> None:
-        """Record several iterations at once: every column except ``step``, equally long
-        (``time_s`` a list, the others any iterable)."""
-        first_step = len(self)
-        num_steps = len(columns["time_s"])
-        self.columns["step"].extend(range(first_step, first_step + num_steps))
-        for name in STEP_COLUMNS[1:]:
-            self.columns[name].extend(columns[name])
-        if self.sink is not None and len(self.columns["step"]) >= CHUNK_ROWS:
             self._flush_full_chunks()
 
     def complete_decode_rows(
