@@ -169,8 +169,8 @@ class CohortAllocator(Allocator, Protocol):
         """Take the sequences out of the cohort."""
         ...
 
-    def cohort_new_blocks(self, rounds_ahead: int) -> int:
-        """Blocks the round ``rounds_ahead`` rounds from now takes (0: the next one)."""
+    def cohort_next_round_blocks(self) -> int:
+        """Blocks the next round takes."""
         ...
 
     def cohort_rounds(self) -> CohortRounds:

@@ -59,9 +59,9 @@ class Cohort:
         # round -> internal-fragmentation slots of the members entering their final block then.
         self._frag_calendar: dict[int, int] = {}
 
-    def new_blocks(self, rounds_ahead: int) -> int:
-        """Blocks the round ``rounds_ahead`` rounds from now takes (0: the next one)."""
-        return len(self._starters[(self.round_index + rounds_ahead) % self.block_size])
+    def next_round_blocks(self) -> int:
+        """Blocks the next round takes."""
+        return len(self._starters[self.round_index % self.block_size])
 
     def rounds(self) -> CohortRounds:
         """The next rounds' new blocks and internal fragmentation."""

@@ -160,7 +160,7 @@ class ContiguousAllocator(ABC):
         for seq_id in seq_ids:
             self._leave_cohort(self._extents[seq_id])
 
-    def cohort_new_blocks(self, rounds_ahead: int) -> int:
+    def cohort_next_round_blocks(self) -> int:
         """0: cohort rounds fill reserved slots."""
         return 0
 

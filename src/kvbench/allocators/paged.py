@@ -197,9 +197,9 @@ class PagedAllocator:
             self._cohort.leave(seq)
             self._track_last_block(seq)
 
-    def cohort_new_blocks(self, rounds_ahead: int) -> int:
-        """Blocks the cohort round ``rounds_ahead`` rounds from now takes (0: the next)."""
-        return self._cohort.new_blocks(rounds_ahead)
+    def cohort_next_round_blocks(self) -> int:
+        """Blocks the cohort's next round takes."""
+        return self._cohort.next_round_blocks()
 
     def cohort_rounds(self) -> CohortRounds:
         """The blocks and internal fragmentation of the cohort's next rounds."""
@@ -208,7 +208,7 @@ class PagedAllocator:
     def advance_cohort(self, num_rounds: int) -> None:
         """Append ``num_rounds`` tokens to every cohort member: the state that as many rounds of
         ``append(seq_id, 1)`` over the members in join order would leave. The caller has checked
-        the free blocks against ``cohort_new_blocks``."""
+        the free blocks against ``cohort_rounds``."""
         self._num_logical_blocks += self._cohort.advance(num_rounds)
 
     def num_free_blocks(self) -> int:

@@ -24,6 +24,13 @@ def finish_sequence(
     return True
 
 
+def record_admission(seq: Sequence, now_s: float) -> None:
+    """Note a prefilled sequence's first admission (a recomputed one keeps its first)."""
+    if seq.record.admit_s != seq.record.admit_s:  # NaN: first admission
+        seq.record.admit_s = now_s
+        seq.record.cached_prompt_tokens = seq.num_cached_tokens
+
+
 def end_iteration(
     batch: Batch,
     now_s: float,
@@ -35,9 +42,7 @@ def end_iteration(
     """Advance the sequences of ``batch``, which ran from ``now_s`` to ``end_s``, by their token;
     returns how many requests finished."""
     for seq in batch.prefill:
-        if seq.record.admit_s != seq.record.admit_s:  # NaN: first admission
-            seq.record.admit_s = now_s
-            seq.record.cached_prompt_tokens = seq.num_cached_tokens
+        record_admission(seq, now_s)
     num_finished = 0
     for seq in batch.sequences:
         seq.num_generated += 1

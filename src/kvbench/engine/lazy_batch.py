@@ -25,7 +25,7 @@ from typing import cast
 from kvbench.allocators.base import Allocator, CohortAllocator
 from kvbench.engine.arrivals import NO_ROOM_REASON, Arrivals, reject
 from kvbench.engine.cost_model import RooflineCostModel
-from kvbench.engine.finish import end_iteration, finish_sequence
+from kvbench.engine.finish import end_iteration, finish_sequence, record_admission
 from kvbench.engine.records import StepRecords
 from kvbench.engine.samples import SampleGroups
 from kvbench.engine.scheduler import Batch, Scheduler
@@ -75,7 +75,7 @@ class LazyBatch:
         allocator = self._allocator
         if not scheduler.running and not scheduler.waiting:
             return now_s, 0
-        if allocator.cohort_new_blocks(0) > allocator.num_free_blocks():
+        if allocator.cohort_next_round_blocks() > allocator.num_free_blocks():
             self.deactivate()  # a running sequence cannot grow: preemption
             return None
         memory_blocked = _head_blocked(scheduler, allocator) if scheduler.running else None
@@ -199,12 +199,9 @@ class LazyBatch:
                 batch, now_s, end_s, scheduler, allocator, self._samples
             )
         for seq in prefill:
-            record = seq.record
-            if record.admit_s != record.admit_s:  # NaN: first admission
-                record.admit_s = now_s
-                record.cached_prompt_tokens = seq.num_cached_tokens
+            record_admission(seq, now_s)
             if seq.num_generated == 0:
-                record.first_token_s = end_s
+                seq.record.first_token_s = end_s
             self._join(seq)
         running.extend(prefill)
         self._tick += 1
