@@ -119,7 +119,7 @@ def test_runs_advance_the_cohort_without_per_sequence_appends(allocator_name, mo
     _assert_identical(requests, allocator_name, 400_000, 16, limits)
     allocator_class = type(make_allocator(allocator_name, 16, 16, MAX_LEN))
     calls = []
-    for name in ("append", "append_rounds", "try_append_round"):
+    for name in ("append", "try_append_round"):
         original = getattr(allocator_class, name)
         monkeypatch.setattr(allocator_class, name, lambda *args, _name=name, _original=original:
                             calls.append(_name) or _original(*args))
@@ -178,7 +178,7 @@ def test_fast_path_matches_on_every_request_of_each_trace(shared_traces, trace, 
 
 
 @pytest.mark.parametrize("allocator_name", ALLOCATOR_NAMES)
-def test_append_rounds_leaves_the_state_of_single_appends(allocator_name):
+def test_try_append_rounds_leave_the_state_of_single_appends(allocator_name):
     rng = random.Random(7)
     single = make_allocator(allocator_name, 40_000, 8, MAX_LEN)
     bulk = make_allocator(allocator_name, 40_000, 8, MAX_LEN)
@@ -192,11 +192,10 @@ def test_append_rounds_leaves_the_state_of_single_appends(allocator_name):
         single.free(seq_id)
         bulk.free(seq_id)
         seq_ids.remove(seq_id)
-    num_rounds = 25  # every request has 30 or more output tokens
-    for _ in range(num_rounds):
+    for _ in range(25):  # every request has 30 or more output tokens
         for seq_id in seq_ids:
             assert single.append(seq_id, 1)
-    bulk.append_rounds(seq_ids, num_rounds)
+        assert bulk.try_append_round(seq_ids)
     assert [single.block_table(i) for i in seq_ids] == [bulk.block_table(i) for i in seq_ids]
     assert single.usage() == bulk.usage()
 
@@ -221,7 +220,8 @@ def test_iteration_time_fn_gives_the_iteration_times_bit_for_bit(shapes, model):
     costs = RooflineCostModel(deployment)
     iteration_time_s = costs.iteration_time_fn()
     for counts in shapes:
-        assert iteration_time_s(*counts) == costs.iteration_time_s(IterationShape(*counts))
+        shape = IterationShape(*counts)
+        assert iteration_time_s(shape) == costs.iteration_time_s(shape)
 
 
 def _streamed(requests, monkeypatch, chunk_rows):

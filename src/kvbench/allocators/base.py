@@ -135,11 +135,6 @@ class Allocator(Protocol):
         """(src, dst) block copies made since the last call, for the executor to perform."""
         ...
 
-    def append_rounds(self, seq_ids: list[int], num_rounds: int) -> None:
-        """The state ``num_rounds`` rounds of ``append(seq_id, 1)`` over ``seq_ids`` would leave
-        (the caller has checked that they fit, as ``try_append_round`` does)."""
-        ...
-
     def try_append_round(self, seq_ids: list[int]) -> bool:
         """One round of single appends over ``seq_ids`` if all of them fit at once; False (no
         change) otherwise."""

@@ -128,17 +128,12 @@ class ContiguousAllocator(ABC):
             extent = extents[seq_id]
             if extent.num_tokens >= min(extent.requested_slots, extent.final_tokens):
                 return False
-        self.append_rounds(seq_ids, 1)
-        return True
-
-    def append_rounds(self, seq_ids: list[int], num_rounds: int) -> None:
-        """Append ``num_rounds`` tokens to each of ``seq_ids``, each staying within what it
-        reserved and will hold (``try_append_round`` checks it)."""
+        # Within those, each token turns one reserved slot into a token state.
         for seq_id in seq_ids:
-            self._extents[seq_id].num_tokens += num_rounds
-        num_tokens = num_rounds * len(seq_ids)
-        self._held_breakdown[0] += num_tokens
-        self._held_breakdown[1] -= num_tokens
+            extents[seq_id].num_tokens += 1
+        self._held_breakdown[0] += len(seq_ids)
+        self._held_breakdown[1] -= len(seq_ids)
+        return True
 
     def join_cohort(self, seq_ids: list[int]) -> bool:
         """Let ``advance_cohort`` append a token per round to each of ``seq_ids`` (lazily), if

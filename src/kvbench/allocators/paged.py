@@ -102,42 +102,19 @@ class PagedAllocator:
     def try_append_round(self, seq_ids: list[int]) -> bool:
         """One ``append(seq_id, 1)`` for each of ``seq_ids`` in order, in one call, if none of
         them needs a copy-on-write and the pool has a block for each that starts one; False
-        (nothing changes) otherwise."""
+        (nothing changes) otherwise. The same blocks in the same places as the single appends."""
         block_size = self.block_size
         sequences = self._sequences
         ref_counts = self._pool.ref_counts
-        num_new_blocks = 0
-        for seq_id in seq_ids:
-            seq = sequences[seq_id]
+        seqs = [sequences[seq_id] for seq_id in seq_ids]
+        starters = []  # the sequences whose token starts a block, in order: they take them so
+        for seq in seqs:
             if seq.num_tokens % block_size == 0:
-                num_new_blocks += 1
+                starters.append(seq)
             elif ref_counts[seq.blocks[-1]] > 1:
                 return False
-        if num_new_blocks > self._pool.num_free_blocks:
+        if len(starters) > self._pool.num_free_blocks:
             return False
-        self.append_rounds(seq_ids, 1)
-        return True
-
-    def append_rounds(self, seq_ids: list[int], num_rounds: int) -> None:
-        """Append ``num_rounds`` tokens to each of ``seq_ids``, with exactly the state that
-        ``num_rounds`` rounds of ``append(seq_id, 1)`` over ``seq_ids`` in order would leave
-        (the same blocks in the same places). The caller has checked that no sequence needs a
-        copy-on-write and that the pool holds the new blocks (``try_append_round`` does)."""
-        block_size = self.block_size
-        sequences = self._sequences
-        seqs = [sequences[seq_id] for seq_id in seq_ids]
-        # New blocks go out round by round, in sequence order, as single appends take them:
-        # sequence i starts a block in rounds first_i, first_i + block_size, ...
-        starts = []
-        for position, seq in enumerate(seqs):
-            first_round = -seq.num_tokens % block_size
-            while first_round < num_rounds:
-                starts.append((first_round, position))
-                first_round += block_size
-        starts.sort()
-        if len(starts) > self._pool.num_free_blocks:
-            raise RuntimeError(f"{len(starts)} new blocks needed, only "
-                               f"{self._pool.num_free_blocks} free: check the free blocks first")
         # _untrack_partial / _track_last_block, inlined: this runs for every iteration that
         # goes step by step.
         partial_blocks = self._partial_blocks
@@ -148,13 +125,14 @@ class PagedAllocator:
                 filled_slots, usable_slots = partial_blocks.pop(seq.blocks[-1])
                 filled_total -= filled_slots
                 usable_total -= usable_slots
-        if starts:
-            new_blocks = self._allocate_blocks(len(starts))
-            for (_, position), block_id in zip(starts, new_blocks, strict=True):
-                seqs[position].blocks.append(block_id)
-            self._num_logical_blocks += len(starts)
+        if starters:
+            for seq, block_id in zip(
+                starters, self._allocate_blocks(len(starters)), strict=True
+            ):
+                seq.blocks.append(block_id)
+            self._num_logical_blocks += len(starters)
         for seq in seqs:
-            num_tokens = seq.num_tokens + num_rounds
+            num_tokens = seq.num_tokens + 1
             seq.num_tokens = num_tokens
             filled_slots = num_tokens % block_size
             if filled_slots:
@@ -169,6 +147,7 @@ class PagedAllocator:
                 usable_total += usable_slots
         self._partial_filled_slots = filled_total
         self._partial_usable_slots = usable_total
+        return True
 
     def join_cohort(self, seq_ids: list[int]) -> bool:
         """Let ``advance_cohort`` append a token per round to each of ``seq_ids`` (in this order,

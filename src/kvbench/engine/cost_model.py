@@ -135,12 +135,12 @@ class RooflineCostModel:
 
         return decode_time_s
 
-    def iteration_time_fn(self) -> Callable[[int, int, int, int], float]:
-        """``iteration_time_s`` as a function of the shape's four counts (num_prefill_tokens,
-        prefill_attention_pairs, num_decode_tokens, decode_context_tokens): the same arithmetic
-        in the same order (identical floats), with the deployment's constants looked up once."""
+    def iteration_time_fn(self) -> Callable[[IterationShape], float]:
+        """``iteration_time_s``: the same arithmetic in the same order (identical floats), with
+        the deployment's constants looked up once (the engine's fast path calls it per
+        admitting iteration)."""
         if self.attention_time_s is not None:
-            return lambda *counts: self.iteration_time_s(IterationShape(*counts))
+            return self.iteration_time_s
         model = self.deployment.model
         active_parameters = model.active_parameters
         weight_bytes = model.weight_bytes
@@ -150,18 +150,14 @@ class RooflineCostModel:
         flops_per_s = self._flops_per_s
         bytes_per_s = self._bytes_per_s
 
-        def iteration_time_s(
-            num_prefill_tokens: int,
-            prefill_attention_pairs: int,
-            num_decode_tokens: int,
-            decode_context_tokens: int,
-        ) -> float:
-            num_tokens = num_prefill_tokens + num_decode_tokens
+        def iteration_time_s(shape: IterationShape) -> float:
+            num_tokens = shape.num_prefill_tokens + shape.num_decode_tokens
             if num_tokens == 0:
                 return 0.0
+            decode_context_tokens = shape.decode_context_tokens
             dense_flops = 2.0 * active_parameters * num_tokens
             dense_bytes = weight_bytes + num_tokens * kv_bytes_per_token
-            attention_pairs = prefill_attention_pairs + decode_context_tokens
+            attention_pairs = shape.prefill_attention_pairs + decode_context_tokens
             flops = dense_flops + flops_per_pair * attention_pairs
             kv_read_bytes = decode_context_tokens * kv_bytes_per_token
             bytes_moved = dense_bytes + kv_read_bytes

@@ -166,10 +166,8 @@ class LazyBatch:
         usage = allocator.usage()
         if batch.memory_blocked:
             usage = usage.with_free_blocked()
-        shape = iteration_shape(prefill, num_decode, self._context_tokens)
         duration_s = self._iteration_time_s(
-            shape.num_prefill_tokens, shape.prefill_attention_pairs, num_decode,
-            self._context_tokens,
+            iteration_shape(prefill, num_decode, self._context_tokens)
         )
         self._steps.append(
             time_s=now_s,

@@ -75,8 +75,8 @@ class Scheduler:
         self.running: list[Sequence] = []  # in arrival order: the last one is preempted first
         self.swapped: deque[Sequence] = deque()
         self.num_swapped_tokens = 0
-        # Let an allocator that offers append_rounds grow all running sequences in one call when
-        # every one of them fits (the same state as appending one by one): the fast path's.
+        # Grow all running sequences with one try_append_round call when every one of them fits
+        # (the same state as appending one by one): the fast path's, when it goes step by step.
         self.bulk_appends = False
 
     def rejection_reason(self, seq: Sequence) -> str:
