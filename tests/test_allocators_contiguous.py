@@ -12,7 +12,7 @@ from kvbench.allocators import (
     NaivePow2Allocator,
 )
 from kvbench.allocators.naive_pow2 import output_guess_tokens
-from kvbench.request import Request
+from kvbench.core.request import Request
 
 OPT13B_SLOTS = 15_728
 OPT_MAX_LEN = 2048

@@ -6,7 +6,7 @@ import pytest
 
 from kvbench.allocators import Allocator, MemoryUsage, PagedAllocator
 from kvbench.allocators.block_pool import BlockPool, RevivableBlockPool
-from kvbench.request import Request
+from kvbench.core.request import Request
 
 
 def _request(prompt_tokens: int, output_tokens: int, request_id: int = 0) -> Request:

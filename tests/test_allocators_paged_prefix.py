@@ -10,7 +10,7 @@ import pytest
 
 from kvbench.allocators import PagedPrefixAllocator
 from kvbench.allocators.prefix_hashes import prompt_block_hashes
-from kvbench.request import Request
+from kvbench.core.request import Request
 
 
 def _group_request(
@@ -136,7 +136,7 @@ def test_hashes_are_chained_and_do_not_depend_on_the_hash_seed() -> None:
     assert hashes[1] != prompt_block_hashes(_hashed_request((4, 6, 7), 16, 48), 16)[1]
     script = (
         "from kvbench.allocators.prefix_hashes import prompt_block_hashes; "
-        "from kvbench.request import Request; "
+        "from kvbench.core.request import Request; "
         "print(prompt_block_hashes(Request(0, 0.0, 48, 1, prefix_block_hashes=(5, 6, 7), "
         "hash_block_tokens=16), 16))"
     )

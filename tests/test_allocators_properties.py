@@ -27,7 +27,7 @@ from hypothesis.stateful import (
 
 from kvbench.allocators import ALLOCATOR_NAMES, MemoryUsage, make_allocator
 from kvbench.allocators.buddy import arena_roots
-from kvbench.request import Request
+from kvbench.core.request import Request
 
 CONTIGUOUS_NAMES = ("naive_max", "naive_pow2", "naive_oracle")
 

@@ -8,11 +8,11 @@ import pandas as pd
 import pytest
 
 from kvbench.allocators import make_allocator
-from kvbench.catalog import get_hardware, get_model
+from kvbench.core.catalog import get_hardware, get_model
+from kvbench.core.request import Request
+from kvbench.core.specs import Deployment
 from kvbench.engine import RooflineCostModel, Scheduler, SchedulerLimits, simulate
 from kvbench.engine.beams import plan_step, recorded_parents
-from kvbench.request import Request
-from kvbench.specs import Deployment
 from kvbench.workloads import WorkloadConfig, build_workload, to_requests, validate_workload_config
 from kvbench.workloads.beam_ancestry import (
     ANCESTRY_COLUMNS,

@@ -1,10 +1,10 @@
-"""``python -m kvbench.bench`` runs and its figures hold together (not a timing test)."""
+"""``python -m kvbench.tools.bench`` runs and its figures hold together (not a timing test)."""
 
 import json
 
 import pandas as pd
 
-from kvbench.bench import main
+from kvbench.tools.bench import main
 
 
 def test_bench_streams_a_small_resampled_run(tmp_path, capsys):

@@ -5,7 +5,7 @@ import math
 import pandas as pd
 import pytest
 
-from kvbench.capacity import fleet_frame, replicas_needed, with_fleet_memory
+from kvbench.analysis.capacity import fleet_frame, replicas_needed, with_fleet_memory
 
 KEYS = {"experiment": "e", "workload": "w", "model": "m", "hardware": "h", "num_gpus": 4,
         "block_size": 16, "preemption": "recompute"}  # fmt: skip

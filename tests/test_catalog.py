@@ -2,8 +2,8 @@
 
 import pytest
 
-from kvbench.catalog import get_hardware, get_model, hardware_names, model_names
-from kvbench.specs import GIB, Deployment
+from kvbench.core.catalog import get_hardware, get_model, hardware_names, model_names
+from kvbench.core.specs import GIB, Deployment
 
 REQUIRED_MODELS = {
     "opt-13b", "opt-66b", "opt-175b", "llama-13b", "llama-2-7b", "llama-2-13b", "llama-2-70b",

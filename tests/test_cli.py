@@ -6,7 +6,7 @@ import sys
 import pandas as pd
 import pytest
 
-from kvbench.io import read_metadata
+from kvbench.tables.parquet import read_metadata
 
 SMALL_RUN = [
     "workload=fixed",

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvbench.allocators import CohortAllocator, PagedAllocator, make_allocator
-from kvbench.request import Request
+from kvbench.core.request import Request
 
 MAX_LEN = 256
 COHORT_ALLOCATORS = ["paged", "paged_prefix", "naive_max", "naive_pow2", "naive_oracle"]

@@ -2,7 +2,7 @@
 
 from omegaconf import OmegaConf
 
-from kvbench.completion import DONE_NAME, config_fingerprint, is_done, mark_done
+from kvbench.tables.done_marker import DONE_NAME, config_fingerprint, is_done, mark_done
 
 
 def _cfg(**values):

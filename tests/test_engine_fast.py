@@ -16,11 +16,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kvbench.allocators import ALLOCATOR_NAMES, MemoryUsage, make_allocator
-from kvbench.catalog import get_hardware, get_model
+from kvbench.core.catalog import get_hardware, get_model
+from kvbench.core.request import Request
+from kvbench.core.specs import Deployment
 from kvbench.engine import IterationShape, RooflineCostModel, Scheduler, SchedulerLimits, simulate
 from kvbench.engine import records as records_module
-from kvbench.request import Request
-from kvbench.specs import Deployment
 from kvbench.workloads import load_trace, to_requests
 
 OPT13B = Deployment(get_model("opt-13b"), get_hardware("a100-40gb"), kv_cache_gib=12)
@@ -282,7 +282,7 @@ def test_step_totals_do_not_depend_on_how_steps_arrive(monkeypatch):
 def _summary(tmp_path, *overrides):
     from conftest import compose_config
 
-    from kvbench.runner import run_experiment
+    from kvbench.tasks.simulate.experiment import run_experiment
 
     cfg, deployment, raw = compose_config(
         "model=opt-13b", "hardware=a100-40gb", "workload=fixed", "workload.num_requests=30",
@@ -301,7 +301,7 @@ def test_config_engine_fast_false_gives_the_same_summary(tmp_path):
 
 
 def test_record_dataclass_fields_are_what_the_stream_writes():
-    from kvbench.streaming import _RECORD_FIELDS
+    from kvbench.tables.parquet_stream import _RECORD_FIELDS
 
     assert tuple(f.name for f in dataclasses.fields(records_module.RequestRecord)) == _RECORD_FIELDS
 

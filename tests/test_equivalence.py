@@ -5,14 +5,14 @@ import itertools
 import pytest
 import torch
 
-from kvbench.equivalence.cases import shared_prefix_cases
-from kvbench.equivalence.compare import has_nan, step_diffs
-from kvbench.equivalence.models import load_model
-from kvbench.equivalence.names import FP32_REL_TOLERANCE, TINY_GQA, TINY_MHA
-from kvbench.equivalence.paged_runner import PagedRunner
-from kvbench.equivalence.prompts import TINY_PREFIX_TOKENS, random_prompt_ids
-from kvbench.equivalence.stock_runner import StockRunner
-from kvbench.equivalence.trajectories import (
+from kvbench.tasks.equivalence.cases import shared_prefix_cases
+from kvbench.tasks.equivalence.compare import has_nan, step_diffs
+from kvbench.tasks.equivalence.models import load_model
+from kvbench.tasks.equivalence.names import FP32_REL_TOLERANCE, TINY_GQA, TINY_MHA
+from kvbench.tasks.equivalence.paged_runner import PagedRunner
+from kvbench.tasks.equivalence.prompts import TINY_PREFIX_TOKENS, random_prompt_ids
+from kvbench.tasks.equivalence.stock_runner import StockRunner
+from kvbench.tasks.equivalence.trajectories import (
     blocks_needed,
     paged_trajectories,
     scramble_free_blocks,
@@ -119,7 +119,7 @@ def _steps_agreed(ours, peer_tokens: list[int]) -> int:
 
 
 def test_transformers_continuous_batching_gives_the_same_greedy_tokens(tiny):
-    from kvbench.equivalence.peer import continuous_batching_tokens
+    from kvbench.tasks.equivalence.peer import continuous_batching_tokens
 
     model, cases, _ = tiny
     _, paged = _run(tiny, "paged_prefix", "paged")

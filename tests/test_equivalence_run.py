@@ -7,9 +7,9 @@ import pytest
 from conftest import compose_config
 
 from kvbench.config import ConfigError
-from kvbench.equivalence.run import run_logit_equivalence
-from kvbench.equivalence.table import EQUIVALENCE_COLUMNS
-from kvbench.io import read_metadata
+from kvbench.tables.parquet import read_metadata
+from kvbench.tasks.equivalence.run import run_logit_equivalence
+from kvbench.tasks.equivalence.table import EQUIVALENCE_COLUMNS
 
 METRICS_DOC = (Path(__file__).resolve().parents[1] / "docs" / "metrics.md").read_text()
 SMALL = (

@@ -6,13 +6,13 @@ kvbench cache; later loads take a few seconds.
 
 import pytest
 
-from kvbench.equivalence.cases import shared_prefix_cases
-from kvbench.equivalence.compare import has_nan, step_diffs
-from kvbench.equivalence.names import FP32_REL_TOLERANCE, SMOLLM2
-from kvbench.equivalence.paged_runner import PagedRunner
-from kvbench.equivalence.prompts import chat_prompt_ids, instructions
-from kvbench.equivalence.stock_runner import StockRunner
-from kvbench.equivalence.trajectories import (
+from kvbench.tasks.equivalence.cases import shared_prefix_cases
+from kvbench.tasks.equivalence.compare import has_nan, step_diffs
+from kvbench.tasks.equivalence.names import FP32_REL_TOLERANCE, SMOLLM2
+from kvbench.tasks.equivalence.paged_runner import PagedRunner
+from kvbench.tasks.equivalence.prompts import chat_prompt_ids, instructions
+from kvbench.tasks.equivalence.stock_runner import StockRunner
+from kvbench.tasks.equivalence.trajectories import (
     blocks_needed,
     paged_trajectories,
     scramble_free_blocks,
@@ -25,7 +25,7 @@ BLOCK_SIZE = 8
 
 @pytest.fixture(scope="module")
 def smollm2():
-    from kvbench.equivalence.models import load_model
+    from kvbench.tasks.equivalence.models import load_model
     from kvbench.workloads.tokenizer import load_tokenizer, smollm2_gguf_path
 
     try:
@@ -67,7 +67,7 @@ def test_smollm2_paged_decode_matches_the_stock_cache(smollm2, allocator, mode):
 
 @pytest.mark.slow
 def test_smollm2_matches_transformers_continuous_batching(smollm2):
-    from kvbench.equivalence.peer import continuous_batching_tokens
+    from kvbench.tasks.equivalence.peer import continuous_batching_tokens
 
     model, tokenizer = smollm2
     num_steps = 16
@@ -92,7 +92,7 @@ def test_smollm2_ci_sized_paged_prefix_decode_matches_the_stock_cache(smollm2):
 
 
 def test_the_converted_model_is_cached_under_kvbench_cache_dir(monkeypatch, tmp_path):
-    from kvbench.equivalence.models import smollm2_model_cache_dir
+    from kvbench.tasks.equivalence.models import smollm2_model_cache_dir
 
     try:
         monkeypatch.setenv("KVBENCH_CACHE_DIR", str(tmp_path))

@@ -4,14 +4,14 @@ Without CUDA the kernel runs in Triton's CPU interpreter (slow: a few steps only
 by tests/conftest.py.
 """
 
-from kvbench.equivalence.cases import shared_prefix_cases
-from kvbench.equivalence.compare import step_diffs
-from kvbench.equivalence.models import load_model
-from kvbench.equivalence.names import FP32_REL_TOLERANCE, TINY_GQA
-from kvbench.equivalence.paged_runner import PagedRunner
-from kvbench.equivalence.prompts import random_prompt_ids
-from kvbench.equivalence.stock_runner import StockRunner
-from kvbench.equivalence.trajectories import (
+from kvbench.tasks.equivalence.cases import shared_prefix_cases
+from kvbench.tasks.equivalence.compare import step_diffs
+from kvbench.tasks.equivalence.models import load_model
+from kvbench.tasks.equivalence.names import FP32_REL_TOLERANCE, TINY_GQA
+from kvbench.tasks.equivalence.paged_runner import PagedRunner
+from kvbench.tasks.equivalence.prompts import random_prompt_ids
+from kvbench.tasks.equivalence.stock_runner import StockRunner
+from kvbench.tasks.equivalence.trajectories import (
     blocks_needed,
     paged_trajectories,
     scramble_free_blocks,

@@ -4,7 +4,7 @@ Runs in the default suite (that is how it runs in .ci/run). The second test is t
 self-test: with the paged path doing twice the work the gate must fail, so a pass means something.
 """
 
-from kvbench.kernel_gate import load_baseline, main, run_gate
+from kvbench.tools.kernel_gate import load_baseline, main, run_gate
 
 
 def test_paged_over_contiguous_ratio_is_within_the_baseline_margin():

@@ -90,7 +90,7 @@ def test_copy_blocks_copies_whole_blocks_of_key_and_value(dtype):
 
 def test_copy_blocks_takes_an_allocators_copy_on_write_pairs():
     from kvbench.allocators import PagedAllocator
-    from kvbench.request import Request
+    from kvbench.core.request import Request
 
     allocator = PagedAllocator(num_slots=64, block_size=16, max_model_len=64)
     allocator.admit(0, Request(request_id=0, arrival_s=0.0, prompt_tokens=20, output_tokens=8), 20)

@@ -23,10 +23,10 @@ from kvbench.kernels import (
 )
 
 from kvbench.allocators import make_allocator
-from kvbench.catalog import get_hardware, get_model
+from kvbench.core.catalog import get_hardware, get_model
+from kvbench.core.request import Request
+from kvbench.core.specs import Deployment
 from kvbench.engine import RooflineCostModel, Scheduler, SchedulerLimits, simulate
-from kvbench.request import Request
-from kvbench.specs import Deployment
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 

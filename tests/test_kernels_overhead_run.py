@@ -7,8 +7,8 @@ import pytest
 from conftest import compose_config
 
 from kvbench.config import ConfigError
-from kvbench.io import read_metadata
-from kvbench.kernel_overhead import KERNEL_COLUMNS, run_kernel_overhead
+from kvbench.tables.parquet import read_metadata
+from kvbench.tasks.kernel_overhead.run import KERNEL_COLUMNS, run_kernel_overhead
 
 METRICS_DOC = (Path(__file__).resolve().parents[1] / "docs" / "metrics.md").read_text()
 SMALL = (

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kvbench.knee import Knee, find_knee, latency_bound
+from kvbench.analysis.knee import Knee, find_knee, latency_bound
 
 
 def test_knee_interpolates_in_log_latency_between_the_samples_around_the_bound():

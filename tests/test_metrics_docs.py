@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 from conftest import compose_config
 
-from kvbench.runner import run_experiment
+from kvbench.tasks.simulate.experiment import run_experiment
 
 DOCS = (Path(__file__).resolve().parents[1] / "docs" / "metrics.md").read_text()
 CATEGORIES = ("token_states", "reservation", "internal_frag", "external_frag", "free", "shared")

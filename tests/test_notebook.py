@@ -7,7 +7,7 @@ import pytest
 from conftest import compose_config
 from nbclient import NotebookClient
 
-from kvbench.study import run_study
+from kvbench.tasks.simulate.run import run_study
 
 NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "kvbench_results.ipynb"
 

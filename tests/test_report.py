@@ -1,4 +1,5 @@
-"""`python -m kvbench.report`: aggregates runs (single and grid) into tables, charts, markdown."""
+"""`python -m kvbench.tasks.report`: aggregates runs (single and grid) into tables, charts and
+markdown."""
 
 import re
 import subprocess
@@ -9,9 +10,9 @@ import pandas as pd
 import pytest
 from conftest import compose_config
 
-from kvbench.report import sections, write_report
-from kvbench.report.docs_blocks import BEGIN, END, block
-from kvbench.study import run_study
+from kvbench.tasks.report import sections, write_report
+from kvbench.tasks.report.docs_blocks import BEGIN, END, block
+from kvbench.tasks.simulate.run import run_study
 
 TINY = (
     "workload=fixed", "workload.num_requests=30", "workload.prompt_tokens=200",
@@ -78,15 +79,15 @@ def test_report_refreshes_only_the_generated_blocks_of_a_doc(results, tmp_path):
 
 def test_cli_reports_and_rejects_missing_or_empty_folders(results, tmp_path):
     root, _ = results
-    done = subprocess.run([sys.executable, "-m", "kvbench.report", str(root), "--out",
+    done = subprocess.run([sys.executable, "-m", "kvbench.tasks.report", str(root), "--out",
                            str(tmp_path / "r")], capture_output=True, text=True)  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert "summary rows" in done.stdout and (tmp_path / "r" / "reproduction.md").exists()
-    missing = subprocess.run([sys.executable, "-m", "kvbench.report", str(tmp_path / "nope")],
+    missing = subprocess.run([sys.executable, "-m", "kvbench.tasks.report", str(tmp_path / "nope")],
                              capture_output=True, text=True)  # fmt: skip
     assert missing.returncode == 2 and "no such folder" in missing.stderr
     (tmp_path / "empty").mkdir()
-    command = [sys.executable, "-m", "kvbench.report", str(tmp_path / "empty"), "--out",
+    command = [sys.executable, "-m", "kvbench.tasks.report", str(tmp_path / "empty"), "--out",
                str(tmp_path / "e")]  # fmt: skip
     empty = subprocess.run(command, capture_output=True, text=True)
     assert empty.returncode == 3 and "no summary.parquet" in empty.stderr

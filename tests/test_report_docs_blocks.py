@@ -1,6 +1,6 @@
 """Generated blocks in a hand-written markdown file."""
 
-from kvbench.report.docs_blocks import block, replace_blocks
+from kvbench.tasks.report.docs_blocks import block, replace_blocks
 
 
 def test_blocks_are_replaced_and_the_rest_is_kept():

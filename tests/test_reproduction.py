@@ -7,8 +7,8 @@ docs/reproduction.md reports for the full run, held to the issue's bounds.
 import pytest
 from conftest import compose_config
 
-from kvbench.paper import FIG2_BREAKDOWN_PCT, FIG13_MEAN_BATCH_SIZE
-from kvbench.runner import run_experiment
+from kvbench.analysis.paper import FIG2_BREAKDOWN_PCT, FIG13_MEAN_BATCH_SIZE
+from kvbench.tasks.simulate.experiment import run_experiment
 
 NAIVE = ("naive_max", "naive_pow2", "naive_oracle")
 

@@ -9,9 +9,9 @@ import pytest
 from conftest import SHARED_TRACE_FILES
 
 from kvbench.allocators import ALLOCATOR_NAMES, make_allocator
-from kvbench.catalog import get_hardware, get_model
+from kvbench.core.catalog import get_hardware, get_model
+from kvbench.core.specs import Deployment
 from kvbench.engine import RooflineCostModel, Scheduler, SchedulerLimits, simulate
-from kvbench.specs import Deployment
 from kvbench.workloads import load_trace, to_requests
 
 TRACES = SHARED_TRACE_FILES

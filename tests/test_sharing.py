@@ -4,11 +4,11 @@ import pytest
 from conftest import compose_config
 
 from kvbench.allocators import make_allocator
-from kvbench.catalog import get_hardware, get_model
+from kvbench.core.catalog import get_hardware, get_model
+from kvbench.core.request import Request
+from kvbench.core.specs import Deployment
 from kvbench.engine import RooflineCostModel, Scheduler, SchedulerLimits, simulate
-from kvbench.request import Request
-from kvbench.runner import run_experiment
-from kvbench.specs import Deployment
+from kvbench.tasks.simulate.experiment import run_experiment
 
 
 def test_system_prompt_of_2000_tokens_for_100_users_saves_99_copies(tmp_path):

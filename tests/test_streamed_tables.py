@@ -4,8 +4,8 @@ import pandas as pd
 from conftest import compose_config
 
 from kvbench.engine import records as records_module
-from kvbench.io import read_metadata
-from kvbench.runner import run_experiment
+from kvbench.tables.parquet import read_metadata
+from kvbench.tasks.simulate.experiment import run_experiment
 
 OVERRIDES = ("model=opt-13b", "hardware=a100-40gb", "workload=sharegpt",
              "workload.num_requests=120", "request_rates=[3,6]",

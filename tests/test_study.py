@@ -5,7 +5,7 @@ import pytest
 from conftest import compose_config
 
 from kvbench.config import ConfigError
-from kvbench.study import GridPoint, grid_points, point_config, run_study
+from kvbench.tasks.simulate.run import GridPoint, grid_points, point_config, run_study
 
 TINY = (
     "workload=fixed", "workload.num_requests=40", "workload.prompt_tokens=200",

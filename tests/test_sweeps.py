@@ -9,7 +9,7 @@ import time
 import pandas as pd
 import pytest
 
-from kvbench.completion import DONE_NAME, MAX_JOB_DIR_CHARS, job_dir_name
+from kvbench.tables.done_marker import DONE_NAME, MAX_JOB_DIR_CHARS, job_dir_name
 
 SMALL = (
     "workload=fixed", "workload.num_requests=30", "workload.prompt_tokens=100",

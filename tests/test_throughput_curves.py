@@ -5,7 +5,7 @@ import math
 import pandas as pd
 import pytest
 
-from kvbench.throughput_curves import knee_ratios, knee_sensitivity, knees_frame
+from kvbench.analysis.curves import knee_ratios, knee_sensitivity, knees_frame
 
 LABELS = {"experiment": "e", "workload": "w", "model": "m", "hardware": "h", "num_gpus": 1,
           "block_size": 16, "preemption": "recompute"}  # fmt: skip

@@ -7,7 +7,7 @@ import random
 import pytest
 
 from kvbench.allocators import PagedPrefixAllocator
-from kvbench.request import Request
+from kvbench.core.request import Request
 from kvbench.workloads import load_trace, to_requests
 from kvbench.workloads.prefix_reuse import (
     block_contents,

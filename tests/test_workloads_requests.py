@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvbench.request import Request
+from kvbench.core.request import Request
 from kvbench.workloads import to_requests
 
 

@@ -32,9 +32,9 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from kvbench.equivalence.models import load_model
-from kvbench.equivalence.names import SMOLLM2
-from kvbench.equivalence.prompts import ALPACA_JSON, chat_prompt_ids, instructions
+from kvbench.tasks.equivalence.models import load_model
+from kvbench.tasks.equivalence.names import SMOLLM2
+from kvbench.tasks.equivalence.prompts import ALPACA_JSON, chat_prompt_ids, instructions
 from kvbench.workloads.beam_ancestry import (
     ANCESTRY_COLUMNS,
     ancestry_statistics,

@@ -11,8 +11,8 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from kvbench.completion import config_fingerprint, is_done, job_dir_name, mark_done
 from kvbench.config import ConfigError, check_override_keys, validate_config
+from kvbench.tables.done_marker import config_fingerprint, is_done, job_dir_name, mark_done
 
 EXIT_CONFIG_ERROR = 2
 EXIT_INPUT_ERROR = 3
@@ -21,14 +21,14 @@ EXIT_INPUT_ERROR = 3
 def _task(name: str) -> Callable[..., object]:
     """The function that runs ``task=name`` (imported late: config errors answer fast)."""
     if name == "kernel_overhead":
-        from kvbench.kernel_overhead import run_kernel_overhead
+        from kvbench.tasks.kernel_overhead.run import run_kernel_overhead
 
         return run_kernel_overhead
     if name == "logit_equivalence":
-        from kvbench.equivalence.run import run_logit_equivalence
+        from kvbench.tasks.equivalence.run import run_logit_equivalence
 
         return run_logit_equivalence
-    from kvbench.study import run_study
+    from kvbench.tasks.simulate.run import run_study
 
     return run_study
 

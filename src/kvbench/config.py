@@ -15,10 +15,10 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
 
 from kvbench.allocators import ALLOCATOR_NAMES
-from kvbench.catalog import deployment_from
+from kvbench.core.catalog import deployment_from
+from kvbench.core.specs import DTYPE_BYTES, Deployment
 from kvbench.engine.scheduler import PREEMPTION_MODES
-from kvbench.equivalence import names as equivalence_names
-from kvbench.specs import DTYPE_BYTES, Deployment
+from kvbench.tasks.equivalence import names as equivalence_names
 from kvbench.workloads import WorkloadConfig, validate_workload_config
 
 MAX_BLOCK_SIZE = 256  # the largest block size the vLLM paper swept (Fig. 18b)
@@ -32,7 +32,7 @@ class ConfigError(ValueError):
 
 @dataclass
 class ModelConfig:
-    """``model=NAME``: a catalog entry (see ``kvbench.specs.ModelSpec``)."""
+    """``model=NAME``: a catalog entry (see ``kvbench.core.specs.ModelSpec``)."""
 
     name: str = "???"
     hf_id: str = "???"
@@ -203,7 +203,7 @@ class KvbenchConfig:
     capacity: CapacityConfig = field(default_factory=CapacityConfig)
     # A run whose output folder holds a DONE marker of the same config is skipped (sweep re-runs).
     skip_done: bool = True
-    # Draw the charts (PNG and SVG); a large sweep's jobs may leave them to `kvbench.report`.
+    # Draw the charts (PNG and SVG); a large sweep's jobs may leave them to `kvbench.tasks.report`.
     plots: bool = True
     seed: int = 0
     progress: bool = True

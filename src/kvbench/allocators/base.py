@@ -1,7 +1,7 @@
 """The allocator protocol and the memory-usage breakdown every allocator reports.
 
 All sizes are in token slots: one slot holds the K and V of one token in every layer. Bytes are
-computed only by the catalog (``kvbench.specs``), from slots.
+computed only by the catalog (``kvbench.core.specs``), from slots.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Protocol, runtime_checkable
 
-from kvbench.request import Request
+from kvbench.core.request import Request
 
 
 @dataclass(frozen=True, slots=True)

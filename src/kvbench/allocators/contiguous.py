@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 from kvbench.allocators.base import CohortRounds, MemoryUsage
 from kvbench.allocators.buddy import BuddyAllocator, next_power_of_two
 from kvbench.allocators.checks import check_token_count
-from kvbench.request import Request
+from kvbench.core.request import Request
 
 
 @dataclass(slots=True)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from kvbench.allocators.contiguous import ContiguousAllocator
-from kvbench.request import Request
+from kvbench.core.request import Request
 
 
 class NaiveMaxAllocator(ContiguousAllocator):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from kvbench.allocators.buddy import next_power_of_two
 from kvbench.allocators.contiguous import ContiguousAllocator
-from kvbench.request import Request
+from kvbench.core.request import Request
 
 
 def output_guess_tokens(output_tokens: int) -> int:

@@ -13,7 +13,7 @@ from kvbench.allocators.base import CohortRounds, MemoryUsage
 from kvbench.allocators.block_pool import BlockPool
 from kvbench.allocators.checks import check_token_count
 from kvbench.allocators.cohort import Cohort
-from kvbench.request import Request
+from kvbench.core.request import Request
 
 
 @dataclass(slots=True, eq=False)  # identity: the cohort finds members by it

@@ -14,7 +14,7 @@ from kvbench.allocators.block_pool import BlockPool, RevivableBlockPool
 from kvbench.allocators.checks import check_token_count
 from kvbench.allocators.paged import PagedAllocator
 from kvbench.allocators.prefix_hashes import prompt_block_hashes
-from kvbench.request import Request
+from kvbench.core.request import Request
 
 
 class PagedPrefixAllocator(PagedAllocator):

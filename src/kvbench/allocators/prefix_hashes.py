@@ -14,7 +14,7 @@ a collision negligible at trace sizes (~1e-8 for a million distinct blocks).
 
 from __future__ import annotations
 
-from kvbench.request import Request
+from kvbench.core.request import Request
 
 _ROOT_HASH = 0  # parent hash of a prompt's first block
 # Tags keep the two kinds of identity apart even when their numbers happen to coincide.

@@ -31,9 +31,9 @@ from dataclasses import dataclass, field
 
 from kvbench.allocators.base import Allocator
 from kvbench.allocators.paged import PagedAllocator
+from kvbench.core.request import Request
 from kvbench.engine.scheduler import Scheduler
 from kvbench.engine.sequence import Sequence
-from kvbench.request import Request
 
 # beam width -> recorded searches -> steps -> parent (old beam index) of each new beam
 Ancestry = Mapping[int, SequenceOf[SequenceOf[SequenceOf[int]]]]

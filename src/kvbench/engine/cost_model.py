@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from kvbench.specs import Deployment
+from kvbench.core.specs import Deployment
 
 # Attention FLOPs per (query token, context token) per layer and query-head dim: QK^T and PV,
 # each a multiply-add (2 FLOPs).

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from typing import cast
 
 from kvbench.allocators.base import Allocator, CohortAllocator
-from kvbench.engine.arrivals import NO_ROOM_REASON, Arrivals, reject
+from kvbench.engine.arrival_queue import NO_ROOM_REASON, Arrivals, reject
 from kvbench.engine.cost_model import RooflineCostModel
 from kvbench.engine.finish import end_iteration, finish_sequence, record_admission
 from kvbench.engine.records import StepRecords

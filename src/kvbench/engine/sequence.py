@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kvbench.core.request import Request
 from kvbench.engine.records import RequestRecord
-from kvbench.request import Request
 
 
 @dataclass(slots=True, eq=False)  # identity: two samples of one request are distinct

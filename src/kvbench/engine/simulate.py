@@ -10,7 +10,8 @@ from collections.abc import Callable
 from collections.abc import Sequence as SequenceOf
 
 from kvbench.allocators.base import Allocator
-from kvbench.engine.arrivals import NO_ROOM_REASON, Arrivals, RecordSink, reject
+from kvbench.core.request import Request
+from kvbench.engine.arrival_queue import NO_ROOM_REASON, Arrivals, RecordSink, reject
 from kvbench.engine.beams import Ancestry
 from kvbench.engine.cost_model import RooflineCostModel
 from kvbench.engine.finish import end_iteration
@@ -19,7 +20,6 @@ from kvbench.engine.records import SimulationResult, StepRecords, StepSink
 from kvbench.engine.samples import SampleGroups
 from kvbench.engine.scheduler import Batch, Scheduler
 from kvbench.engine.shape import iteration_shape
-from kvbench.request import Request
 
 ProgressCallback = Callable[[int], None]
 # Called with each iteration's batch and the allocator after scheduling, before the batch runs.

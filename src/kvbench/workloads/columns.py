@@ -7,7 +7,7 @@ ARRIVAL_S = "arrival_s"
 PROMPT_TOKENS = "prompt_tokens"
 OUTPUT_TOKENS = "output_tokens"
 
-# Optional columns: shared-prefix identity, as kvbench.request.Request models it.
+# Optional columns: shared-prefix identity, as kvbench.core.request.Request models it.
 PREFIX_GROUP = "prefix_group"
 PREFIX_TOKENS = "prefix_tokens"
 PREFIX_BLOCK_HASHES = "prefix_block_hashes"

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kvbench.request import Request
+from kvbench.core.request import Request
 
 _TRACE_TAG = 1
 _GROUP_TAG = 2

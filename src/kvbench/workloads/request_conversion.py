@@ -6,7 +6,7 @@ import math
 
 import pandas as pd
 
-from kvbench.request import Request
+from kvbench.core.request import Request
 from kvbench.workloads.columns import (
     ARRIVAL_S,
     BEAM_WIDTH,
@@ -26,7 +26,7 @@ def _optional_column(df: pd.DataFrame, name: str, default: object) -> list:
 
 
 def to_requests(df: pd.DataFrame) -> list[Request]:
-    """One :class:`~kvbench.request.Request` per row, in row order.
+    """One :class:`~kvbench.core.request.Request` per row, in row order.
 
     ``prefix_group`` (<NA> → None) and ``prefix_tokens`` are mapped when present;
     ``prefix_block_hashes`` becomes a tuple, with ``hash_block_tokens`` from

@@ -1,0 +1,190 @@
+"""Model and GPU specifications: the only place where kvbench turns token slots into bytes.
+
+The catalog values live in ``conf/model/*.yaml`` and ``conf/hardware/*.yaml`` (see
+``kvbench.core.catalog``); these frozen dataclasses are their schema and hold the formulas.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+GIB = 1024**3
+DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1}
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A decoder-only transformer, as far as its KV cache and cost are concerned.
+
+    Attributes:
+        name: catalog name, e.g. ``llama-2-70b``.
+        hf_id: the Hugging Face model id the figures come from.
+        num_layers: transformer layers.
+        num_attention_heads: query heads.
+        num_kv_heads: key/value heads (< query heads for GQA, 1 for MQA).
+        head_dim: dimension of one head.
+        hidden_size: model width (FLOPs of the attention projections).
+        num_parameters: total parameters (weights held in GPU memory).
+        num_active_parameters: parameters used per token (differs for mixture-of-experts);
+            None means all of them.
+        max_model_len: the longest sequence (prompt + output) the model serves, in tokens.
+        dtype: storage dtype of weights and KV cache (fp16, bf16, fp32, fp8).
+    """
+
+    name: str
+    hf_id: str
+    num_layers: int
+    num_attention_heads: int
+    num_kv_heads: int
+    head_dim: int
+    hidden_size: int
+    num_parameters: float
+    max_model_len: int
+    dtype: str = "fp16"
+    num_active_parameters: float | None = None
+
+    @property
+    def dtype_bytes(self) -> int:
+        """Bytes per element of the storage dtype."""
+        return DTYPE_BYTES[self.dtype]
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """K and V of one token over all layers: 2 x layers x KV heads x head dim x dtype bytes."""
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.dtype_bytes
+
+    @property
+    def weight_bytes(self) -> float:
+        """Bytes of the weights in the storage dtype."""
+        return self.num_parameters * self.dtype_bytes
+
+    @property
+    def active_parameters(self) -> float:
+        """Parameters each token passes through (all of them for dense models)."""
+        return self.num_active_parameters or self.num_parameters
+
+
+@dataclass(frozen=True)
+class HardwareSpec:
+    """One GPU type.
+
+    Attributes:
+        name: catalog name, e.g. ``a100-80gb``.
+        memory_gib: device memory as the driver reports it, in GiB.
+        hbm_bandwidth_gb_per_s: peak memory bandwidth, in GB/s (10^9 bytes/s).
+        peak_tflops: peak dense bf16/fp16 tensor-core throughput, in TFLOP/s (no sparsity).
+        pcie_gb_per_s: host link bandwidth per direction, in GB/s (swap cost).
+    """
+
+    name: str
+    memory_gib: float
+    hbm_bandwidth_gb_per_s: float
+    peak_tflops: float
+    pcie_gb_per_s: float
+
+    @property
+    def memory_bytes(self) -> float:
+        """Device memory in bytes."""
+        return self.memory_gib * GIB
+
+
+@dataclass(frozen=True)
+class Deployment:
+    """A model served on ``num_gpus`` GPUs of one type with tensor parallelism.
+
+    Attributes:
+        model: the model.
+        hardware: the GPU type.
+        num_gpus: tensor-parallel degree (GPUs holding one model replica).
+        gpu_memory_utilization: fraction of device memory the engine may use (vLLM's 0.9).
+        activation_reserve_gib: memory kept per GPU for activations and workspace, in GiB.
+        kv_cache_gib: if set, the KV cache size over all GPUs in GiB (vLLM's ``kv_cache_memory``),
+            instead of what remains after weights and reserve.
+    """
+
+    model: ModelSpec
+    hardware: HardwareSpec
+    num_gpus: int = 1
+    gpu_memory_utilization: float = 0.9
+    activation_reserve_gib: float = 0.0
+    kv_cache_gib: float | None = None
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """KV bytes per token over all GPUs.
+
+        With tensor parallelism each GPU holds KV heads / num_gpus heads; when there are fewer KV
+        heads than GPUs (GQA on a wide node) each head is replicated, so the node stores
+        max(KV heads, num_gpus) heads per token.
+        """
+        stored_heads = max(self.model.num_kv_heads, self.num_gpus)
+        return self.model.kv_bytes_per_token * stored_heads // self.model.num_kv_heads
+
+    @property
+    def usable_bytes(self) -> float:
+        """Memory the engine may use over all GPUs, before weights."""
+        per_gpu_bytes = self.hardware.memory_bytes * self.gpu_memory_utilization
+        return self.num_gpus * (per_gpu_bytes - self.activation_reserve_gib * GIB)
+
+    @property
+    def kv_cache_bytes(self) -> float:
+        """Bytes of KV cache over all GPUs (may be negative when the weights do not fit)."""
+        if self.kv_cache_gib is not None:
+            return self.kv_cache_gib * GIB
+        return self.usable_bytes - self.model.weight_bytes
+
+    @property
+    def num_kv_slots(self) -> int:
+        """KV cache capacity in tokens."""
+        return max(0, int(self.kv_cache_bytes // self.kv_bytes_per_token))
+
+    def num_kv_blocks(self, block_size: int) -> int:
+        """KV cache capacity in whole blocks of ``block_size`` tokens."""
+        return self.num_kv_slots // block_size
+
+    def slots_to_bytes(self, num_slots: float) -> float:
+        """Bytes held by ``num_slots`` token slots."""
+        return num_slots * self.kv_bytes_per_token
+
+    def check_fits(self) -> None:
+        """Raise ValueError (one line, with the fix) when the model cannot be served here."""
+        weight_gib = self.model.weight_bytes / GIB
+        usable_gib = self.usable_bytes / GIB
+        if self.kv_cache_gib is not None:
+            if self.kv_cache_gib <= 0:
+                raise ValueError(
+                    f"hardware.kv_cache_gib={self.kv_cache_gib}: must be > 0 (or null to use "
+                    "what the weights leave)"
+                )
+            if weight_gib + self.kv_cache_gib > usable_gib:
+                raise ValueError(
+                    f"model={self.model.name} ({weight_gib:.1f} GiB of weights) plus "
+                    f"hardware.kv_cache_gib={self.kv_cache_gib} exceed the "
+                    f"{usable_gib:.1f} GiB usable on {self.num_gpus}x {self.hardware.name}: "
+                    "lower kv_cache_gib or raise hardware.num_gpus"
+                )
+        if self.num_kv_slots < self.model.max_model_len:
+            needed_gpus = self._gpus_needed()
+            raise ValueError(
+                f"model={self.model.name} does not fit hardware={self.hardware.name} with "
+                f"num_gpus={self.num_gpus}: {weight_gib:.1f} GiB of weights leave room for "
+                f"{self.num_kv_slots} KV tokens of {usable_gib:.1f} GiB usable, fewer than one "
+                f"{self.model.max_model_len}-token sequence; use hardware.num_gpus={needed_gpus} "
+                "or a larger GPU"
+            )
+
+    def _gpus_needed(self) -> int:
+        """Smallest power-of-two GPU count that fits one max-length sequence (for the error)."""
+        num_gpus = max(1, self.num_gpus)
+        while num_gpus < 1024:
+            num_gpus *= 2
+            trial = Deployment(
+                self.model,
+                self.hardware,
+                num_gpus,
+                self.gpu_memory_utilization,
+                self.activation_reserve_gib,
+            )
+            if trial.num_kv_slots >= self.model.max_model_len:
+                return num_gpus
+        return num_gpus

@@ -1,0 +1,1 @@
+"""Chart functions (PNG and SVG) drawn from result tables; the tasks decide which to draw."""

@@ -1,0 +1,124 @@
+"""Charts of a run (PNG and SVG): Fig. 2 breakdown, memory over time, Fig. 13 batch sizes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only: no display on servers and CI
+
+import matplotlib.pyplot as plt
+import pandas as pd
+
+from kvbench.analysis.paper import FIG2_BREAKDOWN_PCT, FIG13_MEAN_BATCH_SIZE
+from kvbench.tables.run_tables import USAGE_CATEGORIES
+
+MAX_POINTS_PER_LINE = 2000
+CATEGORY_COLORS = {
+    "token_states": "#2b8a3e",
+    "reservation": "#f59f00",
+    "internal_frag": "#e03131",
+    "external_frag": "#862e9c",
+    "free": "#ced4da",
+}
+CATEGORY_LABELS = {
+    "token_states": "token states",
+    "reservation": "reservation",
+    "internal_frag": "internal frag.",
+    "external_frag": "external frag. & others",
+    "free": "free",
+}
+
+
+def _save(fig: plt.Figure, out_dir: Path, name: str) -> None:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for suffix in ("png", "svg"):
+        fig.savefig(out_dir / f"{name}.{suffix}", dpi=120, bbox_inches="tight")
+    plt.close(fig)
+
+
+def _breakdown_bars(summary: pd.DataFrame, with_paper: bool) -> list[tuple[str, dict[str, float]]]:
+    bars = []
+    for row in summary.itertuples():
+        label = f"{row.allocator}\n{row.workload} @ {row.request_rate:g}/s"
+        bars.append((label, {c: getattr(row, f"{c}_pct") for c in USAGE_CATEGORIES}))
+        if with_paper and row.allocator in FIG2_BREAKDOWN_PCT:
+            bars.append((f"{row.allocator}\n(paper)", FIG2_BREAKDOWN_PCT[row.allocator]))
+    return bars
+
+
+def plot_breakdown(summary: pd.DataFrame, out_dir: Path, with_paper: bool = False) -> None:
+    """Stacked bars of the KV pool's categories per run (the paper's Fig. 2)."""
+    bars = _breakdown_bars(summary, with_paper)
+    fig, ax = plt.subplots(figsize=(max(6, 1.1 * len(bars)), 4.5))
+    bottoms = [0.0] * len(bars)
+    for category in USAGE_CATEGORIES:
+        heights = [values.get(category, 0.0) for _, values in bars]
+        ax.bar(range(len(bars)), heights, bottom=bottoms, color=CATEGORY_COLORS[category],
+               label=CATEGORY_LABELS[category])  # fmt: skip
+        for i, (height, bottom) in enumerate(zip(heights, bottoms, strict=True)):
+            if height >= 6:
+                text_color = "black" if category == "free" else "white"
+                ax.text(i, bottom + height / 2, f"{height:.1f}", ha="center", va="center",
+                        fontsize=7, color=text_color)  # fmt: skip
+        bottoms = [b + h for b, h in zip(bottoms, heights, strict=True)]
+    ax.set_xticks(range(len(bars)), [label for label, _ in bars], fontsize=7)
+    ax.set_ylabel("% of KV cache (time-weighted)")
+    ax.set_ylim(0, 100)
+    ax.set_title("KV cache usage breakdown")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1, 1))
+    _save(fig, out_dir, "usage_breakdown")
+
+
+def plot_memory_over_time(steps: pd.DataFrame, out_dir: Path) -> None:
+    """Token states and held memory (GB) over time, one panel per workload and rate."""
+    groups = list(steps.groupby(["workload", "request_rate"], sort=False))
+    fig, axes = plt.subplots(
+        len(groups), 1, figsize=(8, 3 * len(groups)), squeeze=False, layout="constrained"
+    )
+    for ax, ((workload, rate), frame) in zip(axes[:, 0], groups, strict=True):
+        for allocator, full_run in frame.groupby("allocator", sort=False):
+            # A few thousand points per line show the shape; millions only slow the drawing.
+            run = full_run.iloc[:: max(1, len(full_run) // MAX_POINTS_PER_LINE)]
+            line = ax.plot(run["time_s"], run["token_states_gb"], label=f"{allocator} tokens")
+            held_gb = (
+                run["token_states_gb"] + run["reservation_gb"] + run["internal_frag_gb"]
+            )
+            ax.plot(run["time_s"], held_gb, linestyle=":", color=line[0].get_color(),
+                    label=f"{allocator} held")  # fmt: skip
+        ax.set_title(f"{workload} @ {rate:g} req/s")
+        ax.set_xlabel("time (s)")
+        ax.set_ylabel("KV memory (GB)")
+        ax.legend(fontsize=6, ncols=2)
+    _save(fig, out_dir, "memory_over_time")
+
+
+def plot_batch_sizes(summary: pd.DataFrame, out_dir: Path, with_paper: bool = False) -> None:
+    """Mean batched requests per run (the paper's Fig. 13), with the paper's bars beside."""
+    fig, ax = plt.subplots(figsize=(max(6, 0.9 * len(summary)), 4))
+    labels, values, colors = [], [], []
+    for row in summary.itertuples():
+        labels.append(f"{row.allocator}\n{row.workload} @ {row.request_rate:g}/s")
+        values.append(row.mean_batch_size)
+        colors.append("#1c7ed6")
+        paper = FIG13_MEAN_BATCH_SIZE.get(row.workload, {}).get(row.allocator)
+        if with_paper and paper is not None:
+            labels.append(f"{row.allocator}\n(paper)")
+            values.append(paper)
+            colors.append("#adb5bd")
+    ax.bar(range(len(values)), values, color=colors)
+    for i, value in enumerate(values):
+        ax.text(i, value, f"{value:.1f}", ha="center", va="bottom", fontsize=7)
+    ax.set_xticks(range(len(values)), labels, fontsize=7)
+    ax.set_ylabel("mean batched requests")
+    ax.set_title("Batch size (kvbench blue, paper grey)" if with_paper else "Batch size")
+    _save(fig, out_dir, "batch_size")
+
+
+def plot_run(summary: pd.DataFrame, steps: pd.DataFrame, out_dir: Path) -> None:
+    """Every chart of one run; the paper's bars appear for OPT-13B runs (its Fig. 2/13 setup)."""
+    with_paper = bool((summary["model"] == "opt-13b").all())
+    plot_breakdown(summary, out_dir, with_paper)
+    plot_memory_over_time(steps, out_dir)
+    plot_batch_sizes(summary, out_dir, with_paper)

@@ -1,0 +1,134 @@
+"""Charts of sweeps (PNG and SVG): latency vs rate with knees (Fig. 12), vs block size (Fig. 18b),
+recompute vs swap (Fig. 19).
+
+Each takes a summary table (one run's or many aggregated) and draws one panel per curve group.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only: no display on servers and CI
+
+import matplotlib.pyplot as plt
+import pandas as pd
+
+from kvbench.analysis.curves import LATENCY
+from kvbench.analysis.paper import FIG12_KNEES_APPROX
+from kvbench.plots.run_charts import _save
+
+ALLOCATOR_COLORS = {
+    "naive_max": "#e03131",
+    "naive_pow2": "#f59f00",
+    "naive_oracle": "#862e9c",
+    "paged": "#1c7ed6",
+    "paged_prefix": "#2b8a3e",
+}
+PANEL_KEYS = ("experiment", "workload", "model", "hardware", "num_gpus", "block_size", "preemption")
+
+
+def _panel_title(labels: dict) -> str:
+    gpus = f"{labels.get('num_gpus', 1)}x {labels.get('hardware', '')}"
+    return f"{labels.get('workload')}: {labels.get('model')} on {gpus}"
+
+
+def _panels(frame: pd.DataFrame) -> list[tuple[dict, pd.DataFrame]]:
+    keys = [key for key in PANEL_KEYS if key in frame.columns]
+    return [
+        (dict(zip(keys, values, strict=True)), group)
+        for values, group in frame.groupby(keys, sort=False, dropna=False)
+    ]
+
+
+def _grid(count: int, width: float = 5.0, height: float = 3.6):
+    columns = min(count, 2)
+    rows = math.ceil(count / columns)
+    fig, axes = plt.subplots(
+        rows, columns, figsize=(width * columns, height * rows), squeeze=False,
+        layout="constrained",
+    )  # fmt: skip
+    for ax in axes.flat[count:]:
+        ax.set_visible(False)
+    return fig, list(axes.flat)
+
+
+def plot_latency_vs_rate(
+    summary: pd.DataFrame, knees: pd.DataFrame, out_dir: Path, name: str = "latency_vs_rate"
+) -> None:
+    """Normalized latency vs request rate per allocator (Fig. 12): the bound dashed, knees marked,
+    the paper's approximate knees as hollow diamonds on OPT-13B panels."""
+    panels = _panels(summary)
+    fig, axes = _grid(len(panels))
+    for ax, (labels, group) in zip(axes, panels, strict=False):
+        panel_knees = knees
+        for key, value in labels.items():
+            if key in knees.columns:
+                panel_knees = panel_knees[panel_knees[key] == value]
+        for allocator, curve in group.groupby("allocator", sort=False):
+            curve = curve.sort_values("request_rate")
+            color = ALLOCATOR_COLORS.get(allocator)
+            ax.plot(curve["request_rate"], curve[LATENCY], marker="o", markersize=3,
+                    color=color, label=allocator)  # fmt: skip
+            _mark_knee(ax, panel_knees, allocator, color)
+        if len(panel_knees):
+            bound = float(panel_knees["latency_bound_s_per_token"].iloc[0])
+            ax.axhline(bound, color="grey", linestyle="--", linewidth=1,
+                       label=f"bound {bound:.3f} s/token")  # fmt: skip
+            if labels.get("model") == "opt-13b":
+                _mark_paper_knees(ax, labels.get("workload"), bound)
+        ax.set_yscale("log")
+        ax.set_xlabel("request rate (req/s)")
+        ax.set_ylabel("normalized latency (s/token)")
+        ax.set_title(_panel_title(labels), fontsize=9)
+        ax.legend(fontsize=6)
+    fig.suptitle("Latency vs rate; | = knee (kvbench), ◇ = paper's knee (Fig. 12, approx.)",
+                 fontsize=9)  # fmt: skip
+    _save(fig, out_dir, name)
+
+
+def _mark_knee(ax: plt.Axes, knees: pd.DataFrame, allocator: str, color: str | None) -> None:
+    row = knees[knees["allocator"] == allocator]
+    if row.empty or math.isnan(float(row["knee_rate"].iloc[0])):
+        return
+    rate = float(row["knee_rate"].iloc[0])
+    ax.axvline(rate, color=color, linewidth=0.8, alpha=0.6,
+               linestyle=":" if bool(row["knee_censored"].iloc[0]) else "-")  # fmt: skip
+
+
+def _mark_paper_knees(ax: plt.Axes, workload: object, bound: float) -> None:
+    for allocator, rate in FIG12_KNEES_APPROX.get(str(workload), {}).items():
+        ax.plot([rate], [bound], marker="D", markerfacecolor="none", linestyle="none",
+                color=ALLOCATOR_COLORS.get(allocator))  # fmt: skip
+
+
+def plot_latency_vs_block_size(summary: pd.DataFrame, out_dir: Path, name: str) -> None:
+    """Normalized latency vs block size (Fig. 18b; Fig. 19 when ``preemption`` varies).
+
+    One line per (allocator, preemption, rate); the contiguous allocators ignore the block size
+    and are left out.
+    """
+    paged = summary[summary["allocator"].str.startswith("paged")]
+    keys = [key for key in ("experiment", "workload", "model", "hardware", "num_gpus")
+            if key in paged.columns]  # fmt: skip
+    groups = list(paged.groupby(keys, sort=False))
+    fig, axes = _grid(len(groups))
+    for ax, (values, group) in zip(axes, groups, strict=False):
+        labels = dict(zip(keys, values, strict=True))
+        line_keys = ["allocator", "preemption", "request_rate"]
+        for line_values, line in group.groupby(line_keys, sort=False):
+            allocator, preemption, rate = line_values
+            line = line.sort_values("block_size")
+            ax.plot(line["block_size"], line[LATENCY], marker="o", markersize=3,
+                    linestyle="--" if preemption == "swap" else "-",
+                    label=f"{allocator}, {preemption} @ {rate:g}/s")  # fmt: skip
+        ax.set_xscale("log", base=2)
+        sizes = sorted(group["block_size"].unique())
+        ax.set_xticks(sizes, [str(size) for size in sizes])
+        ax.set_xlabel("block size (tokens)")
+        ax.set_ylabel("normalized latency (s/token)")
+        ax.set_title(_panel_title(labels), fontsize=9)
+        ax.legend(fontsize=6)
+    _save(fig, out_dir, name)

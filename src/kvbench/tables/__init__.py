@@ -1,0 +1,3 @@
+"""Tables out: engine records to frames, parquet files (atomic, streamed), provenance, DONE
+markers.
+"""

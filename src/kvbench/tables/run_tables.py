@@ -1,0 +1,158 @@
+"""Turn engine records into the tables kvbench writes: steps, requests, summary.
+
+Column definitions (formula, unit): ``docs/metrics.md``. Pure: pandas in, pandas out.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+
+import numpy as np
+import pandas as pd
+
+from kvbench.core.specs import Deployment
+from kvbench.engine.records import SimulationResult
+from kvbench.engine.step_totals import StepTotals
+
+USAGE_CATEGORIES = ("token_states", "reservation", "internal_frag", "external_frag", "free")
+GB = 1e9
+
+
+def steps_frame(result: SimulationResult, deployment: Deployment) -> pd.DataFrame:
+    """One row per iteration: time, batch, queue, every usage category in slots and GB."""
+    return step_table(result.steps.columns, deployment)
+
+
+def step_table(columns: dict[str, list], deployment: Deployment) -> pd.DataFrame:
+    """``steps_frame`` of step records given column by column (a whole run, or a streamed
+    chunk of one)."""
+    steps = pd.DataFrame(columns)
+    for category in (*USAGE_CATEGORIES, "shared"):
+        slots = steps[f"{category}_slots"].astype("float64")
+        steps[f"{category}_gb"] = deployment.slots_to_bytes(slots) / GB
+    return steps
+
+
+def requests_frame(result: SimulationResult) -> pd.DataFrame:
+    """One row per request with its latencies (s) and normalized latency (s/token)."""
+    return add_request_latencies(pd.DataFrame([asdict(record) for record in result.requests]))
+
+
+def add_request_latencies(requests: pd.DataFrame) -> pd.DataFrame:
+    """Request records (one row each, as ``RequestRecord``) plus their derived latency columns."""
+    if requests.empty:
+        return requests
+    requests["ttft_s"] = requests["first_token_s"] - requests["arrival_s"]
+    requests["e2e_latency_s"] = requests["finish_s"] - requests["arrival_s"]
+    decode_tokens = (requests["output_tokens"] - 1).where(requests["output_tokens"] > 1)
+    requests["tpot_s"] = (requests["finish_s"] - requests["first_token_s"]) / decode_tokens
+    requests["normalized_latency_s_per_token"] = (
+        requests["e2e_latency_s"] / requests["output_tokens"]
+    )
+    return requests
+
+
+def _time_weighted_pct(totals: StepTotals, column: str, num_slots: int) -> float:
+    if totals.duration_s == 0 or num_slots == 0:
+        return float("nan")
+    return totals.weighted[column] / totals.duration_s / num_slots * 100
+
+
+def _percentile(values: pd.Series, q: float) -> float:
+    values = values.dropna()
+    return float(np.percentile(values, q)) if len(values) else float("nan")
+
+
+def summarize(
+    requests: pd.DataFrame, result: SimulationResult, deployment: Deployment
+) -> dict[str, float | int]:
+    """The run's summary row: utilization breakdown, batch size, throughput, latency.
+
+    Step-based figures come from ``result.steps.totals()``, so they need no step table (the steps
+    may have been streamed out).
+    """
+    finished = requests[requests["status"] == "finished"]
+    num_slots = result.num_slots
+    totals = result.steps.totals()
+    row: dict[str, float | int] = {
+        "num_requests": len(requests),
+        "num_finished": len(finished),
+        "num_rejected": int((requests["status"] == "rejected").sum()),
+        "num_preemptions": int(requests["num_preemptions"].sum()),
+        "num_swaps": int(requests["num_swaps"].sum()),
+        "cow_copies": result.num_copy_on_writes,
+        "num_steps": totals.num_steps,
+        "num_kv_slots": num_slots,
+        "kv_pool_gb": deployment.slots_to_bytes(num_slots) / GB,
+    }
+    for category in USAGE_CATEGORIES:
+        row[f"{category}_pct"] = _time_weighted_pct(totals, f"{category}_slots", num_slots)
+    row["shared_pct"] = _time_weighted_pct(totals, "shared_slots", num_slots)
+    used_pct = 100 - row["free_pct"]
+    row["token_states_pct_of_used"] = (
+        row["token_states_pct"] / used_pct * 100 if used_pct > 0 else float("nan")
+    )
+    row["token_states_gb"] = row["kv_pool_gb"] * row["token_states_pct"] / 100
+    row.update(_sharing(totals, requests, deployment))
+    row["mean_batch_size"] = (
+        totals.batch_size_sum / totals.num_steps if totals.num_steps else float("nan")
+    )
+    row.update(_throughput(finished))
+    for name, column in (("ttft", "ttft_s"), ("tpot", "tpot_s"), ("e2e", "e2e_latency_s")):
+        row[f"{name}_p50_s"] = _percentile(finished[column], 50)
+        row[f"{name}_p99_s"] = _percentile(finished[column], 99)
+    return row
+
+
+def _sharing(
+    totals: StepTotals, requests: pd.DataFrame, deployment: Deployment
+) -> dict[str, float]:
+    """What sharing saved: peak saved slots, the paper's Fig. 15 saving, prefix-cache hits."""
+    saved_slot_s = totals.weighted["saved_slots"]
+    without_sharing = saved_slot_s + totals.weighted["held_slots"]
+    admitted = requests[requests["admit_s"].notna()]
+    prompt_tokens = admitted["prompt_tokens"].sum()
+    saved_slots = totals.max_saved_slots
+    return {
+        "shared_slots": totals.weighted["shared_slots"] / totals.duration_s
+        if totals.duration_s > 0
+        else float("nan"),
+        "saved_slots": saved_slots,
+        "saved_gb": deployment.slots_to_bytes(saved_slots) / GB,
+        "memory_saving_pct": float(100 * saved_slot_s / without_sharing)
+        if without_sharing > 0
+        else float("nan"),
+        "prefix_hit_rate": float(admitted["cached_prompt_tokens"].sum() / prompt_tokens)
+        if prompt_tokens > 0
+        else float("nan"),
+        "prefix_block_hit_rate": _block_hit_rate(admitted),
+    }
+
+
+def _block_hit_rate(admitted: pd.DataFrame) -> float:
+    """Prompt blocks found in the prefix cache / prompt blocks (a partial last block counted),
+    over admitted requests; NaN without a ``block_size`` column or without prompts."""
+    if "block_size" not in admitted.columns or admitted.empty:
+        return float("nan")
+    block_size = admitted["block_size"]
+    prompt_blocks = (-(-admitted["prompt_tokens"] // block_size)).sum()
+    hit_blocks = (admitted["cached_prompt_tokens"] // block_size).sum()
+    return float(hit_blocks / prompt_blocks) if prompt_blocks > 0 else float("nan")
+
+
+def _throughput(finished: pd.DataFrame) -> dict[str, float]:
+    if finished.empty:
+        nan = float("nan")
+        return {
+            "duration_s": nan,
+            "request_throughput": nan,
+            "output_token_throughput": nan,
+            "normalized_latency_s_per_token": nan,
+        }
+    duration_s = float(finished["finish_s"].max() - finished["arrival_s"].min())
+    return {
+        "duration_s": duration_s,
+        "request_throughput": len(finished) / duration_s,
+        "output_token_throughput": float(finished["output_tokens"].sum()) / duration_s,
+        "normalized_latency_s_per_token": float(finished["normalized_latency_s_per_token"].mean()),
+    }

@@ -1,0 +1,3 @@
+"""The app's tasks, each in one shape (run / table / plot): simulate, kernel overhead, logit
+equivalence, report.
+"""

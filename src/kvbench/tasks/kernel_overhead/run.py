@@ -1,0 +1,221 @@
+"""``task=kernel_overhead``: what paging costs decode attention, on block tables from a replay.
+
+For each block size the workload is replayed through the engine with the paged allocator; the
+busiest iteration after ``kernel_bench.warmup_steps`` (most KV blocks in its decode batch) is
+snapshotted, its block tables are dealt into batches of each context length
+(``kvbench.kernels.deal_block_tables``), random K/V is written into both layouts, and the paged
+and contiguous kernels are timed on the same logical data: Triton on a GPU, the torch backend on
+one CPU thread otherwise. Writes ``kernels.parquet`` and ``plots/kernel_overhead.png|svg``.
+Method and reading: ``docs/kernels.md``; columns: ``docs/metrics.md``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only: no display on servers and CI
+
+import matplotlib.pyplot as plt
+import pandas as pd
+import torch
+from omegaconf import DictConfig
+
+from kvbench.allocators import make_allocator
+from kvbench.allocators.base import Allocator
+from kvbench.config import KvbenchConfig
+from kvbench.core.request import Request
+from kvbench.core.specs import Deployment
+from kvbench.engine import Scheduler, simulate
+from kvbench.engine.scheduler import Batch
+from kvbench.kernels import (
+    batch_calls,
+    block_stream,
+    deal_block_tables,
+    materialize_batch,
+    time_pair,
+)
+from kvbench.kernels.bench_batch import TORCH_DTYPES
+from kvbench.tables.parquet import write_table
+from kvbench.tables.provenance import provenance
+from kvbench.tasks.simulate.experiment import cost_model, scheduler_limits
+from kvbench.workloads import build_workload, to_requests
+
+KERNEL_COLUMNS = (
+    "device",
+    "backend",
+    "block_size",
+    "batch_size",
+    "context_len",
+    "paged_ms",
+    "contiguous_ms",
+    "overhead_pct",
+    "achieved_gb_per_s",
+)
+
+
+class BusiestBatch:
+    """Engine observer: block tables of the decode batch holding the most blocks after warm-up."""
+
+    def __init__(self, warmup_steps: int) -> None:
+        self.warmup_steps = warmup_steps
+        self.num_steps = 0
+        self.num_blocks = -1
+        self.step = -1
+        self.block_tables: list[tuple[int, ...]] = []
+
+    def __call__(self, batch: Batch, allocator: Allocator) -> None:
+        self.num_steps += 1
+        if self.num_steps <= self.warmup_steps:
+            return
+        tables = [allocator.block_table(seq.seq_id) for seq in batch.decode]
+        num_blocks = sum(len(table) for table in tables)
+        if num_blocks > self.num_blocks:
+            self.num_blocks, self.step, self.block_tables = num_blocks, self.num_steps, tables
+
+
+def replay_block_tables(
+    cfg: KvbenchConfig, deployment: Deployment, requests: list[Request], block_size: int
+) -> list[tuple[int, ...]]:
+    """The busiest post-warm-up decode batch's block tables, replaying with the paged allocator.
+
+    ValueError when the replay has no iteration past ``kernel_bench.warmup_steps``.
+    """
+    max_model_len = deployment.model.max_model_len
+    allocator = make_allocator("paged", deployment.num_kv_slots, block_size, max_model_len)
+    observer = BusiestBatch(cfg.kernel_bench.warmup_steps)
+    simulate(
+        requests, Scheduler(scheduler_limits(cfg, deployment)), allocator,
+        cost_model(cfg, deployment), on_step=observer,
+    )  # fmt: skip
+    if not observer.block_tables:
+        raise ValueError(
+            f"the replay ran {observer.num_steps} iterations, none with a decode batch after "
+            f"kernel_bench.warmup_steps={cfg.kernel_bench.warmup_steps}: lower it or replay more "
+            "requests"
+        )
+    return observer.block_tables
+
+
+def kernel_heads(deployment: Deployment) -> tuple[int, int, int]:
+    """(query heads, KV heads, head dim) one GPU's attention sees under tensor parallelism.
+
+    KV heads are replicated when there are more GPUs than KV heads, as vLLM does.
+    """
+    model, num_gpus = deployment.model, deployment.num_gpus
+    return (
+        max(1, model.num_attention_heads // num_gpus),
+        max(1, model.num_kv_heads // num_gpus),
+        model.head_dim,
+    )
+
+
+def storage_dtype(cfg: KvbenchConfig) -> torch.dtype:
+    """The K/V dtype timed: ``kernel_bench.dtype``, else the model's (fp8 falls back to fp16)."""
+    name = cfg.kernel_bench.dtype or cfg.model.dtype
+    return TORCH_DTYPES.get(name, torch.float16)
+
+
+def _device() -> tuple[torch.device, str, str]:
+    """(device, its name for the table, backend): Triton on a GPU, torch on the CPU."""
+    if torch.cuda.is_available():
+        device = torch.device("cuda")
+        return device, torch.cuda.get_device_name(device), "triton"
+    return torch.device("cpu"), "cpu", "torch"
+
+
+@contextmanager
+def _one_cpu_thread() -> Iterator[None]:
+    """torch on one CPU thread meanwhile: timings comparable between runs and machines, not
+    spread over cores other work is using. The caller's thread count comes back after."""
+    num_threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(num_threads)
+
+
+def measure_block_size(
+    cfg: KvbenchConfig, deployment: Deployment, requests: list[Request], block_size: int
+) -> list[dict]:
+    """One row per context length: paged vs contiguous on batches dealt from the replay."""
+    device, device_name, backend = _device()
+    bench = cfg.kernel_bench
+    num_q_heads, num_kv_heads, head_dim = kernel_heads(deployment)
+    stream = block_stream(replay_block_tables(cfg, deployment, requests, block_size))
+    rows = []
+    for context_len in bench.context_lens:
+        tables = deal_block_tables(stream, context_len, block_size, bench.batch_size)
+        if not tables:
+            raise ValueError(
+                f"the replay's busiest batch holds {len(stream)} blocks of {block_size}: too few "
+                f"for one sequence of {context_len} tokens; replay a busier workload"
+            )
+        batch = materialize_batch(
+            tables, [context_len] * len(tables), block_size, num_q_heads, num_kv_heads,
+            head_dim, storage_dtype(cfg), device, seed=cfg.seed,
+        )  # fmt: skip
+        paged, contiguous = batch_calls(batch, backend)
+        timing = time_pair(paged, contiguous, device, repeats=bench.repeats)
+        rows.append({
+            "device": device_name,
+            "backend": backend,
+            "block_size": block_size,
+            "batch_size": len(tables),
+            "context_len": context_len,
+            "paged_ms": timing.paged_ms,
+            "contiguous_ms": timing.contiguous_ms,
+            "overhead_pct": 100.0 * (timing.paged_ms / timing.contiguous_ms - 1.0),
+            # bytes / (ms x 1e6) = GB/s
+            "achieved_gb_per_s": batch.kv_bytes / (timing.paged_ms * 1e6),
+        })  # fmt: skip
+    return rows
+
+
+def plot_kernel_overhead(table: pd.DataFrame, out_dir: Path) -> None:
+    """Overhead (%) and the paged kernel's GB/s vs context length, one line per block size."""
+    fig, (overhead_ax, bandwidth_ax) = plt.subplots(1, 2, figsize=(11, 4), layout="constrained")
+    for block_size, rows in table.groupby("block_size"):
+        rows = rows.sort_values("context_len")
+        label = f"block {block_size}"
+        overhead_ax.plot(rows["context_len"], rows["overhead_pct"], marker="o", label=label)
+        bandwidth_ax.plot(rows["context_len"], rows["achieved_gb_per_s"], marker="o", label=label)
+    overhead_ax.axhline(0.0, color="black", linewidth=0.8)
+    overhead_ax.set_ylabel("paged over contiguous time (%)")
+    bandwidth_ax.set_ylabel("paged kernel K/V read (GB/s)")
+    context_lens = sorted(table["context_len"].unique())
+    for ax in (overhead_ax, bandwidth_ax):
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(context_lens, labels=[str(length) for length in context_lens])
+        ax.set_xlabel("context length (tokens)")
+        ax.grid(alpha=0.3)
+        ax.legend()
+    first = table.iloc[0]
+    fig.suptitle(f"Decode attention, paged vs contiguous: {first['device']} ({first['backend']})")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for suffix in ("png", "svg"):
+        fig.savefig(out_dir / f"kernel_overhead.{suffix}", dpi=120)
+    plt.close(fig)
+
+
+def run_kernel_overhead(
+    cfg: KvbenchConfig, deployment: Deployment, raw_cfg: DictConfig | None, output_dir: Path
+) -> pd.DataFrame:
+    """Time paged vs contiguous decode attention; write ``kernels.parquet`` and the plots.
+
+    The table is written after every block size, so an interrupted run keeps what it finished.
+    """
+    requests = to_requests(build_workload(cfg.workload, deployment.model.max_model_len))
+    metadata = provenance(raw_cfg)
+    rows: list[dict] = []
+    for block_size in cfg.kernel_bench.block_sizes:
+        with _one_cpu_thread():
+            rows.extend(measure_block_size(cfg, deployment, requests, block_size))
+        table = pd.DataFrame(rows, columns=list(KERNEL_COLUMNS))
+        write_table(table, output_dir / "kernels.parquet", metadata)
+    plot_kernel_overhead(table, output_dir / "plots")
+    return table

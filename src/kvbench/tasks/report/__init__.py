@@ -1,0 +1,11 @@
+"""``python -m kvbench.tasks.report RESULTS_DIR...``: aggregate runs into one report.
+
+Reads every ``summary.parquet`` (and ``capacity.parquet``) under the folders given, single runs
+and Hydra multiruns alike, and writes the aggregated tables, the charts and the reproduction
+report (each paper figure beside kvbench's, the gap explained).
+"""
+
+from kvbench.tasks.report.aggregate import load_summaries, load_tables
+from kvbench.tasks.report.document import ReportTables, compute_tables, write_report
+
+__all__ = ["ReportTables", "compute_tables", "load_summaries", "load_tables", "write_report"]

@@ -1,0 +1,36 @@
+"""Command line: ``python -m kvbench.tasks.report RESULTS_DIR... [--out DIR] [--docs MD]``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from kvbench.tasks.report.document import write_report
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Aggregate the result folders; print what was written."""
+    parser = argparse.ArgumentParser(prog="python -m kvbench.tasks.report", description=__doc__)
+    parser.add_argument("results", nargs="+", type=Path, help="result folders (searched deeply)")
+    parser.add_argument("--out", type=Path, default=Path("results/report"),
+                        help="where the tables, charts and reproduction.md go")  # fmt: skip
+    parser.add_argument("--docs", type=Path, default=None,
+                        help="a markdown file whose kvbench.tasks.report blocks to refresh "
+                             "(e.g. docs/reproduction.md)")  # fmt: skip
+    args = parser.parse_args(argv)
+    missing = [str(path) for path in args.results if not path.exists()]
+    if missing:
+        print(f"kvbench.tasks.report: no such folder: {', '.join(missing)}", file=sys.stderr)
+        return 2
+    tables = write_report(args.results, args.out, args.docs)
+    if tables.summary.empty:
+        print("kvbench.tasks.report: no summary.parquet under the folders given", file=sys.stderr)
+        return 3
+    print(f"kvbench.tasks.report: {len(tables.summary)} summary rows, {len(tables.knees)} knees, "
+          f"{len(tables.capacity)} capacity rows -> {args.out}")  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

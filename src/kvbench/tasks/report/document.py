@@ -1,0 +1,95 @@
+"""Build the report: aggregated tables, charts and the reproduction markdown."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from kvbench.analysis.curves import knee_ratios, knee_sensitivity, knees_frame
+from kvbench.tables.parquet import write_table
+from kvbench.tables.provenance import provenance
+from kvbench.tasks.report import sections
+from kvbench.tasks.report.aggregate import done_marker, load_tables
+from kvbench.tasks.report.docs_blocks import block, replace_blocks
+from kvbench.tasks.report.plot import draw_report_figures
+
+DEFAULT_LATENCY_MULTIPLE = 4.0
+REFERENCE_DIR = "results/reference"
+
+
+@dataclass
+class ReportTables:
+    """Everything the report computed from the result folders."""
+
+    summary: pd.DataFrame
+    knees: pd.DataFrame
+    sensitivity: pd.DataFrame
+    capacity: pd.DataFrame
+
+
+def compute_tables(
+    roots: list[Path], latency_multiple: float = DEFAULT_LATENCY_MULTIPLE
+) -> ReportTables:
+    """Load every summary and capacity table under ``roots``; recompute knees over all runs."""
+    summary = load_tables(roots, "summary.parquet")
+    capacity = load_tables(roots, "capacity.parquet")
+    if summary.empty:
+        return ReportTables(summary, pd.DataFrame(), pd.DataFrame(), capacity)
+    knees = knee_ratios(knees_frame(summary, latency_multiple))
+    sensitivity = knee_sensitivity(summary) if not knees.empty else pd.DataFrame()
+    return ReportTables(summary, knees, sensitivity, capacity)
+
+
+def section_bodies(tables: ReportTables) -> dict[str, str]:
+    """Each figure's markdown, keyed by the block name it fills in docs/reproduction.md."""
+    done = {
+        run_dir: marker
+        for run_dir in tables.summary.get("run_dir", pd.Series(dtype=str)).unique()
+        if (marker := done_marker(Path(run_dir))) is not None
+    }
+    return {
+        "table1": sections.table1_section(),
+        "fig2": sections.fig2_section(tables.summary),
+        "fig13": sections.fig13_section(tables.summary),
+        "fig12": sections.fig12_section(tables.summary, tables.knees, tables.sensitivity),
+        "fig18b": sections.fig18b_section(tables.summary),
+        "fig19": sections.fig19_section(tables.summary),
+        "fig15": sections.fig15_section(tables.summary, tables.knees),
+        "prefix_caching": sections.prefix_caching_section(tables.summary),
+        "capacity": sections.capacity_section(tables.capacity),
+        "runs": sections.runs_section(tables.summary, done),
+    }
+
+
+def write_report(
+    roots: list[Path], out_dir: Path, docs_path: Path | None = None
+) -> ReportTables:
+    """Write ``results.parquet``, ``knees.parquet``, ``capacity.parquet``, the charts and
+    ``reproduction.md`` under ``out_dir``; with ``docs_path``, refresh its generated blocks."""
+    tables = compute_tables(roots)
+    if tables.summary.empty:
+        return tables
+    metadata = provenance(None)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for name, frame in (("results", tables.summary), ("knees", tables.knees),
+                        ("capacity", tables.capacity)):  # fmt: skip
+        if not frame.empty:
+            write_table(frame, out_dir / f"{name}.parquet", metadata)
+    draw_report_figures(tables.summary, tables.knees, tables.capacity, out_dir)
+    bodies = {name: body for name, body in section_bodies(tables).items() if body}
+    text = "# kvbench reproduction report\n\n" + "\n\n".join(
+        block(name, body) for name, body in bodies.items()
+    )
+    (out_dir / "reproduction.md").write_text(text + "\n")
+    if docs_path is not None:
+        _refresh_docs(docs_path, bodies)
+    return tables
+
+
+def _refresh_docs(docs_path: Path, bodies: dict[str, str]) -> list[str]:
+    """Rewrite the generated blocks of ``docs_path`` that the results filled."""
+    text, missing = replace_blocks(docs_path.read_text(), bodies)
+    docs_path.write_text(text)
+    return missing

@@ -1,0 +1,59 @@
+"""The report's charts, drawn from the aggregated tables with the package's plot functions."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from kvbench.analysis.curves import curve_keys
+from kvbench.plots.capacity_chart import plot_capacity
+from kvbench.plots.run_charts import plot_batch_sizes, plot_breakdown
+from kvbench.plots.sweep_charts import plot_latency_vs_block_size, plot_latency_vs_rate
+from kvbench.tasks.report.sections import block_sweep_rows
+
+
+def curves_with_knees(summary: pd.DataFrame, knees: pd.DataFrame) -> pd.DataFrame:
+    """The summary rows that belong to a curve with a knee (rate sweeps only)."""
+    if knees.empty:
+        return summary.iloc[0:0]
+    keys = [*curve_keys(knees), "allocator"]
+    return summary.merge(knees[keys].drop_duplicates(), on=keys, how="inner")
+
+
+def paper_comparison_rows(summary: pd.DataFrame) -> pd.DataFrame:
+    """OPT-13B runs at the paper's Fig. 2/13 points (ShareGPT 2 req/s, Alpaca 30 req/s)."""
+    if summary.empty:
+        return summary
+    at_points = (
+        (summary["model"] == "opt-13b") & (summary["num_gpus"] == 1)
+        & (summary["block_size"] == 16)
+        & (((summary["workload"] == "sharegpt") & (summary["request_rate"] == 2.0))
+           | ((summary["workload"] == "alpaca") & (summary["request_rate"] == 30.0)))
+    )  # fmt: skip
+    rows = summary[at_points]
+    return rows.drop_duplicates(["workload", "allocator"], keep="last")
+
+
+def draw_report_figures(
+    summary: pd.DataFrame, knees: pd.DataFrame, capacity: pd.DataFrame, out_dir: Path
+) -> list[Path]:
+    """Every chart the results support, under ``out_dir``; returns the PNG paths."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    curves = curves_with_knees(summary, knees)
+    for experiment, experiment_curves in curves.groupby("experiment", sort=False):
+        plot_latency_vs_rate(experiment_curves, knees[knees["experiment"] == experiment],
+                             out_dir, f"latency_vs_rate_{experiment}")  # fmt: skip
+    block_sizes = block_sweep_rows(summary, compares_preemption=False)
+    if not block_sizes.empty:
+        plot_latency_vs_block_size(block_sizes, out_dir, "latency_vs_block_size")
+    preemption = block_sweep_rows(summary, compares_preemption=True)
+    if not preemption.empty:
+        plot_latency_vs_block_size(preemption, out_dir, "recompute_vs_swap")
+    if not capacity.empty:
+        plot_capacity(capacity.drop_duplicates("allocator", keep="last"), out_dir)
+    fig2 = paper_comparison_rows(summary)
+    if not fig2.empty:
+        plot_breakdown(fig2[fig2["workload"] == "sharegpt"], out_dir, with_paper=True)
+        plot_batch_sizes(fig2, out_dir, with_paper=True)
+    return sorted(out_dir.glob("*.png"))

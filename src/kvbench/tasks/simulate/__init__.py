@@ -1,0 +1,1 @@
+"""``task=simulate``: replay workloads through every allocator, then the sweep analyses."""

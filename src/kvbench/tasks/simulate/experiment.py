@@ -1,0 +1,174 @@
+"""Run one experiment: build the workload, simulate every allocator x rate, write tables and plots.
+
+The edge of the pipeline: it calls the pure engine and does the file writing and plotting.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from pathlib import Path
+
+import pandas as pd
+from omegaconf import DictConfig
+from tqdm import tqdm
+
+from kvbench.allocators import make_allocator
+from kvbench.config import KvbenchConfig, run_workloads
+from kvbench.core.specs import GIB, Deployment
+from kvbench.engine import RooflineCostModel, Scheduler, SchedulerLimits, simulate
+from kvbench.plots.run_charts import plot_run
+from kvbench.tables.parquet import write_table
+from kvbench.tables.per_run_files import StreamedTables
+from kvbench.tables.provenance import provenance
+from kvbench.tables.run_tables import requests_frame, steps_frame, summarize
+from kvbench.workloads import WorkloadConfig, build_workload, to_requests
+from kvbench.workloads.beam_ancestry import load_beam_ancestry
+from kvbench.workloads.prefix_reuse import has_prefix_identity, ideal_prefix_reuse
+
+# Longest a run waits before rewriting its steps and requests tables (summary: after every run).
+TABLES_EVERY_S = 30.0
+
+
+def scheduler_limits(cfg: KvbenchConfig, deployment: Deployment) -> SchedulerLimits:
+    """The scheduler's limits from the config (defaults resolved against the model)."""
+    max_model_len = deployment.model.max_model_len
+    max_num_batched_tokens = cfg.scheduler.max_num_batched_tokens or max(max_model_len, 2048)
+    swap_bytes = cfg.scheduler.swap_space_gib * GIB * deployment.num_gpus
+    return SchedulerLimits(
+        max_model_len=max_model_len,
+        max_num_seqs=cfg.scheduler.max_num_seqs,
+        max_num_batched_tokens=max_num_batched_tokens,
+        preemption=cfg.scheduler.preemption,
+        swap_capacity_tokens=int(swap_bytes // deployment.kv_bytes_per_token),
+    )
+
+
+def cost_model(cfg: KvbenchConfig, deployment: Deployment) -> RooflineCostModel:
+    """The roofline cost model from the ``executor`` config."""
+    executor = cfg.executor
+    return RooflineCostModel(
+        deployment=deployment,
+        compute_efficiency=executor.compute_efficiency,
+        bandwidth_efficiency=executor.bandwidth_efficiency,
+        pcie_efficiency=executor.pcie_efficiency,
+        iteration_overhead_s=executor.iteration_overhead_s,
+        allreduce_latency_s=executor.allreduce_latency_s,
+    )
+
+
+def _run_labels(
+    cfg: KvbenchConfig, deployment: Deployment, workload: str, allocator: str, rate: float
+) -> dict:
+    return {
+        "experiment": cfg.experiment_name,
+        "allocator": allocator,
+        "workload": workload,
+        "request_rate": rate,
+        "model": deployment.model.name,
+        "hardware": deployment.hardware.name,
+        "num_gpus": deployment.num_gpus,
+        "block_size": cfg.allocator.block_size,
+        "preemption": cfg.scheduler.preemption,
+    }
+
+
+def _runs(cfg: KvbenchConfig) -> list[tuple[str, WorkloadConfig]]:
+    """(label, workload config) per (workload, request rate) the run replays."""
+    runs = []
+    for label, workload in run_workloads(cfg).items():
+        rates = list(cfg.request_rates) or [workload.request_rate]
+        runs.extend((label, dataclasses.replace(workload, request_rate=rate)) for rate in rates)
+    return runs
+
+
+def run_experiment(
+    cfg: KvbenchConfig, deployment: Deployment, raw_cfg: DictConfig | None, output_dir: Path
+) -> pd.DataFrame:
+    """Simulate every (allocator, rate) of ``cfg``; write summary/steps/requests parquet and plots.
+
+    Returns the summary table. The summary is written after every run and the (larger) steps and
+    requests tables at least every ``TABLES_EVERY_S`` seconds and at the end, so an interrupted
+    experiment keeps what it finished without rewriting millions of step rows after each run.
+    With ``engine.stream_tables`` each run's steps and requests go to their own parquet files in
+    ``steps/`` and ``requests/`` as the run goes (``StreamedTables``): memory no longer grows with
+    the steps (one run's request records are still held, for its summary).
+    """
+    max_model_len = deployment.model.max_model_len
+    limits = scheduler_limits(cfg, deployment)
+    costs = cost_model(cfg, deployment)
+    metadata = provenance(raw_cfg)
+    summaries: list[dict] = []
+    all_steps: list[pd.DataFrame] = []
+    all_requests: list[pd.DataFrame] = []
+    streamed = StreamedTables(output_dir, metadata) if cfg.engine.stream_tables else None
+    tables_written_s = time.perf_counter()
+    for workload_label, workload_cfg in _runs(cfg):
+        requests = to_requests(build_workload(workload_cfg, max_model_len))
+        rate = workload_cfg.request_rate
+        beams = load_beam_ancestry() if workload_cfg.beam_width > 1 else None
+        ideal = _ideal_prefix_columns(requests, cfg.allocator.block_size)
+        for name in cfg.allocators:
+            allocator = make_allocator(
+                name, deployment.num_kv_slots, cfg.allocator.block_size, max_model_len
+            )
+            labels = _run_labels(cfg, deployment, workload_label, name, rate)
+            labels["n"] = workload_cfg.num_samples
+            labels["beam_width"] = workload_cfg.beam_width
+            step_sink = streamed.start_run(labels, deployment) if streamed else None
+            started_s = time.perf_counter()
+            with tqdm(
+                total=len(requests),
+                desc=f"{name} @ {rate:g} req/s",
+                unit="req",
+                disable=not cfg.progress,
+            ) as bar:
+                result = simulate(requests, Scheduler(limits), allocator, costs, bar.update,
+                                  beam_ancestry=beams, fast=cfg.engine.fast, step_sink=step_sink)
+            wall_s = time.perf_counter() - started_s
+            request_table = requests_frame(result).assign(**labels)
+            summary = {**labels, **summarize(request_table, result, deployment), **ideal}
+            summary["simulation_wall_s"] = wall_s
+            summaries.append(summary)
+            if streamed:
+                streamed.end_run(request_table)
+                write_table(pd.DataFrame(summaries), output_dir / "summary.parquet", metadata)
+                continue
+            all_steps.append(steps_frame(result, deployment).assign(**labels))
+            all_requests.append(request_table)
+            if time.perf_counter() - tables_written_s >= TABLES_EVERY_S:
+                _write_tables(output_dir, summaries, all_steps, all_requests, metadata)
+                tables_written_s = time.perf_counter()
+            else:
+                write_table(pd.DataFrame(summaries), output_dir / "summary.parquet", metadata)
+    if streamed:
+        all_steps = streamed.plot_steps  # a thinned copy: the tables are on disk already
+    else:
+        _write_tables(output_dir, summaries, all_steps, all_requests, metadata)
+    summary_table = pd.DataFrame(summaries)
+    if cfg.plots:
+        plot_run(summary_table, pd.concat(all_steps, ignore_index=True), output_dir / "plots")
+    return summary_table
+
+
+def _ideal_prefix_columns(requests: list, block_size: int) -> dict[str, float]:
+    """The hit rates an unbounded prefix cache would reach on exactly these requests (NaN when
+    no request names its prefix): the ceiling of ``prefix_hit_rate`` and
+    ``prefix_block_hit_rate``."""
+    if not has_prefix_identity(requests):
+        return {"ideal_prefix_hit_rate": float("nan"), "ideal_prefix_block_hit_rate": float("nan")}
+    ideal = ideal_prefix_reuse(requests, block_size)
+    return {"ideal_prefix_hit_rate": ideal.token_hit_rate,
+            "ideal_prefix_block_hit_rate": ideal.block_hit_rate}  # fmt: skip
+
+
+def _write_tables(
+    output_dir: Path,
+    summaries: list[dict],
+    steps: list[pd.DataFrame],
+    requests: list[pd.DataFrame],
+    metadata: dict[str, str],
+) -> None:
+    write_table(pd.DataFrame(summaries), output_dir / "summary.parquet", metadata)
+    write_table(pd.concat(steps, ignore_index=True), output_dir / "steps.parquet", metadata)
+    write_table(pd.concat(requests, ignore_index=True), output_dir / "requests.parquet", metadata)

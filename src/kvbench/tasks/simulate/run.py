@@ -1,0 +1,219 @@
+"""One ``task=simulate`` run of the app: the grid of settings, then the sweep analyses.
+
+``run_experiment`` replays every workload x rate x allocator of one setting. A study adds what
+needs several settings or several rates:
+
+- a grid over ``block_sizes`` x ``preemption_modes`` (Fig. 18b, Fig. 19): one ``run_experiment``
+  per point, each in its own folder ``block_size=B,preemption=MODE/`` (like a Hydra multirun's
+  jobs, so the report reads both the same way);
+- knees of every rate sweep (Fig. 12) in ``knees.parquet`` and ``plots/latency_vs_rate``;
+- latency vs block size (``plots/latency_vs_block_size``, ``plots/recompute_vs_swap``);
+- with ``capacity.target_request_rate``: the fleet each allocator needs (``capacity.parquet``,
+  ``plots/capacity_cost``), measured at its operating rate in ``operating/<allocator>/``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+from omegaconf import DictConfig, OmegaConf
+
+from kvbench.analysis.capacity import fleet_frame, with_fleet_memory
+from kvbench.analysis.curves import knee_ratios, knees_frame
+from kvbench.config import KvbenchConfig
+from kvbench.core.specs import Deployment
+from kvbench.plots.capacity_chart import plot_capacity
+from kvbench.plots.sweep_charts import plot_latency_vs_block_size, plot_latency_vs_rate
+from kvbench.tables.parquet import write_table
+from kvbench.tables.provenance import provenance
+from kvbench.tasks.simulate.experiment import run_experiment
+
+OPERATING_SUFFIX = "_operating"
+# Replicas added past the knee's count when the operating run misses the bound.
+MAX_EXTRA_REPLICAS = 3
+
+
+@dataclass(frozen=True)
+class GridPoint:
+    """One setting of the grid: a block size, a preemption mode, and (for per-workload rate
+    lists) the one workload it replays (None: every workload of the run)."""
+
+    block_size: int
+    preemption: str
+    workload: str | None = None
+
+    @property
+    def dir_name(self) -> str:
+        """The point's folder, named like a Hydra multirun job's overrides."""
+        name = f"block_size={self.block_size},preemption={self.preemption}"
+        return name if self.workload is None else f"workload={self.workload},{name}"
+
+
+def is_grid(cfg: KvbenchConfig) -> bool:
+    """Whether the run splits into grid points (else it is one ``run_experiment``)."""
+    return bool(cfg.block_sizes or cfg.preemption_modes or cfg.workload_request_rates)
+
+
+def grid_points(cfg: KvbenchConfig) -> list[GridPoint]:
+    """Every (workload, preemption, block size) the run covers; one point when no list is set."""
+    sizes = cfg.block_sizes or [cfg.allocator.block_size]
+    modes = cfg.preemption_modes or [cfg.scheduler.preemption]
+    workloads: list[str | None] = list(cfg.workload_request_rates) or [None]
+    return [
+        GridPoint(size, mode, workload)
+        for workload in workloads
+        for mode in modes
+        for size in sizes
+    ]
+
+
+def point_config(
+    cfg: KvbenchConfig, raw: DictConfig | None, point: GridPoint
+) -> tuple[KvbenchConfig, DictConfig | None]:
+    """``cfg`` (and its raw form, for provenance) set to one grid point."""
+    updates: dict[str, object] = {
+        "allocator.block_size": point.block_size,
+        "scheduler.preemption": point.preemption,
+        "block_sizes": [],
+        "preemption_modes": [],
+        "workload_request_rates": {},
+    }
+    typed = dataclasses.replace(
+        cfg,
+        allocator=dataclasses.replace(cfg.allocator, block_size=point.block_size),
+        scheduler=dataclasses.replace(cfg.scheduler, preemption=point.preemption),
+        block_sizes=[],
+        preemption_modes=[],
+        workload_request_rates={},
+    )
+    if point.workload is not None:
+        rates = [float(rate) for rate in cfg.workload_request_rates[point.workload]]
+        updates["request_rates"] = rates
+        typed = dataclasses.replace(typed, request_rates=rates)
+        if cfg.workloads:
+            only = {point.workload: cfg.workloads[point.workload]}
+            updates["workloads"] = {point.workload: _raw_workload(raw, point.workload)}
+            typed = dataclasses.replace(typed, workloads=only)
+    return typed, _updated(raw, updates)
+
+
+def _raw_workload(raw: DictConfig | None, label: str) -> object:
+    return None if raw is None else OmegaConf.to_container(raw.workloads[label])
+
+
+def _updated(raw: DictConfig | None, updates: dict[str, object]) -> DictConfig | None:
+    if raw is None:
+        return None
+    copy = OmegaConf.create(OmegaConf.to_container(raw))
+    for key, value in updates.items():
+        OmegaConf.update(copy, key, value, merge=False, force_add=True)
+    return copy  # type: ignore[return-value]
+
+
+def run_study(
+    cfg: KvbenchConfig, deployment: Deployment, raw: DictConfig | None, output_dir: Path
+) -> pd.DataFrame:
+    """Run the grid (or the single setting), then the analyses; returns every summary row."""
+    if is_grid(cfg):
+        summaries = []
+        for point in grid_points(cfg):
+            point_cfg, point_raw = point_config(cfg, raw, point)
+            folder = output_dir / point.dir_name
+            summaries.append(run_experiment(point_cfg, deployment, point_raw, folder))
+        summary = pd.concat(summaries, ignore_index=True)
+    else:
+        summary = run_experiment(cfg, deployment, raw, output_dir)
+    write_analyses(cfg, deployment, raw, summary, output_dir)
+    return summary
+
+
+def write_analyses(
+    cfg: KvbenchConfig,
+    deployment: Deployment,
+    raw: DictConfig | None,
+    summary: pd.DataFrame,
+    output_dir: Path,
+) -> None:
+    """Knees, block-size and preemption charts, and the capacity table, where the run has them."""
+    plots = output_dir / "plots"
+    metadata = provenance(raw)
+    knees = knee_ratios(
+        knees_frame(summary, cfg.knee.latency_multiple, cfg.knee.max_latency_s_per_token)
+    )
+    if not knees.empty:
+        write_table(knees, output_dir / "knees.parquet", metadata)
+        if cfg.plots:
+            plot_latency_vs_rate(summary, knees, plots)
+    if cfg.plots and summary["block_size"].nunique() > 1:
+        compares_preemption = summary["preemption"].nunique() > 1
+        name = "recompute_vs_swap" if compares_preemption else "latency_vs_block_size"
+        plot_latency_vs_block_size(summary, plots, name)
+    target = cfg.capacity.target_request_rate
+    if target is not None:
+        if knees.empty:
+            raise ValueError("capacity.target_request_rate needs a rate sweep (request_rates)")
+        fleet = _measured_fleet(cfg, deployment, raw, knees, target, output_dir)
+        write_table(fleet, output_dir / "capacity.parquet", metadata)
+        if cfg.plots:
+            plot_capacity(fleet, plots)
+
+
+def _measured_fleet(
+    cfg: KvbenchConfig,
+    deployment: Deployment,
+    raw: DictConfig | None,
+    knees: pd.DataFrame,
+    target: float,
+    output_dir: Path,
+) -> pd.DataFrame:
+    """The fleet per allocator, measured at its per-replica operating rate.
+
+    The knee is interpolated between sampled rates, so a replica run at ``target / replicas``
+    can land just over the bound: then one more replica is added and measured again.
+    """
+    price = cfg.hardware.price_per_gpu_hour
+    price = float("nan") if price is None else price
+    fleet = fleet_frame(knees, target, price)
+    replicas: dict[str, float] = {}
+    operating = []
+    for row in fleet.itertuples(index=False):
+        if row.replicas != row.replicas:  # NaN: the allocator cannot meet the bound at all
+            continue
+        count = row.replicas
+        for _ in range(MAX_EXTRA_REPLICAS + 1):
+            measured = _run_operating_point(cfg, deployment, raw, row, target / count, output_dir)
+            if measured["normalized_latency_s_per_token"].iloc[0] <= row.latency_bound_s_per_token:
+                break
+            count += 1
+        replicas[row.allocator] = count
+        operating.append(measured)
+    fleet = fleet_frame(knees, target, price, replicas)
+    if not operating:
+        nan = float("nan")
+        return fleet.assign(kv_pool_gb_fleet=nan, kv_held_gb=nan, kv_used_gb=nan,
+                            operating_latency_s_per_token=nan, kv_held_over_used=nan)  # fmt: skip
+    measured = pd.concat(operating, ignore_index=True).assign(experiment=cfg.experiment_name)
+    return with_fleet_memory(fleet, measured)
+
+
+def _run_operating_point(
+    cfg: KvbenchConfig,
+    deployment: Deployment,
+    raw: DictConfig | None,
+    row: object,
+    rate: float,
+    output_dir: Path,
+) -> pd.DataFrame:
+    """One allocator at one per-replica rate, in ``operating/<allocator>,<point>/``."""
+    point = GridPoint(int(row.block_size), str(row.preemption))  # type: ignore[attr-defined]
+    point_cfg, point_raw = point_config(cfg, raw, point)
+    allocator = str(row.allocator)  # type: ignore[attr-defined]
+    # A measurement for the capacity table: its charts would only repeat the sweep's.
+    updates = {"request_rates": [float(rate)], "allocators": [allocator], "plots": False,
+               "experiment_name": f"{cfg.experiment_name}{OPERATING_SUFFIX}"}  # fmt: skip
+    point_cfg = dataclasses.replace(point_cfg, **updates)  # type: ignore[arg-type]
+    folder = output_dir / "operating" / f"{allocator},{point.dir_name}"
+    return run_experiment(point_cfg, deployment, _updated(point_raw, updates), folder)

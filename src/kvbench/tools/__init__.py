@@ -1,0 +1,1 @@
+"""Developer tools: the engine benchmark and the kernel-overhead CI gate."""
