@@ -18,7 +18,7 @@ from kvbench.tasks.equivalence.trajectories import (
     scramble_free_blocks,
     stock_trajectories,
 )
-from kvbench.workloads.errors import TokenizerUnavailableError
+from kvbench.workloads.schema import TokenizerUnavailableError
 
 BLOCK_SIZE = 8
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -10,9 +11,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from kvbench.workloads import load_trace, save_trace
-from kvbench.workloads.stats import arrival_statistics, repeated_block_fraction
-from kvbench.workloads.transforms import filter_vllm
+from kvbench.workloads import formats, load_trace, save_trace
+from kvbench.workloads.formats import FORMAT_NAMES, SCHEMAS
+from kvbench.workloads.schema import ReadOptions
+from kvbench.workloads.transforms import arrival_statistics, filter_vllm, repeated_block_fraction
 
 TRACES_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
 
@@ -130,6 +132,29 @@ def test_explicit_format_overrides_detection(tmp_path):
     assert load_trace(path, format="lengths")["prompt_tokens"].tolist() == [3]
     with pytest.raises(ValueError, match="format='csv' is unknown"):
         load_trace(path, format="csv")
+
+
+def test_every_format_is_one_schema_entry_with_its_converter():
+    names = tuple(schema.name for schema in SCHEMAS)
+    assert names == FORMAT_NAMES[1:] and FORMAT_NAMES[0] == "auto"
+    assert all(callable(schema.convert) for schema in SCHEMAS)
+
+
+def test_load_trace_converts_through_the_entry_of_the_format(tmp_path, monkeypatch):
+    path = tmp_path / "lengths.csv"
+    path.write_text("prompt_tokens,output_tokens\n3,4\n")
+    calls = []
+
+    def spy(raw, locator, options):
+        calls.append((tuple(raw.columns), locator.container, options))
+        return formats.from_lengths(raw, locator, options)
+
+    entry = dataclasses.replace(formats.LENGTHS_SCHEMA, convert=spy)
+    monkeypatch.setitem(formats.SCHEMAS_BY_NAME, "lengths", entry)
+    frame = load_trace(path, format="lengths", tokenizer="some/tokenizer")
+    assert calls == [(("prompt_tokens", "output_tokens"), "csv",
+                      ReadOptions("some/tokenizer", None))]
+    assert frame.attrs["format"] == "lengths" and frame["output_tokens"].tolist() == [4]
 
 
 def _sharegpt_records() -> list[dict]:

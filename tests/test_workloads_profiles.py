@@ -15,11 +15,14 @@ import pandas as pd
 import pytest
 
 from kvbench.workloads import available_profiles, load_trace, sample_profile
-from kvbench.workloads.binning import fine_bin_edges
-from kvbench.workloads.profile_derive import derive_profile
-from kvbench.workloads.profiles import load_profile, profile_from_tables, sample_lengths
-from kvbench.workloads.stats import length_statistics
-from kvbench.workloads.transforms import filter_vllm
+from kvbench.workloads.profiles import (
+    derive_profile,
+    fine_bin_edges,
+    load_profile,
+    profile_from_tables,
+    sample_lengths,
+)
+from kvbench.workloads.transforms import filter_vllm, length_statistics
 
 TRACES_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
 PROFILES = ("sharegpt", "alpaca", "azure_conv", "sharegpt_multiturn", "arxiv", "mooncake")

@@ -16,7 +16,7 @@ from kvbench.workloads import (
     sort_and_renumber,
     system_prompt_workload,
 )
-from kvbench.workloads.frames import trace_frame
+from kvbench.workloads.frame import trace_frame
 
 lengths = st.lists(st.tuples(st.integers(0, 5000), st.integers(0, 5000)), min_size=1,
                    max_size=60)

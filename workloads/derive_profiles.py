@@ -8,7 +8,7 @@ Writes, beside this script:
 
 * ``profiles/<name>.csv`` (joint histogram over coarse bands) and ``profiles/<name>.marginals.csv``
   (fine prompt/output histograms): the format is documented in
-  ``kvbench.workloads.profile_derive``;
+  ``kvbench.workloads.profiles``;
 * ``profiles/summary.csv``: one row of measured statistics per profile (also the list of
   profiles kvbench knows);
 * ``<name>.md``: the workload card (source, licence, columns, measured statistics, fidelity).
@@ -25,21 +25,22 @@ from pathlib import Path
 
 import pandas as pd
 
-from kvbench.workloads.load import load_trace
-from kvbench.workloads.profile_derive import ProfileTables, derive_profile
 from kvbench.workloads.profiles import (
     SUMMARY_FILE,
+    ProfileTables,
+    derive_profile,
     profile_file_names,
     profile_from_tables,
     sample_lengths,
 )
-from kvbench.workloads.stats import (
+from kvbench.workloads.trace_io import load_trace
+from kvbench.workloads.transforms import (
     LENGTH_STATISTICS,
+    filter_vllm,
     length_statistics,
     repeated_block_fraction,
     trace_statistics,
 )
-from kvbench.workloads.transforms import filter_vllm
 
 WORKLOADS_DIR = Path(__file__).resolve().parent
 DEFAULT_TRACES_DIR = WORKLOADS_DIR.parent.parent / "shared" / "traces"

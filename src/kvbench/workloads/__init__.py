@@ -9,29 +9,36 @@ Typical use::
 ``load_trace`` reads Vidur/Sarathi, Azure, Mooncake, lengths CSVs, Alpaca and ShareGPT raw text
 (tokenized) and kvbench's own parquet; the shipped profiles (``sample_profile``) make the
 default workloads run offline.
+
+Modules, bottom to top: ``schema`` (columns, errors, row locations, what a trace format is),
+``raw_reading`` (a file's own rows: container sniffing, reading, diagnosis), ``frame`` (value
+checks and the typed canonical frame), ``tokenizer``, ``formats`` (one ``TraceSchema`` entry per
+format, its converter on it), ``trace_io`` (``load_trace``, ``save_trace``), ``generators``
+(seeding, arrival processes, synthetic workloads), ``transforms`` (filter, clip, sample;
+statistics), ``profiles`` (derive, ship, sample), ``prefix_reuse``, ``beam_ancestry``, ``config``
+(``WorkloadConfig``) and ``build`` (``build_workload``, ``to_requests``).
 """
 
-from kvbench.workloads.arrivals import (
+from kvbench.workloads.build import build_workload, to_requests
+from kvbench.workloads.config import WorkloadConfig, validate_workload_config
+from kvbench.workloads.generators import (
     burst_arrivals,
+    fixed_workload,
     gamma_arrivals,
     poisson_arrivals,
     scale_trace_arrivals,
+    system_prompt_workload,
 )
-from kvbench.workloads.build import build_workload
-from kvbench.workloads.config import WorkloadConfig, validate_workload_config
-from kvbench.workloads.errors import TokenizerUnavailableError, TraceError, UnsortedTraceWarning
-from kvbench.workloads.load import load_trace
-from kvbench.workloads.parquet_io import save_trace
 from kvbench.workloads.profiles import available_profiles, load_profile, sample_profile
-from kvbench.workloads.request_conversion import to_requests
-from kvbench.workloads.stats import trace_statistics
-from kvbench.workloads.synthetic import fixed_workload, system_prompt_workload
+from kvbench.workloads.schema import TokenizerUnavailableError, TraceError, UnsortedTraceWarning
 from kvbench.workloads.tokenizer import load_tokenizer
+from kvbench.workloads.trace_io import load_trace, save_trace
 from kvbench.workloads.transforms import (
     clip_to_max_len,
     filter_vllm,
     sample_requests,
     sort_and_renumber,
+    trace_statistics,
 )
 
 __all__ = [

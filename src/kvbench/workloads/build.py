@@ -1,4 +1,5 @@
-"""``build_workload``: a WorkloadConfig in, the replayable request table out."""
+"""The top of the workloads stage: ``build_workload`` turns a WorkloadConfig into the replayable
+request table, ``to_requests`` that table into the frozen Request records the engine consumes."""
 
 from __future__ import annotations
 
@@ -8,19 +9,32 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from kvbench.workloads.arrivals import (
+from kvbench.core.request import Request
+from kvbench.workloads.config import WorkloadConfig, as_workload_config, validate_workload_config
+from kvbench.workloads.frame import trace_frame
+from kvbench.workloads.generators import (
     burst_arrivals,
+    fixed_workload,
     gamma_arrivals,
     poisson_arrivals,
     scale_trace_arrivals,
+    stream,
+    system_prompt_workload,
 )
-from kvbench.workloads.columns import ARRIVAL_S, BEAM_WIDTH, NUM_SAMPLES
-from kvbench.workloads.config import WorkloadConfig, as_workload_config, validate_workload_config
-from kvbench.workloads.frames import trace_frame
-from kvbench.workloads.load import load_trace
 from kvbench.workloads.profiles import load_profile, sample_lengths
-from kvbench.workloads.seeding import stream
-from kvbench.workloads.synthetic import fixed_workload, system_prompt_workload
+from kvbench.workloads.schema import (
+    ARRIVAL_S,
+    BEAM_WIDTH,
+    HASH_BLOCK_TOKENS_ATTR,
+    NUM_SAMPLES,
+    OUTPUT_TOKENS,
+    PREFIX_BLOCK_HASHES,
+    PREFIX_GROUP,
+    PREFIX_TOKENS,
+    PROMPT_TOKENS,
+    REQUEST_ID,
+)
+from kvbench.workloads.trace_io import load_trace
 from kvbench.workloads.transforms import (
     clip_to_max_len,
     filter_vllm,
@@ -28,7 +42,7 @@ from kvbench.workloads.transforms import (
     sort_and_renumber,
 )
 
-# Independent random streams of one seed (see seeding.stream).
+# Independent random streams of one seed (see generators.stream).
 _SAMPLING_STREAM = 0
 _ARRIVAL_STREAM = 1
 # Profile sampling draws until enough requests pass the filter; give up after this many
@@ -47,6 +61,7 @@ def _profile_rows(cfg: WorkloadConfig, max_model_len: int) -> pd.DataFrame:
     """Draw from the profile until ``num_requests`` requests survive filter and clipping."""
     profile = load_profile(cfg.name)
     rng = stream(cfg.seed, _SAMPLING_STREAM)
+    assert cfg.num_requests is not None  # validate_workload_config requires it for profiles
     num_wanted = int(cfg.num_requests)
     kept: list[pd.DataFrame] = []
     num_kept = num_drawn = 0
@@ -68,6 +83,7 @@ def _profile_rows(cfg: WorkloadConfig, max_model_len: int) -> pd.DataFrame:
 def _trace_rows(cfg: WorkloadConfig, max_model_len: int) -> pd.DataFrame:
     """The trace, shaped; then its first N rows (arrival=trace keeps the trace's time order) or
     N rows sampled at random (other arrivals; with replacement when N exceeds the rows)."""
+    assert cfg.path is not None  # validate_workload_config requires it for traces
     trace = _shape(load_trace(cfg.path, cfg.format, tokenizer=cfg.tokenizer), cfg, max_model_len)
     if trace.empty:
         raise ValueError(f"workload {cfg.name}: no request of {cfg.path} passes filter="
@@ -85,6 +101,7 @@ def _trace_rows(cfg: WorkloadConfig, max_model_len: int) -> pd.DataFrame:
 
 def _synthetic_rows(cfg: WorkloadConfig, max_model_len: int) -> pd.DataFrame:
     if cfg.name == "fixed":
+        assert cfg.num_requests is not None  # validate_workload_config requires it for fixed
         rows = fixed_workload(int(cfg.num_requests), cfg.prompt_tokens, cfg.output_tokens)
     else:
         rows = system_prompt_workload(cfg.num_users, cfg.system_prompt_tokens,
@@ -97,15 +114,17 @@ def _synthetic_rows(cfg: WorkloadConfig, max_model_len: int) -> pd.DataFrame:
 
 
 def _arrival_times(cfg: WorkloadConfig, rows: pd.DataFrame) -> np.ndarray:
+    if cfg.arrival == "burst":
+        return burst_arrivals(len(rows))
+    if cfg.arrival == "trace":
+        return scale_trace_arrivals(rows[ARRIVAL_S].to_numpy(), cfg.time_scale,
+                                    cfg.request_rate or None)
+    # poisson or gamma: validate_workload_config requires a rate for them.
+    assert cfg.request_rate is not None
     rng = stream(cfg.seed, _ARRIVAL_STREAM)
     if cfg.arrival == "poisson":
         return poisson_arrivals(len(rows), float(cfg.request_rate), rng)
-    if cfg.arrival == "gamma":
-        return gamma_arrivals(len(rows), float(cfg.request_rate), cfg.cv, rng)
-    if cfg.arrival == "burst":
-        return burst_arrivals(len(rows))
-    return scale_trace_arrivals(rows[ARRIVAL_S].to_numpy(), cfg.time_scale,
-                                cfg.request_rate or None)
+    return gamma_arrivals(len(rows), float(cfg.request_rate), cfg.cv, rng)
 
 
 def build_workload(cfg: WorkloadConfig | Any, max_model_len: int) -> pd.DataFrame:
@@ -145,3 +164,50 @@ def build_workload(cfg: WorkloadConfig | Any, max_model_len: int) -> pd.DataFram
         workload[BEAM_WIDTH] = cfg.beam_width
     workload.attrs.update({"workload": cfg.name, "max_model_len": max_model_len})
     return workload
+
+
+def _optional_column(df: pd.DataFrame, name: str, default: object) -> list[Any]:
+    return df[name].tolist() if name in df.columns else [default] * len(df)
+
+
+def to_requests(df: pd.DataFrame) -> list[Request]:
+    """One :class:`~kvbench.core.request.Request` per row, in row order.
+
+    ``prefix_group`` (<NA> → None) and ``prefix_tokens`` are mapped when present;
+    ``prefix_block_hashes`` becomes a tuple, with ``hash_block_tokens`` from
+    ``df.attrs["hash_block_tokens"]``.
+
+    Raises:
+        ValueError: a row has no arrival time (NaN): give the workload arrivals first.
+    """
+    arrivals_s = df[ARRIVAL_S].tolist()
+    missing = next((i for i, arrival in enumerate(arrivals_s) if math.isnan(arrival)), None)
+    if missing is not None:
+        raise ValueError(f"row {missing + 1} has arrival_s NaN; expected arrival times "
+                         f"(build_workload assigns them)")
+    has_hashes = PREFIX_BLOCK_HASHES in df.columns
+    hash_block_tokens = int(df.attrs.get(HASH_BLOCK_TOKENS_ATTR, 0)) if has_hashes else 0
+    columns = zip(
+        df[REQUEST_ID].tolist(), arrivals_s, df[PROMPT_TOKENS].tolist(),
+        df[OUTPUT_TOKENS].tolist(), _optional_column(df, PREFIX_GROUP, None),
+        _optional_column(df, PREFIX_TOKENS, 0), _optional_column(df, PREFIX_BLOCK_HASHES, ()),
+        _optional_column(df, NUM_SAMPLES, 1), _optional_column(df, BEAM_WIDTH, 1),
+        strict=True,
+    )
+    return [
+        Request(
+            request_id=int(request_id),
+            arrival_s=float(arrival_s),
+            prompt_tokens=int(prompt_tokens),
+            output_tokens=int(output_tokens),
+            prefix_group=None if pd.isna(group) else int(group),
+            prefix_tokens=int(prefix_tokens),
+            prefix_block_hashes=tuple(int(block) for block in hashes),
+            hash_block_tokens=hash_block_tokens,
+            num_samples=int(num_samples),
+            beam_width=int(beam_width),
+        )
+        for request_id, arrival_s, prompt_tokens, output_tokens, group, prefix_tokens, hashes,
+        num_samples, beam_width
+        in columns
+    ]

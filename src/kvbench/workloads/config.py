@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass, fields
 from typing import Any
 
-from kvbench.workloads.schemas import FORMAT_NAMES
+from kvbench.workloads.formats import FORMAT_NAMES
 from kvbench.workloads.transforms import (
     VLLM_MAX_PROMPT_TOKENS,
     VLLM_MAX_TOTAL_TOKENS,

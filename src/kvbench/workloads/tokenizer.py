@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 from tqdm.auto import tqdm
 
-from kvbench.workloads.errors import TokenizerUnavailableError
+from kvbench.workloads.schema import TokenizerUnavailableError
 
 logger = logging.getLogger(__name__)
 

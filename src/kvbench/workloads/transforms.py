@@ -1,7 +1,9 @@
-"""Pure transformations of trace DataFrames: vLLM's filter, clipping, sampling, renumbering.
+"""Pure functions of trace DataFrames: the transformations a workload goes through (vLLM's
+filter, clipping, sampling, renumbering) and the summary statistics that describe one (what the
+workload cards and the fidelity tests compare).
 
-None of them reads or writes files; each returns a new DataFrame and leaves its input untouched
-(``attrs`` such as ``hash_block_tokens`` are carried over).
+None of them reads or writes files; each transformation returns a new DataFrame and leaves its
+input untouched (``attrs`` such as ``hash_block_tokens`` are carried over).
 """
 
 from __future__ import annotations
@@ -9,14 +11,25 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from kvbench.workloads.columns import ARRIVAL_S, OUTPUT_TOKENS, PROMPT_TOKENS, REQUEST_ID
-from kvbench.workloads.seeding import SeedLike, as_generator
+from kvbench.workloads.generators import SeedLike, as_generator
+from kvbench.workloads.schema import (
+    ARRIVAL_S,
+    OUTPUT_TOKENS,
+    PREFIX_BLOCK_HASHES,
+    PROMPT_TOKENS,
+    REQUEST_ID,
+)
 
 # vLLM's benchmarks/benchmark_serving.py (sample_sharegpt_requests) prunes with these bounds.
 VLLM_MIN_PROMPT_TOKENS = 4
 VLLM_MIN_OUTPUT_TOKENS = 4
 VLLM_MAX_PROMPT_TOKENS = 1024
 VLLM_MAX_TOTAL_TOKENS = 2048
+# The length percentiles the statistics report (trace_statistics, the workload cards).
+PERCENTILES = (50, 90, 99)
+LENGTH_STATISTICS = ("mean", *(f"p{p}" for p in PERCENTILES), "max")
+
+# --- Transformations ---
 
 
 def _with_attrs(result: pd.DataFrame, source: pd.DataFrame) -> pd.DataFrame:
@@ -89,3 +102,52 @@ def sort_and_renumber(df: pd.DataFrame) -> pd.DataFrame:
     ordered = df.sort_values(ARRIVAL_S, kind="stable").reset_index(drop=True)
     ordered[REQUEST_ID] = np.arange(len(ordered), dtype="int64")
     return _with_attrs(ordered, df)
+
+
+# --- Statistics ---
+
+
+def length_statistics(tokens: np.ndarray | pd.Series) -> dict[str, float]:
+    """mean, p50, p90, p99 (numpy's linear interpolation) and max of token counts."""
+    values = np.asarray(tokens, dtype="float64")
+    statistics = {"mean": float(values.mean())}
+    for percentile in PERCENTILES:
+        statistics[f"p{percentile}"] = float(np.percentile(values, percentile))
+    statistics["max"] = float(values.max())
+    return statistics
+
+
+def arrival_statistics(arrival_s: np.ndarray | pd.Series) -> dict[str, float]:
+    """Span (s), mean rate (requests / span) and coefficient of variation of the gaps."""
+    times_s = np.sort(np.asarray(arrival_s, dtype="float64"))
+    span_s = float(times_s[-1] - times_s[0])
+    gaps_s = np.diff(times_s)
+    return {
+        "span_s": span_s,
+        "request_rate": len(times_s) / span_s if span_s > 0 else float("inf"),
+        "interarrival_cv": float(gaps_s.std() / gaps_s.mean()) if gaps_s.mean() > 0 else 0.0,
+    }
+
+
+def repeated_block_fraction(df: pd.DataFrame) -> float:
+    """Share of prompt blocks whose hash already appeared in an earlier request (or earlier in
+    the same prompt), in row order: the blocks a perfect prefix cache would not recompute."""
+    seen: set[int] = set()
+    num_blocks = num_repeated = 0
+    for hashes in df[PREFIX_BLOCK_HASHES]:
+        for block_hash in hashes:
+            num_blocks += 1
+            num_repeated += block_hash in seen
+            seen.add(block_hash)
+    return num_repeated / num_blocks if num_blocks else 0.0
+
+
+def trace_statistics(df: pd.DataFrame) -> dict[str, float]:
+    """Rows, prompt_*/output_* length statistics, and arrival statistics when timestamps exist."""
+    statistics: dict[str, float] = {"rows": float(len(df))}
+    for prefix, column in (("prompt", PROMPT_TOKENS), ("output", OUTPUT_TOKENS)):
+        for key, value in length_statistics(df[column]).items():
+            statistics[f"{prefix}_{key}"] = value
+    if not df[ARRIVAL_S].isna().all():
+        statistics.update(arrival_statistics(df[ARRIVAL_S]))
+    return statistics

@@ -1,15 +1,30 @@
-"""Check and convert the value columns of a raw trace, naming the first bad row on failure."""
+"""The typed canonical trace frame: raw columns checked and converted (naming the first bad row
+on failure), built into the DataFrame ``load_trace`` returns, and put in arrival order."""
 
 from __future__ import annotations
+
+import warnings
+from collections.abc import Sequence
 
 import numpy as np
 import pandas as pd
 
-from kvbench.workloads.errors import TraceError
-from kvbench.workloads.locations import RowLocator
-from kvbench.workloads.schemas import TraceSchema
+from kvbench.workloads.schema import (
+    ARRIVAL_S,
+    HASH_BLOCK_TOKENS_ATTR,
+    OUTPUT_TOKENS,
+    PREFIX_BLOCK_HASHES,
+    PROMPT_TOKENS,
+    REQUEST_ID,
+    RowLocator,
+    TraceError,
+    TraceSchema,
+    UnsortedTraceWarning,
+)
 
 _TOKEN_COUNT = "a non-negative integer token count"
+
+# --- Value checks of the raw columns ---
 
 
 def require_columns(raw: pd.DataFrame, schema: TraceSchema, locator: RowLocator) -> None:
@@ -53,9 +68,9 @@ def token_counts(raw: pd.DataFrame, column: str, locator: RowLocator) -> np.ndar
     values = raw[column]
     if pd.api.types.is_integer_dtype(values) and not values.isna().any():
         counts = values.to_numpy(dtype="int64")
-        negative = np.flatnonzero(counts < 0)
-        if negative.size:
-            index = int(negative[0])
+        negative_rows = np.flatnonzero(counts < 0)
+        if negative_rows.size:
+            index = int(negative_rows[0])
             raise TraceError(locator.path, locator.row(index),
                              f"{column} = {counts[index]} is negative", _TOKEN_COUNT)
         return counts
@@ -112,7 +127,6 @@ def block_hash_lists(raw: pd.DataFrame, column: str, locator: RowLocator) -> lis
     return hash_lists
 
 
-
 def nullable_counts(raw: pd.DataFrame, column: str, locator: RowLocator) -> pd.Series:
     """``raw[column]`` as a nullable Int64 series: empty cells become <NA>, others must be >= 0."""
     values = raw[column]
@@ -135,3 +149,58 @@ def optional_seconds(raw: pd.DataFrame, column: str, locator: RowLocator) -> np.
     if column not in raw.columns or _is_blank(raw[column]).all():
         return None
     return seconds(raw, column, locator)
+
+
+# --- The canonical frame ---
+
+
+def trace_frame(
+    prompt_tokens: np.ndarray,
+    output_tokens: np.ndarray,
+    arrival_s: np.ndarray | None = None,
+    request_ids: np.ndarray | None = None,
+    prefix_block_hashes: Sequence[list[int]] | None = None,
+    hash_block_tokens: int = 0,
+) -> pd.DataFrame:
+    """The canonical trace DataFrame (column order and dtypes of ``load_trace``).
+
+    ``request_ids`` default to the row positions; ``arrival_s`` to NaN (no timestamps).
+    """
+    num_rows = len(prompt_tokens)
+    columns = {
+        REQUEST_ID: np.arange(num_rows) if request_ids is None else request_ids,
+        ARRIVAL_S: np.full(num_rows, np.nan) if arrival_s is None else arrival_s,
+        PROMPT_TOKENS: prompt_tokens,
+        OUTPUT_TOKENS: output_tokens,
+    }
+    frame = pd.DataFrame(columns).astype(
+        {REQUEST_ID: "int64", ARRIVAL_S: "float64", PROMPT_TOKENS: "int64", OUTPUT_TOKENS: "int64"}
+    )
+    if prefix_block_hashes is not None:
+        frame[PREFIX_BLOCK_HASHES] = pd.Series(list(prefix_block_hashes), dtype=object)
+        frame.attrs[HASH_BLOCK_TOKENS_ATTR] = int(hash_block_tokens)
+    return frame
+
+
+def sort_by_arrival(frame: pd.DataFrame, locator: RowLocator) -> pd.DataFrame:
+    """``frame`` in arrival order, stably; warns (UnsortedTraceWarning) when it had to reorder.
+
+    Rows keep their ``request_id`` (the source row), so a reordered trace can be traced back.
+    Frames without timestamps (all NaN) are returned as they are.
+    """
+    arrival_s = frame[ARRIVAL_S].to_numpy()
+    backwards = np.flatnonzero(arrival_s[1:] < arrival_s[:-1])
+    if backwards.size == 0:
+        return frame
+    first_index = int(backwards[0]) + 1
+    warnings.warn(
+        f"{locator.path}: {locator.row(first_index)}: arrival goes back in time "
+        f"({backwards.size} row(s) earlier than the row above); rows were sorted stably by "
+        f"{ARRIVAL_S} and keep their {REQUEST_ID}",
+        UnsortedTraceWarning,
+        stacklevel=3,
+    )
+    attrs = dict(frame.attrs)
+    ordered = frame.sort_values(ARRIVAL_S, kind="stable").reset_index(drop=True)
+    ordered.attrs = attrs
+    return ordered

