@@ -361,11 +361,11 @@ class PagedAllocator:
         """Whether a token appended to one of the sequences could complete a prompt block the
         prefix cache hashes (it then has to see the append)."""
         assert self.prefix_cache is not None
-        num_hashed_blocks = self.prefix_cache.num_hashed_blocks
+        hashes_of_seq = self.prefix_cache.hashes_of_seq
         block_size = self.block_size
         sequences = self._sequences
         return any(
-            num_hashed_blocks(seq_id) > sequences[seq_id].num_tokens // block_size
+            len(hashes_of_seq[seq_id]) > sequences[seq_id].num_tokens // block_size
             for seq_id in seq_ids
         )
 

@@ -13,6 +13,8 @@ the blocks and the pool, and tells the cache what it admitted, filled, forked, f
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from kvbench.allocators.prefix_hashes import prompt_block_hashes
 from kvbench.core.request import Request
 
@@ -74,10 +76,11 @@ class PrefixCache:
                 self._block_of_hash[block_hash] = block_id
                 self._hash_of_block[block_id] = block_hash
 
-    def num_hashed_blocks(self, seq_id: int) -> int:
-        """Leading blocks of the sequence whose prompt tokens are known (those that can be
-        cached once full)."""
-        return len(self._hashes_of_seq[seq_id])
+    @property
+    def hashes_of_seq(self) -> Mapping[int, tuple[int, ...]]:
+        """Sequence id -> the chained hashes of its leading blocks whose prompt tokens are known
+        (those that get cached once full). Read only: for hot loops."""
+        return self._hashes_of_seq
 
     def forked(self, parent_id: int, child_id: int) -> None:
         """``child_id`` shares the parent's blocks (it found none of them in the cache)."""
