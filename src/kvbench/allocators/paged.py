@@ -107,8 +107,8 @@ class PagedAllocator:
         return num_new_blocks + needs_copy <= self._pool.num_free_blocks
 
     def append(self, seq_id: int, num_tokens: int = 1) -> bool:
-        """Grow the sequence, copying a shared last block first; prompt blocks it fills get
-        cached. False if no room (no change)."""
+        """Grow the sequence, copying a shared last block first (the prefix cache, if any,
+        caches the prompt blocks it fills). False if no room (no change)."""
         check_token_count(num_tokens)
         seq = self._sequences[seq_id]
         self._check_not_in_cohort(seq)
