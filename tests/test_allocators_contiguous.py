@@ -11,7 +11,7 @@ from kvbench.allocators import (
     NaiveOracleAllocator,
     NaivePow2Allocator,
 )
-from kvbench.allocators.naive_pow2 import output_guess_tokens
+from kvbench.allocators.contiguous import output_guess_tokens
 from kvbench.core.request import Request
 
 OPT13B_SLOTS = 15_728

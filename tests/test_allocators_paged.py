@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from kvbench.allocators import Allocator, MemoryUsage, PagedAllocator
-from kvbench.allocators.block_pool import BlockPool, RevivableBlockPool
+from kvbench.allocators.block_pool import BlockPool
 from kvbench.core.request import Request
 
 
@@ -28,20 +28,20 @@ def test_block_pool_reuses_the_least_recently_freed_block() -> None:
         pool.allocate()
 
 
-def test_revivable_pool_takes_a_free_block_from_the_middle_of_the_queue() -> None:
-    pool = RevivableBlockPool(3)
+def test_a_revivable_pool_takes_a_free_block_from_the_middle_of_the_queue() -> None:
+    pool = BlockPool(3, revivable=True)
     pool.incref(1)
     assert pool.ref_count(1) == 1
     assert [pool.allocate(), pool.allocate()] == [0, 2]
     with pytest.raises(ValueError):
-        RevivableBlockPool(3).decref(0)
-    with pytest.raises(ValueError, match="RevivableBlockPool"):
-        BlockPool(3).incref(1)  # the plain pool's deque only gives blocks from its head
+        BlockPool(3, revivable=True).decref(0)
+    with pytest.raises(ValueError, match="revivable"):
+        BlockPool(3).incref(1)  # the plain pool's queue only gives blocks from its head
 
 
-@pytest.mark.parametrize("pool_class", [BlockPool, RevivableBlockPool])
-def test_bulk_allocate_and_release_match_single_calls(pool_class: type[BlockPool]) -> None:
-    single, bulk = pool_class(6), pool_class(6)
+@pytest.mark.parametrize("revivable", [False, True])
+def test_bulk_allocate_and_release_match_single_calls(revivable: bool) -> None:
+    single, bulk = BlockPool(6, revivable=revivable), BlockPool(6, revivable=revivable)
     assert [single.allocate() for _ in range(4)] == bulk.allocate_many(4) == [0, 1, 2, 3]
     single.incref(2)
     bulk.incref(2)

@@ -174,7 +174,8 @@ class AllocatorMachine(RuleBasedStateMachine):
             _requested_slots(self.name, request, self.max_model_len), num_tokens
         )
         self.tokens[seq_id] = [self._token_for(seq_id, position) for position in range(num_tokens)]
-        cached_tokens = getattr(self.allocator, "cached_prefix_tokens", lambda _: 0)(seq_id)
+        prefix_cache = self.allocator.prefix_cache
+        cached_tokens = prefix_cache.cached_prefix_tokens(seq_id) if prefix_cache else 0
         assert cached_tokens % self.block_size == 0 and cached_tokens <= num_tokens
         self._write(seq_id, cached_tokens)  # cached blocks already hold these tokens
 

@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from kvbench.allocators import ALLOCATOR_NAMES, Allocator, make_allocator
+from kvbench.allocators import (
+    ALLOCATOR_NAMES,
+    Allocator,
+    CohortAllocator,
+    CopyOnWriteCounter,
+    make_allocator,
+)
 
 
 def test_names_in_report_order() -> None:
@@ -19,6 +25,17 @@ def test_make_allocator_builds_each_by_name(name: str) -> None:
     assert allocator.num_slots == 1000
     assert allocator.block_size == (16 if name.startswith("paged") else 1)
     assert allocator.usage().num_slots == 1000
+
+
+@pytest.mark.parametrize("name", ALLOCATOR_NAMES)
+def test_each_declares_its_abilities(name: str) -> None:
+    """The engine reads abilities from these declarations, never by probing attributes."""
+    allocator = make_allocator(name, 1000, 16, 256)
+    is_paged = name.startswith("paged")
+    assert (allocator.prefix_cache is not None) == (name == "paged_prefix")
+    assert allocator.forks_share_blocks == is_paged
+    assert isinstance(allocator, CopyOnWriteCounter) == is_paged
+    assert isinstance(allocator, CohortAllocator)
 
 
 def test_unknown_name_lists_the_allowed_ones() -> None:

@@ -81,7 +81,7 @@ def test_prefix_blocks_are_shared_and_forks_copy_on_write(tiny):
     shared_blocks = TINY_PREFIX_TOKENS // BLOCK_SIZE
     assert cases[0].prefix_tokens == TINY_PREFIX_TOKENS
     # Every prompt after the first finds the shared blocks (revived from the cached free ones).
-    assert runner.allocator.num_hit_blocks == (NUM_PROMPTS - 1) * shared_blocks
+    assert runner.allocator.prefix_cache.num_hit_blocks == (NUM_PROMPTS - 1) * shared_blocks
     # Prompts that end inside a block share that partial block with their fork: one copy each.
     partial = sum(len(case.token_ids) % BLOCK_SIZE != 0 for case in cases)
     assert partial > 0 and runner.allocator.num_copy_on_writes == partial

@@ -62,7 +62,7 @@ def test_smollm2_paged_decode_matches_the_stock_cache(smollm2, allocator, mode):
     model, tokenizer = smollm2
     runner = _check(model, tokenizer, 2, 16, allocator, mode)
     if allocator == "paged_prefix":
-        assert runner.allocator.num_hit_blocks > 0
+        assert runner.allocator.prefix_cache.num_hit_blocks > 0
 
 
 @pytest.mark.slow
@@ -88,7 +88,8 @@ def test_smollm2_ci_sized_paged_prefix_decode_matches_the_stock_cache(smollm2):
     # a few steps of the pretrained model (the slow test above runs 16).
     model, tokenizer = smollm2
     runner = _check(model, tokenizer, 2, 4, "paged_prefix", "paged")
-    assert runner.allocator.num_hit_blocks > 0 and runner.allocator.num_copy_on_writes > 0
+    assert runner.allocator.prefix_cache.num_hit_blocks > 0
+    assert runner.allocator.num_copy_on_writes > 0
 
 
 def test_the_converted_model_is_cached_under_kvbench_cache_dir(monkeypatch, tmp_path):

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from kvbench.allocators import PagedPrefixAllocator
+from kvbench.allocators import PagedAllocator
 from kvbench.core.request import Request
 from kvbench.workloads import load_trace, to_requests
 from kvbench.workloads.prefix_reuse import (
@@ -80,12 +80,14 @@ def test_it_matches_an_unbounded_paged_prefix_allocator_on_random_conversations(
         prompt = (len(hashes) - 1) * 32 + rng.randint(1, 32)
         requests.append(_hashed(request_id, hashes, prompt, unit=32))
     for block_size in (4, 16, 32, 64):
-        allocator = PagedPrefixAllocator(10**6, block_size, 10**4)
+        allocator = PagedAllocator(10**6, block_size, 10**4, enable_prefix_caching=True)
         for request in requests:  # admit and free in arrival order: freed blocks stay cached
             assert allocator.admit(request.request_id, request, request.prompt_tokens)
             allocator.free(request.request_id)
-        assert allocator.num_evicted_blocks == 0
-        assert ideal_prefix_reuse(requests, block_size).hit_blocks == allocator.num_hit_blocks
+        prefix_cache = allocator.prefix_cache
+        assert prefix_cache is not None
+        assert prefix_cache.num_evicted_blocks == 0
+        assert ideal_prefix_reuse(requests, block_size).hit_blocks == prefix_cache.num_hit_blocks
 
 
 def test_lru_reuse_distance_counts_distinct_blocks_touched_since_the_last_touch():

@@ -1,27 +1,43 @@
 """KV-cache allocators: the naive contiguous baselines (Orca) and the paged ones (vLLM).
 
+``base`` holds the contract (the ``Allocator`` protocol, the optional abilities an allocator
+declares, ``MemoryUsage``); ``contiguous`` the Orca baselines over a ``buddy`` arena; ``paged``
+the block tables over a ``block_pool``, advanced lazily by a ``cohort``, and optionally given a
+``prefix_cache`` (keyed by ``prefix_hashes``).
+
 ``make_allocator(name, ...)`` builds one by its registry name; ``ALLOCATOR_NAMES`` lists them in
-the order reports show them.
+the order reports show them. ``paged_prefix`` is the ``paged`` allocator with a prefix cache.
+A new allocator satisfies ``Allocator``, declares its abilities, and gets a registry entry here.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from kvbench.allocators.base import Allocator, CohortAllocator, MemoryUsage
-from kvbench.allocators.naive_max import NaiveMaxAllocator
-from kvbench.allocators.naive_oracle import NaiveOracleAllocator
-from kvbench.allocators.naive_pow2 import NaivePow2Allocator
+from kvbench.allocators.base import (
+    Allocator,
+    CohortAllocator,
+    CopyOnWriteCounter,
+    MemoryUsage,
+)
+from kvbench.allocators.contiguous import (
+    NaiveMaxAllocator,
+    NaiveOracleAllocator,
+    NaivePow2Allocator,
+)
 from kvbench.allocators.paged import PagedAllocator
-from kvbench.allocators.paged_prefix import PagedPrefixAllocator
+from kvbench.allocators.prefix_cache import PrefixCache
 
 # name -> factory(num_slots, block_size, max_model_len); contiguous allocators ignore block_size.
 _FACTORIES: dict[str, Callable[[int, int, int], Allocator]] = {
     NaiveMaxAllocator.name: lambda slots, _, max_len: NaiveMaxAllocator(slots, max_len),
     NaivePow2Allocator.name: lambda slots, _, max_len: NaivePow2Allocator(slots, max_len),
     NaiveOracleAllocator.name: lambda slots, _, max_len: NaiveOracleAllocator(slots, max_len),
-    PagedAllocator.name: PagedAllocator,
-    PagedPrefixAllocator.name: PagedPrefixAllocator,
+    "paged": PagedAllocator,
+    # vLLM's automatic prefix caching: the paged allocator given a prefix cache.
+    "paged_prefix": lambda slots, block_size, max_len: PagedAllocator(
+        slots, block_size, max_len, enable_prefix_caching=True
+    ),
 }
 
 ALLOCATOR_NAMES: tuple[str, ...] = tuple(_FACTORIES)
@@ -43,11 +59,12 @@ __all__ = [
     "ALLOCATOR_NAMES",
     "Allocator",
     "CohortAllocator",
+    "CopyOnWriteCounter",
     "MemoryUsage",
     "NaiveMaxAllocator",
     "NaiveOracleAllocator",
     "NaivePow2Allocator",
     "PagedAllocator",
-    "PagedPrefixAllocator",
+    "PrefixCache",
     "make_allocator",
 ]

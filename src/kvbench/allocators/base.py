@@ -1,4 +1,10 @@
-"""The allocator protocol and the memory-usage breakdown every allocator reports.
+"""The allocator contract: the protocol every allocator satisfies, the optional abilities some
+declare, and the memory-usage breakdown every allocator reports.
+
+``Allocator`` is what every allocator does. Abilities only some have are declared, never probed
+for: ``prefix_cache`` (a ``PrefixCache`` component or None) and ``forks_share_blocks`` are
+properties of every allocator, read on hot paths; ``CohortAllocator`` (lazy cohort rounds) and
+``CopyOnWriteCounter`` are protocols the engine checks with ``isinstance`` once per run.
 
 All sizes are in token slots: one slot holds the K and V of one token in every layer. Bytes are
 computed only by the catalog (``kvbench.core.specs``), from slots.
@@ -10,6 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Protocol, runtime_checkable
 
+from kvbench.allocators.prefix_cache import PrefixCache
 from kvbench.core.request import Request
 
 
@@ -63,27 +70,15 @@ class MemoryUsage:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
-@dataclass(frozen=True, slots=True)
-class CohortRounds:
-    """The next rounds of a cohort (``CohortAllocator``), while no member joins or leaves.
-
-    Attributes:
-        new_blocks: the round ``k`` rounds from now (0: the next) takes
-            ``new_blocks[k % len(new_blocks)]`` new blocks.
-        first_round: the cohort's index of the next round.
-        internal_frag_slots: cohort round index -> internal-fragmentation slots that round adds
-            (members entering the block of their final token); a read-only live view of the
-            cohort's calendar (rounds are dropped from it as they run): read it before advancing.
-    """
-
-    new_blocks: tuple[int, ...]
-    first_round: int
-    internal_frag_slots: Mapping[int, int]
+def check_token_count(num_tokens: int) -> None:
+    """Reject a negative token count (a caller bug, not a lack of memory)."""
+    if num_tokens < 0:
+        raise ValueError(f"num_tokens={num_tokens}: must be >= 0")
 
 
 @runtime_checkable
 class Allocator(Protocol):
-    """What the scheduler needs from a KV-cache allocator.
+    """What the scheduler needs from every KV-cache allocator.
 
     Sequences are named by integer ids chosen by the caller (a request's id, or a fresh id for a
     forked sample). Running out of memory is a normal return value (False), never an exception;
@@ -93,6 +88,17 @@ class Allocator(Protocol):
     name: str
     num_slots: int  # capacity of the pool in token slots
     block_size: int  # token slots per block-table entry (1 for the contiguous allocators)
+
+    @property
+    def prefix_cache(self) -> PrefixCache | None:
+        """The prefix cache the allocator consults at admission, or None when it has none."""
+        ...
+
+    @property
+    def forks_share_blocks(self) -> bool:
+        """Whether ``fork`` shares the parent's blocks (no new memory; it cannot fail) rather
+        than copying them into a reservation of the child's own."""
+        ...
 
     def can_admit(self, request: Request, num_tokens: int) -> bool:
         """Whether ``admit`` would succeed now, without changing anything."""
@@ -136,14 +142,9 @@ class Allocator(Protocol):
         ...
 
     def try_append_round(self, seq_ids: list[int]) -> bool:
-        """One round of single appends over ``seq_ids`` if all of them fit at once; False (no
-        change) otherwise."""
-        ...
-
-    def join_cohort(self, seq_ids: list[int]) -> bool:
-        """Put the sequences in the cohort that ``CohortAllocator.advance_cohort`` grows by a
-        token per round (lazily), or False (no change) when this allocator or these sequences
-        cannot be advanced that way."""
+        """One ``append(seq_id, 1)`` for each of ``seq_ids``, in one call, if all of them fit
+        at once; False (no change) otherwise. False is always a valid answer: the scheduler then
+        appends one by one."""
         ...
 
     def usage(self) -> MemoryUsage:
@@ -152,13 +153,44 @@ class Allocator(Protocol):
 
 
 @runtime_checkable
+class CopyOnWriteCounter(Protocol):
+    """Ability: the allocator counts the copy-on-writes it has made (a write into a shared,
+    partially filled block), for the run's records."""
+
+    num_copy_on_writes: int
+
+
+@dataclass(frozen=True, slots=True)
+class CohortRounds:
+    """The next rounds of a cohort (``CohortAllocator``), while no member joins or leaves.
+
+    Attributes:
+        new_blocks: the round ``k`` rounds from now (0: the next) takes
+            ``new_blocks[k % len(new_blocks)]`` new blocks.
+        first_round: the cohort's index of the next round.
+        internal_frag_slots: cohort round index -> internal-fragmentation slots that round adds
+            (members entering the block of their final token); a read-only live view of the
+            cohort's calendar (rounds are dropped from it as they run): read it before advancing.
+    """
+
+    new_blocks: tuple[int, ...]
+    first_round: int
+    internal_frag_slots: Mapping[int, int]
+
+
+@runtime_checkable
 class CohortAllocator(Allocator, Protocol):
-    """An allocator whose ``join_cohort`` can succeed: the engine's fast path then advances the
-    running batch one round per iteration at a cost of O(new blocks), not O(sequences).
+    """Ability: the engine's fast path can advance the running batch one round per iteration at
+    a cost of O(new blocks), not O(sequences).
 
     Members append one token per round, in join order; their token counts are lazy (read them
     with ``num_tokens``); ``free`` takes a member out, and ``append``/``fork`` refuse members.
     """
+
+    def join_cohort(self, seq_ids: list[int]) -> bool:
+        """Put the sequences in the cohort that ``advance_cohort`` grows by a token per round
+        (lazily), or False (no change) when these sequences cannot be advanced that way."""
+        ...
 
     def leave_cohort(self, seq_ids: list[int]) -> None:
         """Take the sequences out of the cohort."""

@@ -1,7 +1,9 @@
-"""Shared base of the naive contiguous allocators (the paper's Orca baselines).
+"""The naive contiguous allocators (the paper's Orca baselines) and their reservation policies.
 
 Each sequence reserves, at admission, one contiguous extent in a linear arena, placed by a binary
-buddy allocator. The subclasses differ only in how many slots they ask for.
+buddy allocator. The three policies differ only in how many slots they ask for: Orca (Max) the
+model's maximum length, Orca (Pow2) the prompt plus an output guess at most 2x too large, Orca
+(Oracle) the prompt plus the true output.
 """
 
 from __future__ import annotations
@@ -9,9 +11,8 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, replace
 
-from kvbench.allocators.base import CohortRounds, MemoryUsage
+from kvbench.allocators.base import CohortRounds, MemoryUsage, check_token_count
 from kvbench.allocators.buddy import BuddyAllocator, next_power_of_two
-from kvbench.allocators.checks import check_token_count
 from kvbench.core.request import Request
 
 
@@ -50,6 +51,8 @@ class ContiguousAllocator(ABC):
 
     name: str
     block_size = 1
+    prefix_cache = None  # every extent is its own: nothing is shared across requests
+    forks_share_blocks = False  # a fork copies the parent's tokens into an extent of its own
 
     def __init__(self, num_slots: int, max_model_len: int) -> None:
         if max_model_len < 1:
@@ -265,3 +268,43 @@ class ContiguousAllocator(ABC):
         totals[1] += sign * reservation
         totals[2] += sign * internal_frag
         totals[3] += sign * rounding_slots
+
+
+class NaiveMaxAllocator(ContiguousAllocator):
+    """Orca (Max): reserves ``max_model_len`` contiguous slots per request, whatever its true
+    length."""
+
+    name = "naive_max"
+
+    def _requested_slots(self, request: Request) -> int:
+        return self.max_model_len
+
+    def _smallest_request_slots(self) -> int:
+        # Every request asks for max_model_len, so smaller top-level blocks are never usable.
+        return self.max_model_len
+
+
+def output_guess_tokens(output_tokens: int) -> int:
+    """The output length Orca (Pow2) reserves: the next power of two (25 -> 32, 0 -> 0)."""
+    return next_power_of_two(output_tokens) if output_tokens > 0 else 0
+
+
+class NaivePow2Allocator(ContiguousAllocator):
+    """Orca (Pow2): reserves prompt + ``output_guess_tokens(output)`` slots (the output length
+    over-guessed by at most 2x), capped at ``max_model_len``."""
+
+    name = "naive_pow2"
+
+    def _requested_slots(self, request: Request) -> int:
+        guess_tokens = request.prompt_tokens + output_guess_tokens(request.output_tokens)
+        return min(guess_tokens, self.max_model_len)
+
+
+class NaiveOracleAllocator(ContiguousAllocator):
+    """Orca (Oracle): reserves exactly prompt + true output slots (capped at ``max_model_len``);
+    the buddy's power-of-two rounding is its only waste."""
+
+    name = "naive_oracle"
+
+    def _requested_slots(self, request: Request) -> int:
+        return min(request.total_tokens, self.max_model_len)

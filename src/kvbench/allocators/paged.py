@@ -2,17 +2,19 @@
 
 Blocks are allocated on demand, one when the last one fills up, so a sequence wastes at most one
 partial block. ``fork`` shares all of the parent's blocks (parallel sampling, beam search); the
-first write into a shared, partially filled block copies it (copy-on-write).
+first write into a shared, partially filled block copies it (copy-on-write). Given a
+``PrefixCache`` (``enable_prefix_caching``, the registry's ``paged_prefix``), it also shares
+identical prompt prefixes across requests, as vLLM's automatic prefix caching does.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvbench.allocators.base import CohortRounds, MemoryUsage
+from kvbench.allocators.base import CohortRounds, MemoryUsage, check_token_count
 from kvbench.allocators.block_pool import BlockPool
-from kvbench.allocators.checks import check_token_count
 from kvbench.allocators.cohort import Cohort
+from kvbench.allocators.prefix_cache import PrefixCache
 from kvbench.core.request import Request
 
 
@@ -29,11 +31,23 @@ class _PagedSequence:
 
 
 class PagedAllocator:
-    """Per-sequence block tables over a ``BlockPool`` of ``num_slots // block_size`` blocks."""
+    """Per-sequence block tables over a ``BlockPool`` of ``num_slots // block_size`` blocks.
 
-    name = "paged"
+    ``enable_prefix_caching`` gives it a ``PrefixCache`` (``prefix_cache``; None without): an
+    admission then references the pool's blocks of its prompt prefix instead of allocating them,
+    and freed prompt blocks stay cached until the pool reuses them.
+    """
 
-    def __init__(self, num_slots: int, block_size: int, max_model_len: int) -> None:
+    forks_share_blocks = True  # a fork references the parent's blocks: no new block, no failure
+
+    def __init__(
+        self,
+        num_slots: int,
+        block_size: int,
+        max_model_len: int,
+        *,
+        enable_prefix_caching: bool = False,
+    ) -> None:
         if block_size < 1:
             raise ValueError(f"block_size={block_size}: must be >= 1")
         if num_slots < 0:
@@ -41,8 +55,12 @@ class PagedAllocator:
         self.num_slots = num_slots
         self.block_size = block_size
         self.max_model_len = max_model_len
+        self.name = "paged_prefix" if enable_prefix_caching else "paged"
         self.num_copy_on_writes = 0
-        self._pool = self._new_pool(num_slots // block_size)
+        self.prefix_cache = PrefixCache(block_size) if enable_prefix_caching else None
+        # A prefix hit revives a cached free block: only then does the pool need the queue that
+        # blocks can leave from the middle.
+        self._pool = BlockPool(num_slots // block_size, revivable=enable_prefix_caching)
         self._sequences: dict[int, _PagedSequence] = {}
         self._copies: list[tuple[int, int]] = []
         self._num_logical_blocks = 0  # block-table entries over all sequences
@@ -56,20 +74,30 @@ class PagedAllocator:
         # Sequences the engine advances a token per round lazily (their last blocks untracked).
         self._cohort = Cohort(block_size, self._allocate_blocks)
 
-    def _new_pool(self, num_blocks: int) -> BlockPool:
-        return BlockPool(num_blocks)
-
     def can_admit(self, request: Request, num_tokens: int) -> bool:
-        """Whether ``admit`` would succeed now, without changing anything."""
+        """Whether ``admit`` would succeed now, without changing anything (counting only the
+        blocks the prefix cache lacks)."""
         check_token_count(num_tokens)
-        return self._blocks_for(num_tokens) <= self._pool.num_free_blocks
+        if self.prefix_cache is None:
+            return self._blocks_for(num_tokens) <= self._pool.num_free_blocks
+        hits = self.prefix_cache.lookup(request, num_tokens)
+        return self._admit_blocks_needed(num_tokens, hits) <= self._pool.num_free_blocks
 
     def admit(self, seq_id: int, request: Request, num_tokens: int) -> bool:
-        """Give a new sequence ``ceil(num_tokens / block_size)`` blocks; False if no room."""
+        """Give a new sequence ``ceil(num_tokens / block_size)`` blocks, the prefix cache's hits
+        first; False if no room."""
         self._check_new(seq_id)
-        if not self.can_admit(request, num_tokens):
+        check_token_count(num_tokens)
+        prefix_cache = self.prefix_cache
+        hits = prefix_cache.lookup(request, num_tokens) if prefix_cache is not None else []
+        if self._admit_blocks_needed(num_tokens, hits) > self._pool.num_free_blocks:
             return False
-        self._add_sequence(seq_id, request, num_tokens, [])
+        # Reference the hits before allocating, so that allocation cannot evict them.
+        for block_id in hits:
+            self._pool.incref(block_id)
+        seq = self._add_sequence(seq_id, request, num_tokens, hits)
+        if prefix_cache is not None:
+            prefix_cache.admitted(seq_id, request, hits, seq.blocks, num_tokens)
         return True
 
     def can_append(self, seq_id: int, num_tokens: int = 1) -> bool:
@@ -79,7 +107,8 @@ class PagedAllocator:
         return num_new_blocks + needs_copy <= self._pool.num_free_blocks
 
     def append(self, seq_id: int, num_tokens: int = 1) -> bool:
-        """Grow the sequence, copying a shared last block first. False if no room (no change)."""
+        """Grow the sequence, copying a shared last block first (the prefix cache, if any,
+        caches the prompt blocks it fills). False if no room (no change)."""
         check_token_count(num_tokens)
         seq = self._sequences[seq_id]
         self._check_not_in_cohort(seq)
@@ -88,21 +117,31 @@ class PagedAllocator:
             return False
         if num_tokens == 0:
             return True
+        num_full_blocks = seq.num_tokens // self.block_size
         if needs_copy:
             self._copy_last_block(seq)
         elif seq.blocks:
             self._untrack_partial(seq.blocks[-1])  # it is about to fill further
-        for _ in range(num_new_blocks):
-            seq.blocks.append(self._allocate_block())
+        if num_new_blocks:
+            seq.blocks += self._allocate_blocks(num_new_blocks)
         self._num_logical_blocks += num_new_blocks
         seq.num_tokens += num_tokens
         self._track_last_block(seq)
+        num_full_blocks_now = seq.num_tokens // self.block_size
+        # Only a block that just filled can be cached.
+        if self.prefix_cache is not None and num_full_blocks_now > num_full_blocks:
+            self.prefix_cache.cache_full_blocks(
+                seq_id, seq.blocks, num_full_blocks, num_full_blocks_now
+            )
         return True
 
     def try_append_round(self, seq_ids: list[int]) -> bool:
         """One ``append(seq_id, 1)`` for each of ``seq_ids`` in order, in one call, if none of
-        them needs a copy-on-write and the pool has a block for each that starts one; False
-        (nothing changes) otherwise. The same blocks in the same places as the single appends."""
+        them needs a copy-on-write or could fill a prompt block the prefix cache would hash, and
+        the pool has a block for each that starts one; False (nothing changes) otherwise. The same
+        blocks in the same places as the single appends."""
+        if self.prefix_cache is not None and self._may_fill_hashed_block(seq_ids):
+            return False
         block_size = self.block_size
         sequences = self._sequences
         ref_counts = self._pool.ref_counts
@@ -151,8 +190,13 @@ class PagedAllocator:
 
     def join_cohort(self, seq_ids: list[int]) -> bool:
         """Let ``advance_cohort`` append a token per round to each of ``seq_ids`` (in this order,
-        after the members already in), if none of them is about to copy a shared last block;
-        False (nothing changes) otherwise. Their token counts are then held lazily."""
+        after the members already in), if none of them is about to copy a shared last block or
+        could still fill a prompt block the prefix cache would hash (single appends would cache
+        it); False (nothing changes) otherwise. Their token counts are then held lazily. Cohort
+        rounds take their blocks through ``_allocate_blocks``, so they evict cached blocks as
+        single appends do."""
+        if self.prefix_cache is not None and self._may_fill_hashed_block(seq_ids):
+            return False
         block_size = self.block_size
         ref_counts = self._pool.ref_counts
         members = [self._sequences[seq_id] for seq_id in seq_ids]
@@ -208,10 +252,13 @@ class PagedAllocator:
             blocks=list(parent.blocks),
         )
         self._num_logical_blocks += len(parent.blocks)
+        if self.prefix_cache is not None:
+            self.prefix_cache.forked(parent_id, child_id)
         return True
 
     def free(self, seq_id: int) -> None:
-        """Drop the sequence's references; blocks nobody else holds return to the free queue."""
+        """Drop the sequence's references; blocks nobody else holds return to the free queue
+        (hashed ones stay cached there until the pool reuses them)."""
         seq = self._sequences.pop(seq_id)
         if seq.cohort_offset is not None:
             self._cohort.leave(seq)
@@ -221,6 +268,8 @@ class PagedAllocator:
         # Only a last block can be partial (tracked); it is untracked once nobody holds it.
         if seq.blocks and self._pool.ref_count(seq.blocks[-1]) == 0:
             self._untrack_partial(seq.blocks[-1])
+        if self.prefix_cache is not None:
+            self.prefix_cache.freed(seq_id)
 
     def num_tokens(self, seq_id: int) -> int:
         """Tokens the sequence currently holds."""
@@ -277,7 +326,7 @@ class PagedAllocator:
 
     def _add_sequence(
         self, seq_id: int, request: Request, num_tokens: int, leading_blocks: list[int]
-    ) -> None:
+    ) -> _PagedSequence:
         """Register a sequence whose table is ``leading_blocks`` plus fresh blocks for the rest."""
         num_new_blocks = self._blocks_for(num_tokens) - len(leading_blocks)
         seq = _PagedSequence(
@@ -289,15 +338,36 @@ class PagedAllocator:
         self._sequences[seq_id] = seq
         self._num_logical_blocks += len(seq.blocks)
         self._track_last_block(seq)
-
-    def _allocate_block(self) -> int:
-        return self._pool.allocate()
+        return seq
 
     def _allocate_blocks(self, num_blocks: int) -> list[int]:
-        return self._pool.allocate_many(num_blocks)
+        """Take blocks from the pool (evicting what the prefix cache remembered of them)."""
+        block_ids = self._pool.allocate_many(num_blocks)
+        if self.prefix_cache is not None:
+            self.prefix_cache.evict(block_ids)
+        return block_ids
 
     def _blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
+
+    def _admit_blocks_needed(self, num_tokens: int, hits: list[int]) -> int:
+        """Free blocks an admission consumes: the missing blocks, plus the hits that are cached
+        free blocks (reviving one takes it off the free queue too)."""
+        ref_counts = self._pool.ref_counts
+        num_free_hits = sum(1 for block_id in hits if ref_counts[block_id] == 0)
+        return self._blocks_for(num_tokens) - len(hits) + num_free_hits
+
+    def _may_fill_hashed_block(self, seq_ids: list[int]) -> bool:
+        """Whether a token appended to one of the sequences could complete a prompt block the
+        prefix cache hashes (it then has to see the append)."""
+        assert self.prefix_cache is not None
+        hashes_of_seq = self.prefix_cache.hashes_of_seq
+        block_size = self.block_size
+        sequences = self._sequences
+        return any(
+            len(hashes_of_seq[seq_id]) > sequences[seq_id].num_tokens // block_size
+            for seq_id in seq_ids
+        )
 
     def _append_plan(self, seq: _PagedSequence, num_tokens: int) -> tuple[int, bool]:
         """(new blocks, whether the last block must be copied first) to append ``num_tokens``:
@@ -312,7 +382,7 @@ class PagedAllocator:
 
     def _copy_last_block(self, seq: _PagedSequence) -> None:
         source_block = seq.blocks[-1]
-        copy_block = self._allocate_block()
+        [copy_block] = self._allocate_blocks(1)
         self._pool.decref(source_block)  # the other sharers keep it
         seq.blocks[-1] = copy_block
         self._copies.append((source_block, copy_block))

@@ -30,7 +30,6 @@ from collections.abc import Sequence as SequenceOf
 from dataclasses import dataclass, field
 
 from kvbench.allocators.base import Allocator
-from kvbench.allocators.paged import PagedAllocator
 from kvbench.core.request import Request
 from kvbench.engine.scheduler import Scheduler
 from kvbench.engine.sequence import Sequence
@@ -101,7 +100,7 @@ class BeamGroups:
         new_seq_id: Callable[[], int],
     ) -> None:
         """Apply the recorded step to every beam request whose k beams all just ran it."""
-        if not isinstance(allocator, PagedAllocator):
+        if not allocator.forks_share_blocks:
             return  # k full reservations: reorganizing is a copy inside them
         ran_ids = {seq.seq_id for seq in ran if seq.request.beam_width > 1}
         done: set[int] = set()

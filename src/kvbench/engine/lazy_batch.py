@@ -36,7 +36,7 @@ from kvbench.engine.shape import iteration_shape
 class LazyBatch:
     """The running batch of one ``simulate`` run, advanced lazily while it can be.
 
-    ``enabled`` is False for an allocator that refuses every cohort (the engine then runs step by
+    ``enabled`` is False for an allocator without cohort rounds (the engine then runs step by
     step). While ``active``, ``Sequence.num_generated`` of running sequences and the allocator's
     token counts are stale: ``deactivate`` writes them back.
     """
@@ -50,7 +50,7 @@ class LazyBatch:
         steps: StepRecords,
         samples: SampleGroups,
     ) -> None:
-        self.enabled = allocator.join_cohort([])
+        self.enabled = isinstance(allocator, CohortAllocator)
         self.active = False
         self._arrivals = arrivals
         self._scheduler = scheduler

@@ -59,9 +59,9 @@ class Batch:
 
 
 def _cached_prefix_tokens(allocator: Allocator, seq_id: int) -> int:
-    """Prompt tokens the allocator found cached at admission (prefix-caching allocators only)."""
-    cached_prefix_tokens = getattr(allocator, "cached_prefix_tokens", None)
-    return cached_prefix_tokens(seq_id) if cached_prefix_tokens is not None else 0
+    """Prompt tokens the allocator found cached at admission (0 without a prefix cache)."""
+    prefix_cache = allocator.prefix_cache
+    return prefix_cache.cached_prefix_tokens(seq_id) if prefix_cache is not None else 0
 
 
 class Scheduler:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from collections.abc import Sequence as SequenceOf
 
-from kvbench.allocators.base import Allocator
+from kvbench.allocators.base import Allocator, CopyOnWriteCounter
 from kvbench.core.request import Request
 from kvbench.engine.arrival_queue import NO_ROOM_REASON, Arrivals, RecordSink, reject
 from kvbench.engine.beams import Ancestry
@@ -96,7 +96,7 @@ def simulate(
         lazy_batch.deactivate()
     steps.close()
     arrivals.close()
-    copies = getattr(allocator, "num_copy_on_writes", 0)
+    copies = allocator.num_copy_on_writes if isinstance(allocator, CopyOnWriteCounter) else 0
     return SimulationResult(
         steps=steps,
         requests=arrivals.records,

@@ -69,7 +69,8 @@ class PagedRunner:
         if not self.allocator.admit(seq_id, request, num_tokens):
             raise RuntimeError(f"pool too small: cannot admit sequence {seq_id}")
         # Only paged_prefix finds blocks already in the pool; plain paged computes every token.
-        num_cached = getattr(self.allocator, "cached_prefix_tokens", lambda _: 0)(seq_id)
+        prefix_cache = self.allocator.prefix_cache
+        num_cached = prefix_cache.cached_prefix_tokens(seq_id) if prefix_cache is not None else 0
         first = min(num_cached, num_tokens - 1)
         slots = self._slots(seq_id, num_tokens, num_tokens - first)  # [num_tokens - first]
         slots[: max(num_cached - first, 0)] = -1  # those K/V are in the pool already
