@@ -158,3 +158,10 @@ def _schema_nodes(node, path):
 def _too_big(model: str, hardware: str) -> bool:
     deployment = get_deployment(model, hardware, num_gpus=1)
     return deployment.num_kv_slots < deployment.model.max_model_len
+
+
+def test_report_recomputes_knees_under_the_apps_bound():
+    from kvbench.tasks.report.document import DEFAULT_LATENCY_MULTIPLE
+
+    typed, _ = validate_config(_compose(*FITTING_ROOT))
+    assert typed.knee.latency_multiple == DEFAULT_LATENCY_MULTIPLE

@@ -1,7 +1,8 @@
 """The packaged Hydra config (``conf/``, shipped as ``kvbench.conf``) read as plain mappings.
 
-For code not run through Hydra: the catalog's models and GPUs, and the deployment defaults that
-``specs.Deployment`` takes, so the Python API and the Hydra app read the same files.
+For code not run through Hydra: the catalog's models and GPUs, the deployment defaults that
+``specs.Deployment`` takes, and root settings the report reuses, so the Python API and the Hydra
+app read the same files.
 """
 
 from __future__ import annotations
@@ -35,3 +36,10 @@ def read_option(group: str, name: str) -> dict[str, Any]:
     if not isinstance(values, dict):
         raise ValueError(f"conf/{group}/{name}.yaml: expected a mapping of settings")
     return {str(key): value for key, value in values.items()}
+
+
+def root_setting(key: str) -> Any:
+    """The value at dotted ``key`` of the root config ``conf/config.yaml`` (unresolved; None when
+    absent), e.g. ``knee.latency_multiple``."""
+    text = (files(CONF_PACKAGE) / "config.yaml").read_text()
+    return OmegaConf.select(OmegaConf.create(text), key, default=None)
