@@ -458,15 +458,17 @@ def _check_kernel_bench(bench: KernelBenchConfig) -> None:
 
 
 def _check_equivalence(settings: EquivalenceConfig) -> None:
-    for key, value, allowed in (
+    choices: tuple[tuple[str, str, tuple[str, ...]], ...] = (
         ("model", settings.model, equivalence_names.MODEL_NAMES),
         ("dtype", settings.dtype, equivalence_names.DTYPES),
-    ):
+    )
+    for key, value, allowed in choices:
         _require(value in allowed, f"equivalence.{key}={value!r}: allowed are {', '.join(allowed)}")
-    for key, values, allowed in (
+    list_choices: tuple[tuple[str, list[str], tuple[str, ...]], ...] = (
         ("allocators", settings.allocators, equivalence_names.ALLOCATORS),
         ("backends", settings.backends, equivalence_names.BACKENDS),
-    ):
+    )
+    for key, values, allowed in list_choices:
         _require(len(values) > 0, f"equivalence.{key}=[]: name at least one")
         for value in values:
             _require(
