@@ -181,3 +181,11 @@ def test_engine_defaults_match_the_yaml():
     limit_defaults = {spec.name: spec.default for spec in fields(SchedulerLimits)}
     for key in ("max_num_seqs", "preemption"):
         assert limit_defaults[key] == scheduler[key], key
+
+
+def test_every_group_of_the_help_passes_the_override_key_check():
+    from kvbench.config import check_override_keys
+
+    check_override_keys(["deployment@hardware=default", "experiment=vllm_fig2", "hardware=l40s"])
+    with pytest.raises(ConfigError, match="unknown key"):
+        check_override_keys(["deployments=default"])

@@ -272,8 +272,9 @@ def check_override_keys(overrides: list[str]) -> None:
 
 
 def _is_hydra_group(key: str) -> bool:
-    """``hydra.*``/``hydra/*`` are Hydra's own; ``experiment`` is a group that sets other keys."""
-    return key.split(".")[0].split("/")[0] in ("hydra", "experiment")
+    """``hydra.*``/``hydra/*`` are Hydra's own; ``experiment`` and ``deployment`` (mounted at
+    ``hardware``) are groups that set other keys."""
+    return key.split(".")[0].split("/")[0] in ("hydra", "experiment", "deployment")
 
 
 def _has_field(parent: Any, name: str) -> bool:
