@@ -9,7 +9,9 @@ import torch
 from .decode_attention import BACKENDS
 
 
-def _as_mapping(block_mapping, device: torch.device) -> torch.Tensor:
+def _as_mapping(
+    block_mapping: torch.Tensor | Sequence[tuple[int, int]], device: torch.device
+) -> torch.Tensor:
     """(src, dst) pairs as int64 [num_pairs, 2] on ``device``."""
     if isinstance(block_mapping, torch.Tensor):
         mapping = block_mapping.to(device=device, dtype=torch.int64)

@@ -20,7 +20,9 @@ BACKENDS = ("triton", "torch")
 STORAGE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
-def _check_common(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, backend: str):
+def _check_common(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, backend: str
+) -> None:
     if backend not in BACKENDS:
         raise ValueError(f"backend={backend!r}: allowed are {', '.join(BACKENDS)}")
     if query.dim() != 3 or key.dim() != 4 or key.shape != value.shape:

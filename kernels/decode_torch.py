@@ -83,7 +83,10 @@ def torch_decode(
     num_seqs, num_q_heads, head_dim = query.shape
     storage_dtype = query.dtype
     lens = context_lens.long().view(num_seqs, 1, 1, 1)  # [num_seqs, 1, 1, 1]
-    running_max = running_sum = acc = None
+    # The online softmax's state, set by the first tile.
+    running_max: torch.Tensor | None = None
+    running_sum: torch.Tensor | None = None
+    acc: torch.Tensor | None = None
     for tile_start in range(0, max_context_len, tile_tokens):
         tile_end = tile_start + tile_tokens
         # key, value: [num_seqs, tile, num_kv_heads, head_dim]
@@ -106,12 +109,14 @@ def torch_decode(
         valid = (tokens < lens.view(num_seqs, 1)).view(num_seqs, -1, 1, 1)  # [num_seqs, tile, 1, 1]
         value = torch.where(valid, value.float(), 0.0)  # [num_seqs, tile, num_kv_heads, head_dim]
         tile_acc = torch.einsum("shgt,sthd->shgd", pv_probs, value)
-        if running_max is None:
+        if running_max is None or running_sum is None or acc is None:  # the first tile
             running_sum, acc = tile_sum, tile_acc
         else:
             rescale = torch.exp(running_max - new_max)  # [num_seqs, num_kv_heads, group]
             running_sum = running_sum * rescale + tile_sum
             acc = acc * rescale.unsqueeze(-1) + tile_acc
         running_max = new_max
+    if running_sum is None or acc is None:
+        raise ValueError(f"max_context_len={max_context_len}: must be >= 1 (no tile to read)")
     out = acc / running_sum.unsqueeze(-1)  # [num_seqs, num_kv_heads, group, head_dim]
     return out.reshape(num_seqs, num_q_heads, head_dim).to(storage_dtype)

@@ -11,6 +11,10 @@ set ``TRITON_INTERPRET=1`` before the first kernel is compiled). Only long-stabl
 used (Triton 3.0 through 3.7).
 """
 
+# The @triton.jit kernels take device pointers, strides and tl.constexpr parameters, unannotated
+# as Triton's own kernels are (Triton reads parameter annotations to specialize a kernel).
+# mypy: allow-untyped-defs, allow-incomplete-defs
+
 from __future__ import annotations
 
 import torch
@@ -220,7 +224,8 @@ def triton_decode(
         (num_seqs, num_q_heads, plan.num_splits), dtype=torch.float32, device=query.device
     )  # [num_seqs, num_q_heads, num_splits]
     paged = block_tables is not None
-    tables = block_tables if paged else context_lens.view(num_seqs, 1)  # unread when contiguous
+    # unread when contiguous
+    tables = block_tables if block_tables is not None else context_lens.view(num_seqs, 1)
     padded_head_dim = _padded(head_dim, 16)
     # bf16 tl.dot is wrong under the CPU interpreter (it multiplies the raw bits): compute in fp32
     # there. On a GPU, fp16/bf16 operands go to tensor cores with fp32 accumulation.

@@ -7,7 +7,13 @@ import torch
 from .decode_attention import BACKENDS
 
 
-def _check(key, value, key_cache, value_cache, slot_mapping) -> None:
+def _check(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
     if key.dim() != 3 or key.shape != value.shape or key_cache.shape != value_cache.shape:
         raise ValueError(
             f"shapes: key {tuple(key.shape)}, value {tuple(value.shape)} must be equal "

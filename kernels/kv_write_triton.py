@@ -3,6 +3,10 @@
 Imported only by ``write_kv``'s triton backend (triton is imported lazily).
 """
 
+# The @triton.jit kernels take device pointers, strides and tl.constexpr parameters, unannotated
+# as Triton's own kernels are (Triton reads parameter annotations to specialize a kernel).
+# mypy: allow-untyped-defs, allow-incomplete-defs
+
 from __future__ import annotations
 
 import torch

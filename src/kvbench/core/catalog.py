@@ -1,45 +1,31 @@
 """The catalog of models and GPUs, read from the packaged Hydra config groups.
 
-``conf/model/*.yaml`` and ``conf/hardware/*.yaml`` are the single source of the figures; this
-module turns them into ``ModelSpec``/``HardwareSpec`` for code that is not run through Hydra.
+``conf/model/*.yaml`` and ``conf/hardware/*.yaml`` are the single source of the figures, and
+``conf/deployment/default.yaml`` of the deployment settings; this module turns them into
+``ModelSpec``/``HardwareSpec``/``Deployment`` for code that is not run through Hydra, sizing the
+same pool as the Hydra app for the same names.
 """
 
 from __future__ import annotations
 
 from dataclasses import fields
-from importlib.resources import files
 from typing import Any
 
-from omegaconf import OmegaConf
-
+from kvbench.core.packaged_conf import option_names, read_option
 from kvbench.core.specs import Deployment, HardwareSpec, ModelSpec
 
-_CONF_PACKAGE = "kvbench.conf"
-
-
-def _group_names(group: str) -> list[str]:
-    folder = files(_CONF_PACKAGE) / group
-    yaml_names = [p.name for p in folder.iterdir() if p.name.endswith(".yaml")]
-    return sorted(name.removesuffix(".yaml") for name in yaml_names)
-
-
-def _load_entry(group: str, name: str) -> dict[str, Any]:
-    names = _group_names(group)
-    if name not in names:
-        choices = ", ".join(names)
-        raise ValueError(f"{group}={name!r} is not in the catalog; choose one of: {choices}")
-    text = (files(_CONF_PACKAGE) / group / f"{name}.yaml").read_text()
-    return OmegaConf.to_container(OmegaConf.create(text), resolve=True)  # type: ignore[return-value]
+# The Deployment settings a `hardware` config node may carry beside the GPU's figures.
+DEPLOYMENT_KEYS = ("num_gpus", "gpu_memory_utilization", "activation_reserve_gib", "kv_cache_gib")
 
 
 def model_names() -> list[str]:
     """Names accepted by ``model=NAME``."""
-    return _group_names("model")
+    return option_names("model")
 
 
 def hardware_names() -> list[str]:
     """Names accepted by ``hardware=NAME``."""
-    return _group_names("hardware")
+    return option_names("hardware")
 
 
 def model_spec_from(values: dict[str, Any]) -> ModelSpec:
@@ -54,29 +40,51 @@ def model_spec_from(values: dict[str, Any]) -> ModelSpec:
 
 def hardware_spec_from(values: dict[str, Any]) -> HardwareSpec:
     """A HardwareSpec from a config mapping (deployment keys ignored, numbers coerced)."""
-    spec_fields = {f.name: f for f in fields(HardwareSpec)}
-    kwargs = {k: (v if k == "name" else float(v)) for k, v in values.items() if k in spec_fields}
-    return HardwareSpec(**kwargs)
+    return HardwareSpec(
+        name=str(values["name"]),
+        memory_gib=float(values["memory_gib"]),
+        hbm_bandwidth_gb_per_s=float(values["hbm_bandwidth_gb_per_s"]),
+        peak_tflops=float(values["peak_tflops"]),
+        pcie_gb_per_s=float(values["pcie_gb_per_s"]),
+    )
 
 
 def get_model(name: str) -> ModelSpec:
     """The catalog's ModelSpec called ``name`` (e.g. ``llama-2-70b``)."""
-    return model_spec_from(_load_entry("model", name))
+    return model_spec_from(read_option("model", name))
 
 
 def get_hardware(name: str) -> HardwareSpec:
     """The catalog's HardwareSpec called ``name`` (e.g. ``a100-80gb``)."""
-    return hardware_spec_from(_load_entry("hardware", name))
+    return hardware_spec_from(read_option("hardware", name))
 
 
 def deployment_from(model_values: dict[str, Any], hardware_values: dict[str, Any]) -> Deployment:
-    """A Deployment from the ``model`` and ``hardware`` config nodes."""
-    kv_cache_gib = hardware_values.get("kv_cache_gib")
-    return Deployment(
-        model=model_spec_from(model_values),
-        hardware=hardware_spec_from(hardware_values),
-        num_gpus=int(hardware_values.get("num_gpus", 1)),
-        gpu_memory_utilization=float(hardware_values.get("gpu_memory_utilization", 0.9)),
-        activation_reserve_gib=float(hardware_values.get("activation_reserve_gib", 0.0)),
-        kv_cache_gib=None if kv_cache_gib is None else float(kv_cache_gib),
-    )
+    """A Deployment from the ``model`` and ``hardware`` config nodes.
+
+    A deployment setting the node lacks takes ``Deployment``'s default, which is
+    ``conf/deployment/default.yaml``'s (as in the Hydra app).
+    """
+    settings = {key: hardware_values[key] for key in DEPLOYMENT_KEYS if key in hardware_values}
+    if "num_gpus" in settings:
+        settings["num_gpus"] = int(settings["num_gpus"])
+    for key in ("gpu_memory_utilization", "activation_reserve_gib", "kv_cache_gib"):
+        if settings.get(key) is not None:
+            settings[key] = float(settings[key])
+    model = model_spec_from(model_values)
+    return Deployment(model=model, hardware=hardware_spec_from(hardware_values), **settings)
+
+
+def get_deployment(model: str, hardware: str, **settings: Any) -> Deployment:
+    """The Deployment that ``model=MODEL hardware=HARDWARE hardware.KEY=VALUE...`` runs.
+
+    ``settings`` are deployment settings (``num_gpus``, ``gpu_memory_utilization``,
+    ``activation_reserve_gib``, ``kv_cache_gib``); the rest come from the hardware's file, then
+    ``conf/deployment/default.yaml``, in the Hydra app's order.
+    """
+    unknown = sorted(set(settings) - set(DEPLOYMENT_KEYS))
+    if unknown:
+        raise ValueError(f"{unknown[0]} is not a deployment setting; expected one of "
+                         f"{', '.join(DEPLOYMENT_KEYS)}")  # fmt: skip
+    hardware_values = {**read_option("hardware", hardware), **settings}
+    return deployment_from(read_option("model", model), hardware_values)

@@ -1,15 +1,22 @@
 """Model and GPU specifications: the only place where kvbench turns token slots into bytes.
 
 The catalog values live in ``conf/model/*.yaml`` and ``conf/hardware/*.yaml`` (see
-``kvbench.core.catalog``); these frozen dataclasses are their schema and hold the formulas.
+``kvbench.core.catalog``); these frozen dataclasses are their schema and hold the formulas. The
+deployment settings ``Deployment`` defaults to are ``conf/deployment/default.yaml``'s, the file the
+Hydra app mounts under ``hardware``: the same names size the same pool in both.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kvbench.core.packaged_conf import read_option
+
 GIB = 1024**3
 DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1}
+# Read once, at import: the one source of the deployment defaults (see Deployment).
+_DEPLOYMENT_DEFAULTS = read_option("deployment", "default")
+_DEFAULT_KV_CACHE_GIB = _DEPLOYMENT_DEFAULTS["kv_cache_gib"]
 
 
 @dataclass(frozen=True)
@@ -40,8 +47,8 @@ class ModelSpec:
     hidden_size: int
     num_parameters: float
     max_model_len: int
-    dtype: str = "fp16"
-    num_active_parameters: float | None = None
+    dtype: str
+    num_active_parameters: float | None
 
     @property
     def dtype_bytes(self) -> int:
@@ -92,6 +99,10 @@ class HardwareSpec:
 class Deployment:
     """A model served on ``num_gpus`` GPUs of one type with tensor parallelism.
 
+    The settings after ``hardware`` default to ``conf/deployment/default.yaml``'s, as in the Hydra
+    app (``hardware.num_gpus`` etc.), so ``Deployment(get_model(m), get_hardware(h))`` sizes the
+    pool that ``model=m hardware=h`` does.
+
     Attributes:
         model: the model.
         hardware: the GPU type.
@@ -104,10 +115,12 @@ class Deployment:
 
     model: ModelSpec
     hardware: HardwareSpec
-    num_gpus: int = 1
-    gpu_memory_utilization: float = 0.9
-    activation_reserve_gib: float = 0.0
-    kv_cache_gib: float | None = None
+    num_gpus: int = int(_DEPLOYMENT_DEFAULTS["num_gpus"])
+    gpu_memory_utilization: float = float(_DEPLOYMENT_DEFAULTS["gpu_memory_utilization"])
+    activation_reserve_gib: float = float(_DEPLOYMENT_DEFAULTS["activation_reserve_gib"])
+    kv_cache_gib: float | None = (
+        None if _DEFAULT_KV_CACHE_GIB is None else float(_DEFAULT_KV_CACHE_GIB)
+    )
 
     @property
     def kv_bytes_per_token(self) -> int:

@@ -15,6 +15,8 @@ matplotlib.use("Agg")  # files only: no display on servers and CI
 
 import matplotlib.pyplot as plt
 import pandas as pd
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
 
 from kvbench.analysis.curves import LATENCY
 from kvbench.analysis.paper import FIG12_KNEES_APPROX
@@ -43,7 +45,7 @@ def _panels(frame: pd.DataFrame) -> list[tuple[dict, pd.DataFrame]]:
     ]
 
 
-def _grid(count: int, width: float = 5.0, height: float = 3.6):
+def _grid(count: int, width: float = 5.0, height: float = 3.6) -> tuple[Figure, list[Axes]]:
     columns = min(count, 2)
     rows = math.ceil(count / columns)
     fig, axes = plt.subplots(

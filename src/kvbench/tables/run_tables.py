@@ -5,6 +5,7 @@ Column definitions (formula, unit): ``docs/metrics.md``. Pure: pandas in, pandas
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict
 
 import numpy as np
@@ -23,7 +24,9 @@ def steps_frame(result: SimulationResult, deployment: Deployment) -> pd.DataFram
     return step_table(result.steps.columns, deployment)
 
 
-def step_table(columns: dict[str, list], deployment: Deployment) -> pd.DataFrame:
+def step_table(
+    columns: Mapping[str, Sequence[float | int | bool] | np.ndarray], deployment: Deployment
+) -> pd.DataFrame:
     """``steps_frame`` of step records given column by column (a whole run, or a streamed
     chunk of one)."""
     steps = pd.DataFrame(columns)

@@ -16,7 +16,7 @@ Prefill (more than one query token) always runs the stock SDPA on the gathered K
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -70,7 +70,9 @@ def paged_attention(
     if kvbench_paged is None:
         raise ValueError(f"attention {ATTENTION_NAME!r} needs the kvbench_paged=PagedStep kwarg")
     step = kvbench_paged
-    layer = module.layer_idx  # type: ignore[attr-defined]
+    # transformers' attention modules carry their index as an int; torch types any attribute of a
+    # Module as Tensor | Module.
+    layer = cast(int, module.layer_idx)
     step.pool.write(layer, key, value, step.slots)
     if query.shape[2] == 1 and step.mode == "paged":
         return _paged_decode(step, layer, query, scaling), None

@@ -56,13 +56,15 @@ def _tiny_llama(name: str, dtype: torch.dtype, seed: int) -> Any:
         num_attention_heads=num_heads,
         num_key_value_heads=num_kv_heads,
         max_position_embeddings=512,
-        attn_implementation="sdpa",
+        # A PretrainedConfig setting the generated signature of LlamaConfig leaves out.
+        attn_implementation="sdpa",  # type: ignore[call-arg]
     )
     # The weights are the model: the same seed, the same model; fork_rng leaves the caller's
     # global RNG state as it was.
     with torch.random.fork_rng():
         torch.manual_seed(seed)
-        return LlamaForCausalLM(config).to(dtype)
+        # functools.wraps(Module.to) types the method as the unbound function (self first).
+        return LlamaForCausalLM(config).to(dtype)  # type: ignore[arg-type]
 
 
 def smollm2_model_cache_dir() -> Path:
@@ -89,7 +91,8 @@ def _convert_smollm2(cache_dir: Path) -> None:
 
     gguf_path = smollm2_gguf_path()
     logger.info("converting %s (once, ~25 s) into %s", gguf_path, cache_dir)
-    model = AutoModelForCausalLM.from_pretrained(
+    # Any: the loader's own attributes (hf_quantizer) are not in its declared type.
+    model: Any = AutoModelForCausalLM.from_pretrained(
         str(gguf_path.parent), gguf_file=gguf_path.name, dtype=torch.float32
     )
     # The tensors are de-quantized to fp32 already; only the loader's marker says "gguf", and it

@@ -8,6 +8,7 @@ from pathlib import Path
 import pandas as pd
 
 from kvbench.analysis.curves import knee_ratios, knee_sensitivity, knees_frame
+from kvbench.core.packaged_conf import root_setting
 from kvbench.tables.parquet import write_table
 from kvbench.tables.provenance import provenance
 from kvbench.tasks.report import sections
@@ -15,7 +16,8 @@ from kvbench.tasks.report.aggregate import done_marker, load_tables
 from kvbench.tasks.report.docs_blocks import block, replace_blocks
 from kvbench.tasks.report.plot import draw_report_figures
 
-DEFAULT_LATENCY_MULTIPLE = 4.0
+# The app's knee bound (conf/config.yaml), for knees recomputed over every run.
+DEFAULT_LATENCY_MULTIPLE = float(root_setting("knee.latency_multiple"))
 REFERENCE_DIR = "results/reference"
 
 

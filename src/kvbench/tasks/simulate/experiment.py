@@ -58,7 +58,11 @@ def cost_model(cfg: KvbenchConfig, deployment: Deployment) -> RooflineCostModel:
 
 
 def _run_labels(
-    cfg: KvbenchConfig, deployment: Deployment, workload: str, allocator: str, rate: float
+    cfg: KvbenchConfig,
+    deployment: Deployment,
+    workload: str,
+    allocator: str,
+    rate: float | None,
 ) -> dict:
     return {
         "experiment": cfg.experiment_name,
@@ -75,9 +79,9 @@ def _run_labels(
 
 def _runs(cfg: KvbenchConfig) -> list[tuple[str, WorkloadConfig]]:
     """(label, workload config) per (workload, request rate) the run replays."""
-    runs = []
+    runs: list[tuple[str, WorkloadConfig]] = []
     for label, workload in run_workloads(cfg).items():
-        rates = list(cfg.request_rates) or [workload.request_rate]
+        rates: list[float | None] = [*cfg.request_rates] or [workload.request_rate]
         runs.extend((label, dataclasses.replace(workload, request_rate=rate)) for rate in rates)
     return runs
 
