@@ -8,19 +8,14 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")  # files only: no display on servers and CI
-
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from kvbench.plots.run_charts import _save
-from kvbench.plots.sweep_charts import ALLOCATOR_COLORS
+from kvbench.plots.figure import ALLOCATOR_COLORS, OTHER_COLOR, save_figure
 
 
 def _bar_panel(ax: plt.Axes, names: list[str], values: list[float], fmt: str, title: str) -> None:
-    colors = [ALLOCATOR_COLORS.get(name, "#868e96") for name in names]
+    colors = [ALLOCATOR_COLORS.get(name, OTHER_COLOR) for name in names]
     shown = [0.0 if math.isnan(value) else value for value in values]
     ax.barh(range(len(names)), shown, color=colors)
     for i, value in enumerate(values):
@@ -68,4 +63,4 @@ def plot_capacity(fleet: pd.DataFrame, out_dir: Path) -> None:
         f"normalized latency ≤ {first['latency_bound_s_per_token']:.3f} s/token",
         fontsize=10,
     )
-    _save(fig, out_dir, "capacity_cost")
+    save_figure(fig, out_dir, "capacity_cost")

@@ -4,14 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")  # files only: no display on servers and CI
-
 import matplotlib.pyplot as plt
 import pandas as pd
 
 from kvbench.analysis.paper import FIG2_BREAKDOWN_PCT, FIG13_MEAN_BATCH_SIZE
+from kvbench.plots.figure import save_figure
 from kvbench.tables.run_tables import USAGE_CATEGORIES
 
 MAX_POINTS_PER_LINE = 2000
@@ -30,12 +27,6 @@ CATEGORY_LABELS = {
     "free": "free",
 }
 
-
-def _save(fig: plt.Figure, out_dir: Path, name: str) -> None:
-    out_dir.mkdir(parents=True, exist_ok=True)
-    for suffix in ("png", "svg"):
-        fig.savefig(out_dir / f"{name}.{suffix}", dpi=120, bbox_inches="tight")
-    plt.close(fig)
 
 
 def _breakdown_bars(summary: pd.DataFrame, with_paper: bool) -> list[tuple[str, dict[str, float]]]:
@@ -68,7 +59,7 @@ def plot_breakdown(summary: pd.DataFrame, out_dir: Path, with_paper: bool = Fals
     ax.set_ylim(0, 100)
     ax.set_title("KV cache usage breakdown")
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1, 1))
-    _save(fig, out_dir, "usage_breakdown")
+    save_figure(fig, out_dir, "usage_breakdown")
 
 
 def plot_memory_over_time(steps: pd.DataFrame, out_dir: Path) -> None:
@@ -91,7 +82,7 @@ def plot_memory_over_time(steps: pd.DataFrame, out_dir: Path) -> None:
         ax.set_xlabel("time (s)")
         ax.set_ylabel("KV memory (GB)")
         ax.legend(fontsize=6, ncols=2)
-    _save(fig, out_dir, "memory_over_time")
+    save_figure(fig, out_dir, "memory_over_time")
 
 
 def plot_batch_sizes(summary: pd.DataFrame, out_dir: Path, with_paper: bool = False) -> None:
@@ -113,7 +104,7 @@ def plot_batch_sizes(summary: pd.DataFrame, out_dir: Path, with_paper: bool = Fa
     ax.set_xticks(range(len(values)), labels, fontsize=7)
     ax.set_ylabel("mean batched requests")
     ax.set_title("Batch size (kvbench blue, paper grey)" if with_paper else "Batch size")
-    _save(fig, out_dir, "batch_size")
+    save_figure(fig, out_dir, "batch_size")
 
 
 def plot_run(summary: pd.DataFrame, steps: pd.DataFrame, out_dir: Path) -> None:

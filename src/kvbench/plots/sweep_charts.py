@@ -9,10 +9,6 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")  # files only: no display on servers and CI
-
 import matplotlib.pyplot as plt
 import pandas as pd
 from matplotlib.axes import Axes
@@ -20,15 +16,8 @@ from matplotlib.figure import Figure
 
 from kvbench.analysis.curves import LATENCY
 from kvbench.analysis.paper import FIG12_KNEES_APPROX
-from kvbench.plots.run_charts import _save
+from kvbench.plots.figure import ALLOCATOR_COLORS, save_figure
 
-ALLOCATOR_COLORS = {
-    "naive_max": "#e03131",
-    "naive_pow2": "#f59f00",
-    "naive_oracle": "#862e9c",
-    "paged": "#1c7ed6",
-    "paged_prefix": "#2b8a3e",
-}
 PANEL_KEYS = ("experiment", "workload", "model", "hardware", "num_gpus", "block_size", "preemption")
 
 
@@ -88,7 +77,7 @@ def plot_latency_vs_rate(
         ax.legend(fontsize=6)
     fig.suptitle("Latency vs rate; | = knee (kvbench), ◇ = paper's knee (Fig. 12, approx.)",
                  fontsize=9)  # fmt: skip
-    _save(fig, out_dir, name)
+    save_figure(fig, out_dir, name)
 
 
 def _mark_knee(ax: plt.Axes, knees: pd.DataFrame, allocator: str, color: str | None) -> None:
@@ -133,4 +122,4 @@ def plot_latency_vs_block_size(summary: pd.DataFrame, out_dir: Path, name: str) 
         ax.set_ylabel("normalized latency (s/token)")
         ax.set_title(_panel_title(labels), fontsize=9)
         ax.legend(fontsize=6)
-    _save(fig, out_dir, name)
+    save_figure(fig, out_dir, name)

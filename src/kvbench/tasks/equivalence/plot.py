@@ -4,13 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")  # files only: no display on servers and CI
-
 import matplotlib.pyplot as plt
 import pandas as pd
 
+from kvbench.plots.figure import save_figure
 from kvbench.tasks.equivalence.names import FP32_REL_TOLERANCE
 
 # A log axis cannot show 0 (a bit-identical step): such steps are drawn at this floor.
@@ -37,7 +34,4 @@ def plot_equivalence(table: pd.DataFrame, out_dir: Path) -> None:
     ax.set_title(f"Logits, paged vs contiguous cache: {table['model'].iloc[0]}")
     ax.grid(alpha=0.3)
     ax.legend()
-    out_dir.mkdir(parents=True, exist_ok=True)
-    for suffix in ("png", "svg"):
-        fig.savefig(out_dir / f"equivalence.{suffix}", dpi=120)
-    plt.close(fig)
+    save_figure(fig, out_dir, "equivalence")

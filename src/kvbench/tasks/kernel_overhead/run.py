@@ -15,11 +15,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")  # files only: no display on servers and CI
-
-import matplotlib.pyplot as plt
 import pandas as pd
 import torch
 from omegaconf import DictConfig
@@ -41,6 +36,7 @@ from kvbench.kernels import (
 from kvbench.kernels.bench_batch import TORCH_DTYPES
 from kvbench.tables.parquet import write_table
 from kvbench.tables.provenance import provenance
+from kvbench.tasks.kernel_overhead.plot import plot_kernel_overhead
 from kvbench.tasks.simulate.experiment import cost_model, scheduler_limits
 from kvbench.workloads import build_workload, to_requests
 
@@ -175,31 +171,6 @@ def measure_block_size(
         })  # fmt: skip
     return rows
 
-
-def plot_kernel_overhead(table: pd.DataFrame, out_dir: Path) -> None:
-    """Overhead (%) and the paged kernel's GB/s vs context length, one line per block size."""
-    fig, (overhead_ax, bandwidth_ax) = plt.subplots(1, 2, figsize=(11, 4), layout="constrained")
-    for block_size, rows in table.groupby("block_size"):
-        rows = rows.sort_values("context_len")
-        label = f"block {block_size}"
-        overhead_ax.plot(rows["context_len"], rows["overhead_pct"], marker="o", label=label)
-        bandwidth_ax.plot(rows["context_len"], rows["achieved_gb_per_s"], marker="o", label=label)
-    overhead_ax.axhline(0.0, color="black", linewidth=0.8)
-    overhead_ax.set_ylabel("paged over contiguous time (%)")
-    bandwidth_ax.set_ylabel("paged kernel K/V read (GB/s)")
-    context_lens = sorted(table["context_len"].unique())
-    for ax in (overhead_ax, bandwidth_ax):
-        ax.set_xscale("log", base=2)
-        ax.set_xticks(context_lens, labels=[str(length) for length in context_lens])
-        ax.set_xlabel("context length (tokens)")
-        ax.grid(alpha=0.3)
-        ax.legend()
-    first = table.iloc[0]
-    fig.suptitle(f"Decode attention, paged vs contiguous: {first['device']} ({first['backend']})")
-    out_dir.mkdir(parents=True, exist_ok=True)
-    for suffix in ("png", "svg"):
-        fig.savefig(out_dir / f"kernel_overhead.{suffix}", dpi=120)
-    plt.close(fig)
 
 
 def run_kernel_overhead(
