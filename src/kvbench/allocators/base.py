@@ -19,6 +19,9 @@ from typing import Protocol, runtime_checkable
 from kvbench.allocators.prefix_cache import PrefixCache
 from kvbench.core.request import Request
 
+# The paper's categories that partition a pool (MemoryUsage's first five counts), in table order.
+USAGE_CATEGORIES = ("token_states", "reservation", "internal_frag", "external_frag", "free")
+
 
 @dataclass(frozen=True, slots=True)
 class MemoryUsage:

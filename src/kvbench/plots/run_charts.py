@@ -7,9 +7,9 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import pandas as pd
 
+from kvbench.allocators.base import USAGE_CATEGORIES
 from kvbench.analysis.paper import FIG2_BREAKDOWN_PCT, FIG13_MEAN_BATCH_SIZE
 from kvbench.plots.figure import save_figure
-from kvbench.tables.run_tables import USAGE_CATEGORIES
 
 MAX_POINTS_PER_LINE = 2000
 CATEGORY_COLORS = {
@@ -105,11 +105,3 @@ def plot_batch_sizes(summary: pd.DataFrame, out_dir: Path, with_paper: bool = Fa
     ax.set_ylabel("mean batched requests")
     ax.set_title("Batch size (kvbench blue, paper grey)" if with_paper else "Batch size")
     save_figure(fig, out_dir, "batch_size")
-
-
-def plot_run(summary: pd.DataFrame, steps: pd.DataFrame, out_dir: Path) -> None:
-    """Every chart of one run; the paper's bars appear for OPT-13B runs (its Fig. 2/13 setup)."""
-    with_paper = bool((summary["model"] == "opt-13b").all())
-    plot_breakdown(summary, out_dir, with_paper)
-    plot_memory_over_time(steps, out_dir)
-    plot_batch_sizes(summary, out_dir, with_paper)

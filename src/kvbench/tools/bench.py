@@ -71,7 +71,7 @@ def _same(left: dict, right: dict) -> bool:
 
 def run_azure(trace: str) -> dict[str, Any]:
     """The Azure conversation trace, fast path and reference."""
-    from kvbench.tables.run_tables import requests_frame, summarize
+    from kvbench.tasks.simulate.table import requests_frame, summarize
     from kvbench.workloads import build_workload, to_requests
 
     cfg, deployment, _ = _compose((*DEPLOYMENT, "workload=trace", f"workload.path={trace}",
@@ -106,7 +106,7 @@ def run_sharegpt(num_requests: int, request_rate: float, out_dir: Path) -> dict[
     """``num_requests`` resampled ShareGPT requests, streamed to parquet."""
     from kvbench.tables.parquet_stream import ParquetStream
     from kvbench.tables.provenance import provenance
-    from kvbench.tables.run_tables import add_request_latencies, summarize
+    from kvbench.tasks.simulate.table import add_request_latencies, summarize
     from kvbench.workloads import build_workload, to_requests
 
     cfg, deployment, raw = _compose((*DEPLOYMENT, "workload=sharegpt",

@@ -17,11 +17,11 @@ from kvbench.allocators import make_allocator
 from kvbench.config import KvbenchConfig, run_workloads
 from kvbench.core.specs import GIB, Deployment
 from kvbench.engine import RooflineCostModel, Scheduler, SchedulerLimits, simulate
-from kvbench.plots.run_charts import plot_run
 from kvbench.tables.parquet import write_table
-from kvbench.tables.per_run_files import StreamedTables
 from kvbench.tables.provenance import provenance
-from kvbench.tables.run_tables import requests_frame, steps_frame, summarize
+from kvbench.tasks.simulate.per_run_files import StreamedTables
+from kvbench.tasks.simulate.plot import plot_run
+from kvbench.tasks.simulate.table import requests_frame, steps_frame, summarize
 from kvbench.workloads import WorkloadConfig, build_workload, to_requests
 from kvbench.workloads.beam_ancestry import load_beam_ancestry
 from kvbench.workloads.prefix_reuse import has_prefix_identity, ideal_prefix_reuse

@@ -25,11 +25,10 @@ from kvbench.analysis.capacity import fleet_frame, with_fleet_memory
 from kvbench.analysis.curves import knee_ratios, knees_frame
 from kvbench.config import KvbenchConfig
 from kvbench.core.specs import Deployment
-from kvbench.plots.capacity_chart import plot_capacity
-from kvbench.plots.sweep_charts import plot_latency_vs_block_size, plot_latency_vs_rate
 from kvbench.tables.parquet import write_table
 from kvbench.tables.provenance import provenance
 from kvbench.tasks.simulate.experiment import run_experiment
+from kvbench.tasks.simulate.plot import plot_analyses
 
 OPERATING_SUFFIX = "_operating"
 # Replicas added past the knee's count when the operating run misses the bound.
@@ -138,27 +137,21 @@ def write_analyses(
     output_dir: Path,
 ) -> None:
     """Knees, block-size and preemption charts, and the capacity table, where the run has them."""
-    plots = output_dir / "plots"
     metadata = provenance(raw)
     knees = knee_ratios(
         knees_frame(summary, cfg.knee.latency_multiple, cfg.knee.max_latency_s_per_token)
     )
     if not knees.empty:
         write_table(knees, output_dir / "knees.parquet", metadata)
-        if cfg.plots:
-            plot_latency_vs_rate(summary, knees, plots)
-    if cfg.plots and summary["block_size"].nunique() > 1:
-        compares_preemption = summary["preemption"].nunique() > 1
-        name = "recompute_vs_swap" if compares_preemption else "latency_vs_block_size"
-        plot_latency_vs_block_size(summary, plots, name)
+    fleet = None
     target = cfg.capacity.target_request_rate
     if target is not None:
         if knees.empty:
             raise ValueError("capacity.target_request_rate needs a rate sweep (request_rates)")
         fleet = _measured_fleet(cfg, deployment, raw, knees, target, output_dir)
         write_table(fleet, output_dir / "capacity.parquet", metadata)
-        if cfg.plots:
-            plot_capacity(fleet, plots)
+    if cfg.plots:
+        plot_analyses(summary, knees, fleet, output_dir / "plots")
 
 
 def _measured_fleet(

@@ -11,11 +11,11 @@ from dataclasses import asdict
 import numpy as np
 import pandas as pd
 
+from kvbench.allocators.base import USAGE_CATEGORIES
 from kvbench.core.specs import Deployment
 from kvbench.engine.records import SimulationResult
 from kvbench.engine.step_totals import StepTotals
 
-USAGE_CATEGORIES = ("token_states", "reservation", "internal_frag", "external_frag", "free")
 GB = 1e9
 
 

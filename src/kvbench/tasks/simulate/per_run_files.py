@@ -17,7 +17,7 @@ import pandas as pd
 from kvbench.core.specs import Deployment
 from kvbench.engine.records import StepSink
 from kvbench.tables.parquet_stream import ParquetStream
-from kvbench.tables.run_tables import step_table
+from kvbench.tasks.simulate.table import step_table
 
 # Step rows each streamed chunk keeps for the chart (a chunk holds 65,536 steps).
 PLOT_ROWS_PER_CHUNK = 256

@@ -1,0 +1,35 @@
+"""The charts a simulate run draws: each setting's (Fig. 2 breakdown, memory over time, Fig. 13
+batch sizes) and the study's analyses (Fig. 12 knees, Fig. 18b/19 block sizes, capacity)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from kvbench.plots.capacity_chart import plot_capacity
+from kvbench.plots.run_charts import plot_batch_sizes, plot_breakdown, plot_memory_over_time
+from kvbench.plots.sweep_charts import plot_latency_vs_block_size, plot_latency_vs_rate
+
+
+def plot_run(summary: pd.DataFrame, steps: pd.DataFrame, out_dir: Path) -> None:
+    """Every chart of one run; the paper's bars appear for OPT-13B runs (its Fig. 2/13 setup)."""
+    with_paper = bool((summary["model"] == "opt-13b").all())
+    plot_breakdown(summary, out_dir, with_paper)
+    plot_memory_over_time(steps, out_dir)
+    plot_batch_sizes(summary, out_dir, with_paper)
+
+
+def plot_analyses(
+    summary: pd.DataFrame, knees: pd.DataFrame, fleet: pd.DataFrame | None, out_dir: Path
+) -> None:
+    """The study's charts, where the run has them: latency vs rate with knees (a rate sweep),
+    latency vs block size or recompute vs swap (several block sizes), the fleet (capacity)."""
+    if not knees.empty:
+        plot_latency_vs_rate(summary, knees, out_dir)
+    if summary["block_size"].nunique() > 1:
+        compares_preemption = summary["preemption"].nunique() > 1
+        name = "recompute_vs_swap" if compares_preemption else "latency_vs_block_size"
+        plot_latency_vs_block_size(summary, out_dir, name)
+    if fleet is not None:
+        plot_capacity(fleet, out_dir)
