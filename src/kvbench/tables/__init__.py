@@ -1,3 +1,3 @@
-"""Tables out: engine records to frames, parquet files (atomic, streamed), provenance, DONE
-markers.
+"""Files out: parquet tables written atomically or streamed chunk by chunk, the provenance every
+table carries (resolved config, package version, git commit), and the DONE markers of sweeps.
 """
