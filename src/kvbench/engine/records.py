@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from itertools import repeat
+from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from kvbench.allocators.base import MemoryUsage
 from kvbench.engine.step_totals import CHUNK_ROWS, SLOT_COLUMNS, StepTotals
@@ -31,7 +33,7 @@ STEP_COLUMNS = (
 # Column dtypes of the chunks handed to a sink (every other column is int64).
 STEP_DTYPES = {"time_s": np.float64, "duration_s": np.float64, "memory_blocked": np.bool_}
 # Takes one chunk of steps: column name -> array of CHUNK_ROWS values (fewer in the last one).
-StepSink = Callable[[dict[str, np.ndarray]], None]
+StepSink = Callable[[dict[str, npt.NDArray[Any]]], None]
 
 
 @dataclass
@@ -89,22 +91,26 @@ class StepRecords:
         if self.sink is not None and len(step_column) >= CHUNK_ROWS:
             self._flush_full_chunks()
 
-    def complete_decode_rows(
+    def extend_decode_rows(
         self,
-        num_rows: int,
+        varying_columns: Mapping[str, list[float] | list[int]],
         *,
         num_seqs: int,
         memory_blocked: bool,
-        constant_slots: dict[str, int],
+        constant_slots: Mapping[str, int],
     ) -> None:
-        """Complete ``num_rows`` decode-only iterations of ``num_seqs`` sequences whose changing
-        columns the caller appended to ``columns`` itself (``time_s``, ``duration_s``,
-        ``num_waiting``, the slot columns not in ``constant_slots``): the step numbers, the
-        constant columns, and ``constant_slots`` (slot column -> its value in every row).
-        The fast path's hot loop, which would otherwise build every column twice."""
-        step_column = self.columns["step"]
+        """Append decode-only iterations of ``num_seqs`` sequences in bulk (the fast path's
+        stretches, which would otherwise pay a call per iteration): ``varying_columns`` holds
+        their changing columns (``time_s``, ``duration_s``, ``num_waiting`` and the slot columns
+        not in ``constant_slots``), one value per iteration; ``constant_slots`` the other slot
+        columns' value in every row. The rows are those ``append`` would have written."""
+        columns = self.columns
+        step_column = columns["step"]
         first_step = self.num_flushed + len(step_column)
+        num_rows = len(varying_columns["time_s"])
         step_column.extend(range(first_step, first_step + num_rows))
+        for name, values in varying_columns.items():
+            columns[name].extend(values)
         constants = {
             "batch_size": num_seqs,
             "num_prefill_seqs": 0,
@@ -116,7 +122,7 @@ class StepRecords:
             **constant_slots,
         }
         for name, value in constants.items():
-            self.columns[name].extend(repeat(value, num_rows))
+            columns[name].extend(repeat(value, num_rows))
         if self.sink is not None and len(step_column) >= CHUNK_ROWS:
             self._flush_full_chunks()
 
@@ -142,7 +148,7 @@ class StepRecords:
     def _flush(self, num_rows: int) -> None:
         # Typed arrays once, for the totals and the sink alike (a parquet writer takes them
         # without converting each value again).
-        chunk = {
+        chunk: dict[str, npt.NDArray[Any]] = {
             name: np.asarray(values[:num_rows], dtype=STEP_DTYPES.get(name, np.int64))
             for name, values in self.columns.items()
         }

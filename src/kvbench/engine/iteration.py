@@ -1,12 +1,55 @@
-"""The end of an iteration: its sequences' tokens come out, samples fork, finished sequences go
-(every engine path does it the same way)."""
+"""What both engine paths do with an iteration they run, in one place: price and record it
+(``record_step``), then its sequences' tokens come out, samples fork, finished sequences go
+(``end_iteration``)."""
 
 from __future__ import annotations
 
 from kvbench.allocators.base import Allocator
+from kvbench.engine.cost_model import CostModel, iteration_shape
+from kvbench.engine.records import StepRecords
 from kvbench.engine.samples import SampleGroups
 from kvbench.engine.scheduler import Batch, Scheduler
 from kvbench.engine.sequence import Sequence
+
+
+def record_step(
+    steps: StepRecords,
+    batch: Batch,
+    now_s: float,
+    decode_context_tokens: int,
+    scheduler: Scheduler,
+    allocator: Allocator,
+    cost_model: CostModel,
+) -> float:
+    """Price the iteration ``batch`` runs from ``now_s`` (slots allocated, queues updated) and
+    append its step row; returns its duration (s). ``decode_context_tokens`` is the decode
+    sequences' KV tokens in all (the lazy batch keeps the sum: its sequences' counts are stale).
+
+    Decode-only stretches of the lazy batch write their rows in bulk instead
+    (``StepRecords.complete_decode_rows``): the same columns, without a call per iteration."""
+    usage = allocator.usage()
+    if batch.memory_blocked:
+        usage = usage.with_free_blocked()
+    num_decode_tokens = batch.num_decode_tokens
+    shape = iteration_shape(batch.prefill, num_decode_tokens, decode_context_tokens)
+    duration_s = cost_model.iteration_time_s(shape)
+    swap_tokens = batch.num_swap_in_tokens + batch.num_swap_out_tokens
+    if swap_tokens:
+        duration_s += cost_model.swap_time_s(swap_tokens)
+    steps.append(
+        time_s=now_s,
+        duration_s=duration_s,
+        batch_size=batch.num_seqs,
+        num_prefill_seqs=len(batch.prefill),
+        num_prefill_tokens=sum(seq.num_prefill_tokens for seq in batch.prefill),
+        num_decode_tokens=num_decode_tokens,
+        num_waiting=len(scheduler.waiting),
+        num_swapped=len(scheduler.swapped),
+        num_preempted=batch.num_preempted,
+        memory_blocked=batch.memory_blocked,
+        usage=usage,
+    )
+    return duration_s
 
 
 def finish_sequence(
