@@ -58,20 +58,12 @@ def finish_sequence(
 ) -> bool:
     """Record the slots it held at its end, free it, and close its request's record if it was
     the request's last sequence (then True)."""
-    seq.record.peak_slots = max(seq.record.peak_slots, allocator.held_slots(seq.seq_id))
+    seq.record.mark_held_slots(allocator.held_slots(seq.seq_id))
     scheduler.finish(allocator, seq)
     if not samples.finish(seq):
         return False
-    seq.record.finish_s = end_s
-    seq.record.status = "finished"
+    seq.record.mark_finished(end_s)
     return True
-
-
-def record_admission(seq: Sequence, now_s: float) -> None:
-    """Note a prefilled sequence's first admission (a recomputed one keeps its first)."""
-    if seq.record.admit_s != seq.record.admit_s:  # NaN: first admission
-        seq.record.admit_s = now_s
-        seq.record.cached_prompt_tokens = seq.num_cached_tokens
 
 
 def end_iteration(
@@ -85,12 +77,12 @@ def end_iteration(
     """Advance the sequences of ``batch``, which ran from ``now_s`` to ``end_s``, by their token;
     returns how many requests finished."""
     for seq in batch.prefill:
-        record_admission(seq, now_s)
+        seq.record.mark_admitted(now_s, seq.num_cached_tokens)
     num_finished = 0
     for seq in batch.sequences:
         seq.num_generated += 1
         if seq.num_generated == 1:
-            seq.record.first_token_s = end_s
+            seq.record.mark_first_token(end_s)
             if max(seq.request.num_samples, seq.request.beam_width) > 1 and not seq.is_done:
                 samples.fork(seq, allocator, scheduler)
         if seq.is_done:

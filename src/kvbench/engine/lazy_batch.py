@@ -22,9 +22,9 @@ import heapq
 from typing import cast
 
 from kvbench.allocators.base import Allocator, CohortAllocator
-from kvbench.engine.arrival_queue import NO_ROOM_REASON, Arrivals, reject
+from kvbench.engine.arrival_queue import NO_ROOM_REASON, Arrivals
 from kvbench.engine.cost_model import CostModel, DecodeTimeFn
-from kvbench.engine.iteration import end_iteration, finish_sequence, record_admission, record_step
+from kvbench.engine.iteration import end_iteration, finish_sequence, record_step
 from kvbench.engine.records import StepRecords
 from kvbench.engine.samples import SampleGroups
 from kvbench.engine.scheduler import Scheduler
@@ -153,7 +153,7 @@ class LazyBatch:
         allocator.advance_cohort(1)  # every running sequence's slot for this iteration's token
         batch, rejected = scheduler.schedule_admissions(allocator)
         for seq in rejected:
-            reject(seq, NO_ROOM_REASON)
+            seq.record.mark_rejected(NO_ROOM_REASON)
         prefill = batch.prefill
         if not batch.decode and not prefill:
             return now_s, len(rejected)
@@ -173,9 +173,9 @@ class LazyBatch:
                 batch, now_s, end_s, scheduler, allocator, self._samples
             )
         for seq in prefill:
-            record_admission(seq, now_s)
+            seq.record.mark_admitted(now_s, seq.num_cached_tokens)
             if seq.num_generated == 0:
-                seq.record.first_token_s = end_s
+                seq.record.mark_first_token(end_s)
             self._join(seq)
         scheduler.run_admitted(batch)
         self._tick += 1

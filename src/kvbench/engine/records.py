@@ -181,6 +181,39 @@ class RequestRecord:
     status: str = "pending"  # finished | rejected
     reject_reason: str = ""
 
+    # The engine writes a record only through these, one per event of the request's life.
+
+    def mark_admitted(self, now_s: float, cached_prompt_tokens: int) -> None:
+        """Note an admission (prefill) at ``now_s``; only the first counts (a recomputed or
+        forked sequence keeps the request's first)."""
+        if self.admit_s != self.admit_s:  # NaN: first admission
+            self.admit_s = now_s
+            self.cached_prompt_tokens = cached_prompt_tokens
+
+    def mark_first_token(self, end_s: float) -> None:
+        """Note that the request's first output token came out at ``end_s``."""
+        self.first_token_s = end_s
+
+    def mark_preempted(self, swapped: bool) -> None:
+        """Count a preemption of one of the request's sequences (by swap, or recompute)."""
+        self.num_preemptions += 1
+        if swapped:
+            self.num_swaps += 1
+
+    def mark_held_slots(self, num_slots: int) -> None:
+        """Note the slots one of its sequences held (the record keeps the peak)."""
+        self.peak_slots = max(self.peak_slots, num_slots)
+
+    def mark_finished(self, end_s: float) -> None:
+        """Close the record: the request's last sequence finished at ``end_s``."""
+        self.finish_s = end_s
+        self.status = "finished"
+
+    def mark_rejected(self, reason: str) -> None:
+        """Close the record: the request is never served, for ``reason``."""
+        self.status = "rejected"
+        self.reject_reason = reason
+
 
 @dataclass
 class SimulationResult:

@@ -219,12 +219,12 @@ class Scheduler:
 
     def _preempt(self, allocator: Allocator, seq: Sequence, batch: Batch) -> None:
         batch.num_preempted += 1
-        seq.record.num_preemptions += 1
         num_tokens = seq.num_kv_tokens
         allocator.free(seq.seq_id)
         room = self.limits.swap_capacity_tokens - self.num_swapped_tokens
-        if self.limits.preemption == "swap" and num_tokens <= room:
-            seq.record.num_swaps += 1
+        swapped = self.limits.preemption == "swap" and num_tokens <= room
+        seq.record.mark_preempted(swapped)
+        if swapped:
             self.num_swapped_tokens += num_tokens
             batch.num_swap_out_tokens += num_tokens
             self._swapped.append(seq)

@@ -11,7 +11,7 @@ from collections.abc import Sequence as SequenceOf
 
 from kvbench.allocators.base import Allocator
 from kvbench.core.request import Request
-from kvbench.engine.arrival_queue import NO_ROOM_REASON, Arrivals, RecordSink, reject
+from kvbench.engine.arrival_queue import NO_ROOM_REASON, Arrivals, RecordSink
 from kvbench.engine.beams import Ancestry
 from kvbench.engine.cost_model import CostModel
 from kvbench.engine.iteration import end_iteration, record_step
@@ -78,7 +78,7 @@ def simulate(
         else:
             batch, rejected = scheduler.schedule(allocator)
             for seq in rejected:
-                reject(seq, NO_ROOM_REASON)
+                seq.record.mark_rejected(NO_ROOM_REASON)
             num_ended += len(rejected)
             if batch.sequences:
                 if on_step is not None:
