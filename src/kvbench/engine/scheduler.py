@@ -142,7 +142,7 @@ class Scheduler:
         if batch.num_preempted == 0:
             self._swap_in(allocator, batch)
             if not self._swapped:
-                rejected = self.admit_waiting(allocator, batch)
+                rejected = self._admit_waiting(allocator, batch)
         self.run_admitted(batch)
         return batch, rejected
 
@@ -152,7 +152,7 @@ class Scheduler:
         batch (its ``decode`` a copy of the running sequences) and the requests rejected for
         good. The admitted ones join the running sequences with ``run_admitted``."""
         batch = Batch(decode=list(self._running))
-        return batch, self.admit_waiting(allocator, batch)
+        return batch, self._admit_waiting(allocator, batch)
 
     def run_admitted(self, batch: Batch) -> None:
         """The sequences ``batch`` swapped in and prefilled join the running ones."""
@@ -248,7 +248,7 @@ class Scheduler:
             batch.num_swap_in_tokens += seq.num_kv_tokens
             batch.swapped_in.append(seq)
 
-    def admit_waiting(self, allocator: Allocator, batch: Batch) -> list[Sequence]:
+    def _admit_waiting(self, allocator: Allocator, batch: Batch) -> list[Sequence]:
         """Admit waiting requests first come, first served into ``batch`` (whose ``decode`` and
         ``swapped_in`` are set, and nothing swapped out waits); returns the ones rejected for
         good. The admitted ones join the running sequences with ``run_admitted``."""
