@@ -15,7 +15,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import cached_property, partial
+from functools import cached_property
+from typing import Protocol
 
 from kvbench.core.specs import Deployment
 from kvbench.engine.cost_model import DecodeTimeFn, IterationShape, decode_time_by_shape
@@ -25,6 +26,14 @@ from kvbench.engine.cost_model import DecodeTimeFn, IterationShape, decode_time_
 ATTENTION_FLOPS_PER_PAIR = 4
 
 AttentionTimer = Callable[[IterationShape], float]
+
+
+class IterationTimeFn(Protocol):
+    """Seconds of an iteration of a given token count (``RooflineTerms.time_fn``)."""
+
+    def __call__(self, decode_context_tokens: int, prefill_attention_pairs: int = 0) -> float:
+        """Seconds, given the KV tokens decode reads and the causal pairs prefill attends to."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,18 +48,28 @@ class RooflineTerms:
     flops_per_s: float  # effective, all GPUs
     bytes_per_s: float  # effective HBM bandwidth, all GPUs
 
-    def time_s(
-        self, num_tokens: int, decode_context_tokens: int, prefill_attention_pairs: int = 0
-    ) -> float:
-        """Seconds of an iteration of ``num_tokens`` tokens whose decode sequences read
-        ``decode_context_tokens`` tokens of KV: the roofline formula, the only copy of it.
-        Every caller gets the same float operations in the same order, so identical floats."""
+    def time_fn(self, num_tokens: int) -> IterationTimeFn:
+        """Seconds of an iteration of ``num_tokens`` tokens, as a function
+        ``time_s(decode_context_tokens, prefill_attention_pairs=0)`` of the KV its decode
+        sequences read and the causal pairs its prefill attends to: the roofline formula, its
+        only copy, with the terms that depend on the token count alone computed once (the fast
+        path calls it every iteration). Every caller gets the same float operations in the same
+        order, so identical floats."""
+        kv_bytes_per_token = self.kv_bytes_per_token
+        attention_flops_per_pair = self.attention_flops_per_pair
+        fixed_s = self.fixed_s
+        flops_per_s = self.flops_per_s
+        bytes_per_s = self.bytes_per_s
         dense_flops = 2.0 * self.active_parameters * num_tokens
-        dense_bytes = self.weight_bytes + num_tokens * self.kv_bytes_per_token
-        attention_pairs = prefill_attention_pairs + decode_context_tokens
-        flops = dense_flops + self.attention_flops_per_pair * attention_pairs
-        bytes_moved = dense_bytes + decode_context_tokens * self.kv_bytes_per_token
-        return self.fixed_s + max(flops / self.flops_per_s, bytes_moved / self.bytes_per_s)
+        dense_bytes = self.weight_bytes + num_tokens * kv_bytes_per_token
+
+        def time_s(decode_context_tokens: int, prefill_attention_pairs: int = 0) -> float:
+            attention_pairs = prefill_attention_pairs + decode_context_tokens
+            flops = dense_flops + attention_flops_per_pair * attention_pairs
+            bytes_moved = dense_bytes + decode_context_tokens * kv_bytes_per_token
+            return fixed_s + max(flops / flops_per_s, bytes_moved / bytes_per_s)
+
+        return time_s
 
 
 @dataclass(frozen=True)
@@ -97,18 +116,17 @@ class RooflineCostModel:
         if self.attention_time_s is not None:
             # Measured kernels replace decode attention (its FLOPs and KV reads); prefill
             # attention stays in the roofline.
-            body_s = self.terms.time_s(num_tokens, 0, shape.prefill_attention_pairs)
+            body_s = self.terms.time_fn(num_tokens)(0, shape.prefill_attention_pairs)
             return body_s + self.attention_time_s(shape)
-        return self.terms.time_s(
-            num_tokens, shape.decode_context_tokens, shape.prefill_attention_pairs
-        )
+        time_s = self.terms.time_fn(num_tokens)
+        return time_s(shape.decode_context_tokens, shape.prefill_attention_pairs)
 
     def decode_time_fn(self, num_decode_tokens: int) -> DecodeTimeFn:
         """``iteration_time_s`` of a decode-only iteration of ``num_decode_tokens`` sequences, as
         a function of their summed context (identical floats: the same formula)."""
         if self.attention_time_s is not None:
             return decode_time_by_shape(self, num_decode_tokens)
-        return partial(self.terms.time_s, num_decode_tokens)
+        return self.terms.time_fn(num_decode_tokens)
 
     def swap_time_s(self, num_tokens: int) -> float:
         """Seconds to copy ``num_tokens`` tokens of KV over PCIe (one direction, all GPUs)."""
