@@ -324,9 +324,12 @@ def test_step_totals_do_not_depend_on_how_steps_arrive(monkeypatch):
                           num_waiting=row["num_waiting"], num_swapped=0, num_preempted=0,
                           memory_blocked=False, usage=usage)
     for start, stop in ((0, 3), (3, 17), (17, 23)):
-        stretch = {name: [row[name] for row in rows[start:stop]] for name in changing}
-        in_stretches.extend_decode_rows(stretch, num_seqs=4, memory_blocked=False,
-                                        constant_slots=constant_slots)
+        appenders = in_stretches.decode_row_appenders(memory_blocked=False)
+        for row in rows[start:stop]:
+            for append, name in zip(appenders, changing, strict=True):
+                append(row[name])
+        in_stretches.complete_decode_rows(stop - start, num_seqs=4, memory_blocked=False,
+                                          constant_slots=constant_slots)
     assert one_by_one.columns == in_stretches.columns
     assert one_by_one.totals() == in_stretches.totals()
     assert one_by_one.totals().num_steps == 23

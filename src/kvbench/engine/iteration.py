@@ -26,7 +26,7 @@ def record_step(
     sequences' KV tokens in all (the lazy batch keeps the sum: its sequences' counts are stale).
 
     Decode-only stretches of the lazy batch write their rows in bulk instead
-    (``StepRecords.extend_decode_rows``): the same columns, without a call per iteration."""
+    (``StepRecords.decode_row_appenders``): the same columns, without a call per iteration."""
     usage = allocator.usage()
     if batch.memory_blocked:
         usage = usage.with_free_blocked()

@@ -224,23 +224,18 @@ class LazyBatch:
         queue_was_empty = not waiting
         next_arrival_s = arrivals.next_arrival_s()
         context_tokens = self._context_tokens
-        # Each round's changing columns go into lists handed to the step records at the end,
-        # which add the constant ones. The usage after a round: a token state more per
-        # sequence, a block more per start.
-        times_s: list[float] = []
-        durations_s: list[float] = []
-        nums_waiting: list[int] = []
-        token_states_column: list[int] = []
-        reservation_column: list[int] = []
-        internal_frag_column: list[int] = []
-        free_column: list[int] = []
-        append_time_s = times_s.append
-        append_duration_s = durations_s.append
-        append_num_waiting = nums_waiting.append
-        append_token_states = token_states_column.append
-        append_reservation = reservation_column.append
-        append_internal_frag = internal_frag_column.append
-        append_free = free_column.append
+        # Each round's record goes straight into the step columns that change (the constant
+        # ones after). The usage after a round: a token state more per sequence, a block more
+        # per start; free slots, or with a memory-blocked head external fragmentation.
+        (
+            append_time_s,
+            append_duration_s,
+            append_num_waiting,
+            append_token_states,
+            append_reservation,
+            append_internal_frag,
+            append_free,
+        ) = self._steps.decode_row_appenders(memory_blocked)
         free_base_slots = usage.free + (usage.external_frag if memory_blocked else 0)
         token_states = usage.token_states
         internal_frag = usage.internal_frag
@@ -277,18 +272,8 @@ class LazyBatch:
         if not num_rounds:
             return now_s, num_rejected, False
         allocator.advance_cohort(num_rounds)
-        self._steps.extend_decode_rows(
-            {
-                "time_s": times_s,
-                "duration_s": durations_s,
-                "num_waiting": nums_waiting,
-                "token_states_slots": token_states_column,
-                "reservation_slots": reservation_column,
-                "internal_frag_slots": internal_frag_column,
-                # Free slots, or with a memory-blocked head external fragmentation
-                # (``MemoryUsage.with_free_blocked``).
-                "external_frag_slots" if memory_blocked else "free_slots": free_column,
-            },
+        self._steps.complete_decode_rows(
+            num_rounds,
             num_seqs=num_seqs,
             memory_blocked=memory_blocked,
             constant_slots={

@@ -34,6 +34,13 @@ STEP_COLUMNS = (
 STEP_DTYPES = {"time_s": np.float64, "duration_s": np.float64, "memory_blocked": np.bool_}
 # Takes one chunk of steps: column name -> array of CHUNK_ROWS values (fewer in the last one).
 StepSink = Callable[[dict[str, npt.NDArray[Any]]], None]
+# Appenders of the columns a stretch of decode-only iterations changes row by row
+# (``StepRecords.decode_row_appenders``).
+AppendFloat = Callable[[float], None]
+AppendInt = Callable[[int], None]
+DecodeRowAppenders = tuple[
+    AppendFloat, AppendFloat, AppendInt, AppendInt, AppendInt, AppendInt, AppendInt
+]
 
 
 @dataclass
@@ -91,26 +98,39 @@ class StepRecords:
         if self.sink is not None and len(step_column) >= CHUNK_ROWS:
             self._flush_full_chunks()
 
-    def extend_decode_rows(
+    def decode_row_appenders(self, memory_blocked: bool) -> DecodeRowAppenders:
+        """Appenders for the columns that change between the decode-only iterations of a
+        stretch of the fast path, which would otherwise pay a call per iteration: ``time_s``,
+        ``duration_s``, ``num_waiting``, ``token_states_slots``, ``reservation_slots``,
+        ``internal_frag_slots``, and ``free_slots`` (``external_frag_slots`` when
+        ``memory_blocked``: ``MemoryUsage.with_free_blocked``). Append one value to each per
+        iteration, then ``complete_decode_rows``."""
+        columns = self.columns
+        return (
+            columns["time_s"].append,
+            columns["duration_s"].append,
+            columns["num_waiting"].append,
+            columns["token_states_slots"].append,
+            columns["reservation_slots"].append,
+            columns["internal_frag_slots"].append,
+            columns["external_frag_slots" if memory_blocked else "free_slots"].append,
+        )
+
+    def complete_decode_rows(
         self,
-        varying_columns: Mapping[str, list[float] | list[int]],
+        num_rows: int,
         *,
         num_seqs: int,
         memory_blocked: bool,
         constant_slots: Mapping[str, int],
     ) -> None:
-        """Append decode-only iterations of ``num_seqs`` sequences in bulk (the fast path's
-        stretches, which would otherwise pay a call per iteration): ``varying_columns`` holds
-        their changing columns (``time_s``, ``duration_s``, ``num_waiting`` and the slot columns
-        not in ``constant_slots``), one value per iteration; ``constant_slots`` the other slot
-        columns' value in every row. The rows are those ``append`` would have written."""
-        columns = self.columns
-        step_column = columns["step"]
+        """Complete ``num_rows`` decode-only iterations of ``num_seqs`` sequences whose changing
+        columns went through ``decode_row_appenders``: the step numbers, the constant columns,
+        and ``constant_slots`` (the other slot columns' value in every row). The rows are those
+        ``append`` would have written."""
+        step_column = self.columns["step"]
         first_step = self.num_flushed + len(step_column)
-        num_rows = len(varying_columns["time_s"])
         step_column.extend(range(first_step, first_step + num_rows))
-        for name, values in varying_columns.items():
-            columns[name].extend(values)
         constants = {
             "batch_size": num_seqs,
             "num_prefill_seqs": 0,
@@ -122,7 +142,7 @@ class StepRecords:
             **constant_slots,
         }
         for name, value in constants.items():
-            columns[name].extend(repeat(value, num_rows))
+            self.columns[name].extend(repeat(value, num_rows))
         if self.sink is not None and len(step_column) >= CHUNK_ROWS:
             self._flush_full_chunks()
 

@@ -15,6 +15,7 @@ from collections import deque
 from collections.abc import Iterable
 from collections.abc import Sequence as SequenceOf
 from dataclasses import dataclass, field
+from typing import Final
 
 from kvbench.allocators.base import Allocator
 from kvbench.engine.sequence import Sequence
@@ -90,25 +91,18 @@ class Scheduler:
         self._waiting: deque[Sequence] = deque()
         self._running: list[Sequence] = []  # in arrival order: the last one is preempted first
         self._swapped: deque[Sequence] = deque()
+        # The same queues, read-only for everyone else (plain attributes rather than
+        # properties: the fast path reads them every iteration). Never rebound.
+        self.waiting: Final[SequenceOf[Sequence]] = self._waiting
+        """Sequences waiting for (re)admission, head first (read-only)."""
+        self.running: Final[SequenceOf[Sequence]] = self._running
+        """Running sequences in arrival order (read-only)."""
+        self.swapped: Final[SequenceOf[Sequence]] = self._swapped
+        """Sequences swapped out to the CPU pool, first out first (read-only)."""
         self.num_swapped_tokens = 0
         # Grow all running sequences with one try_append_round call when every one of them fits
         # (the same state as appending one by one): the fast path's, when it goes step by step.
         self.bulk_appends = False
-
-    @property
-    def waiting(self) -> SequenceOf[Sequence]:
-        """Sequences waiting for (re)admission, head first (read-only)."""
-        return self._waiting
-
-    @property
-    def running(self) -> SequenceOf[Sequence]:
-        """Running sequences in arrival order (read-only)."""
-        return self._running
-
-    @property
-    def swapped(self) -> SequenceOf[Sequence]:
-        """Sequences swapped out to the CPU pool, first out first (read-only)."""
-        return self._swapped
 
     def rejection_reason(self, seq: Sequence) -> str:
         """Why a request can never run here, or '' if it can."""
@@ -214,8 +208,8 @@ class Scheduler:
                     break
             else:
                 kept.append(seq)
-        self._running = kept
-        batch.decode = list(kept)
+        self._running[:] = kept  # in place: ``running`` is the same list
+        batch.decode = kept
 
     def _preempt(self, allocator: Allocator, seq: Sequence, batch: Batch) -> None:
         batch.num_preempted += 1
