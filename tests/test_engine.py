@@ -122,3 +122,14 @@ def test_decode_is_memory_bound_and_prefill_compute_bound():
     assert COSTS.iteration_time_s(prefill) > flops_s
     wider = dataclasses.replace(OPT13B, num_gpus=2)
     assert RooflineCostModel(wider).iteration_time_s(prefill) < COSTS.iteration_time_s(prefill)
+
+
+def test_measured_attention_replaces_the_roofline_decode_attention():
+    from kvbench.engine import IterationShape
+
+    measured = RooflineCostModel(OPT13B, attention_time_s=lambda s: 1e-4 * s.num_decode_tokens)
+    shape = IterationShape(300, 300 * 301 // 2, 8, 10_000)
+    no_decode_attention = IterationShape(300, 300 * 301 // 2, 8, 0)
+    assert measured.iteration_time_s(shape) == COSTS.iteration_time_s(no_decode_attention) + 8e-4
+    decode = IterationShape(0, 0, 8, 10_000)
+    assert measured.decode_time_fn(8)(10_000) == measured.iteration_time_s(decode)

@@ -21,6 +21,7 @@ from kvbench.core.request import Request
 from kvbench.core.specs import Deployment
 from kvbench.engine import IterationShape, RooflineCostModel, Scheduler, SchedulerLimits, simulate
 from kvbench.engine import records as records_module
+from kvbench.engine.cost_model import decode_time_by_shape
 from kvbench.workloads import load_trace, to_requests
 
 OPT13B = Deployment(get_model("opt-13b"), get_hardware("a100-40gb"), kv_cache_gib=12)
@@ -215,13 +216,67 @@ def test_decode_time_fn_gives_the_iteration_times_bit_for_bit(contexts, num_seqs
                           st.integers(0, 256), st.integers(0, 2_000_000)), min_size=1,
                 max_size=20),
        st.sampled_from(["llama-2-70b", "opt-13b", "mixtral-8x7b"]))
-def test_iteration_time_fn_gives_the_iteration_times_bit_for_bit(shapes, model):
+def test_iteration_time_s_is_the_roofline_formula_bit_for_bit(shapes, model):
+    """The one copy of the formula keeps the float operations, in their order, that the recorded
+    durations (and the reference results) were computed with."""
     deployment = Deployment(get_model(model), get_hardware("a100-80gb"), num_gpus=4)
     costs = RooflineCostModel(deployment)
-    iteration_time_s = costs.iteration_time_fn()
+    spec, hardware = deployment.model, deployment.hardware
+    kv_bytes_per_token = deployment.kv_bytes_per_token
+    flops_per_pair = 4 * spec.num_layers * spec.num_attention_heads * spec.head_dim
+    flops_per_s = 4 * hardware.peak_tflops * 1e12 * 0.6
+    bytes_per_s = 4 * hardware.hbm_bandwidth_gb_per_s * 1e9 * 0.8
+    fixed_s = 0.002 + 2 * spec.num_layers * 1.0e-5
     for counts in shapes:
         shape = IterationShape(*counts)
-        assert iteration_time_s(shape) == costs.iteration_time_s(shape)
+        num_prefill_tokens, prefill_pairs, num_decode_tokens, context_tokens = counts
+        num_tokens = num_prefill_tokens + num_decode_tokens
+        expected_s = 0.0
+        if num_tokens:
+            dense_flops = 2.0 * spec.active_parameters * num_tokens
+            dense_bytes = spec.weight_bytes + num_tokens * kv_bytes_per_token
+            flops = dense_flops + flops_per_pair * (prefill_pairs + context_tokens)
+            bytes_moved = dense_bytes + context_tokens * kv_bytes_per_token
+            expected_s = fixed_s + max(flops / flops_per_s, bytes_moved / bytes_per_s)
+        assert costs.iteration_time_s(shape) == expected_s
+
+
+@dataclasses.dataclass(frozen=True)
+class _TableCostModel:
+    """A cost model that is not the roofline (a made-up table): any ``CostModel`` plugs in."""
+
+    def iteration_time_s(self, shape):
+        num_tokens = shape.num_prefill_tokens + shape.num_decode_tokens
+        return 0.0 if not num_tokens else 1e-3 + 1e-6 * num_tokens + 1e-9 * (
+            shape.prefill_attention_pairs + shape.decode_context_tokens)
+
+    def swap_time_s(self, num_tokens):
+        return 1e-7 * num_tokens
+
+    def decode_time_fn(self, num_decode_tokens):
+        return decode_time_by_shape(self, num_decode_tokens)
+
+
+@pytest.mark.parametrize("allocator_name", ["paged", "paged_prefix", "naive_pow2"])
+def test_fast_path_matches_the_step_by_step_loop_with_any_cost_model(allocator_name):
+    rng = random.Random(5)
+    requests = [Request(i, i * 0.002, rng.randint(1, 300), rng.randint(1, 200),
+                        num_samples=rng.choice([1, 1, 2])) for i in range(80)]  # fmt: skip
+    limits = SchedulerLimits(max_model_len=MAX_LEN, preemption="swap", swap_capacity_tokens=500)
+    results = []
+    for fast in (True, False):
+        allocator = make_allocator(allocator_name, 3_000, 16, MAX_LEN)
+        results.append(simulate(requests, Scheduler(limits), allocator, _TableCostModel(),
+                                fast=fast))  # fmt: skip
+    assert results[0].steps.columns == results[1].steps.columns
+    assert results[0].requests == results[1].requests
+    if allocator_name.startswith("paged"):  # reservations block admission instead
+        assert sum(record.num_swaps for record in results[1].requests) > 0  # swaps priced too
+    first_prompt_tokens = requests[0].prompt_tokens  # the first step prefills it alone
+    first_shape = IterationShape(first_prompt_tokens,
+                                 first_prompt_tokens * (first_prompt_tokens + 1) // 2, 0, 0)
+    first_duration_s = results[1].steps.columns["duration_s"][0]
+    assert first_duration_s == _TableCostModel().iteration_time_s(first_shape)
 
 
 def _streamed(requests, monkeypatch, chunk_rows):
@@ -269,9 +324,10 @@ def test_step_totals_do_not_depend_on_how_steps_arrive(monkeypatch):
                           num_waiting=row["num_waiting"], num_swapped=0, num_preempted=0,
                           memory_blocked=False, usage=usage)
     for start, stop in ((0, 3), (3, 17), (17, 23)):
+        appenders = in_stretches.decode_row_appenders(memory_blocked=False)
         for row in rows[start:stop]:
-            for name in changing:
-                in_stretches.columns[name].append(row[name])
+            for append, name in zip(appenders, changing, strict=True):
+                append(row[name])
         in_stretches.complete_decode_rows(stop - start, num_seqs=4, memory_blocked=False,
                                           constant_slots=constant_slots)
     assert one_by_one.columns == in_stretches.columns

@@ -1,15 +1,17 @@
-"""The pure, deterministic engine: continuous-batching scheduler, roofline cost model, simulate().
+"""The pure, deterministic engine: continuous-batching scheduler, cost models, simulate().
 
 No file I/O, no torch, no plotting: requests in, records out.
 """
 
-from kvbench.engine.cost_model import IterationShape, RooflineCostModel
+from kvbench.engine.cost_model import CostModel, IterationShape
 from kvbench.engine.records import RequestRecord, SimulationResult, StepRecords
+from kvbench.engine.roofline import RooflineCostModel
 from kvbench.engine.scheduler import PREEMPTION_MODES, Scheduler, SchedulerLimits
 from kvbench.engine.simulate import simulate
 
 __all__ = [
     "PREEMPTION_MODES",
+    "CostModel",
     "IterationShape",
     "RequestRecord",
     "RooflineCostModel",

@@ -17,12 +17,6 @@ RecordSink = Callable[[list[RequestRecord]], None]
 NO_ROOM_REASON = "needs more KV memory than the whole pool holds"
 
 
-def reject(seq: Sequence, reason: str) -> None:
-    """Mark the sequence's request as never served, for ``reason``."""
-    seq.record.status = "rejected"
-    seq.record.reject_reason = reason
-
-
 class Arrivals:
     """The requests of a run sorted by (arrival, id), and how many have arrived so far.
 
@@ -69,7 +63,7 @@ class Arrivals:
             self.records.append(seq.record)
             reason = scheduler.rejection_reason(seq)
             if reason:
-                reject(seq, reason)
+                seq.record.mark_rejected(reason)
                 num_rejected += 1
             else:
                 samples.start(seq)

@@ -129,17 +129,12 @@ class BeamGroups:
         new_seq_id: Callable[[], int],
     ) -> list[Sequence]:
         dropped, forks = plan_step(parents)
-        places = []
-        for beam in dropped:  # free first: a fork then never waits on a dropped beam's blocks
-            places.append(scheduler.running.index(beams[beam]))
-            allocator.free(beams[beam].seq_id)
         new_beams = [beams[parent] for parent in parents]
-        for place, (new_beam, parent) in zip(sorted(places), forks, strict=True):
+        forked = []
+        for new_beam, parent in forks:
             source = beams[parent]
-            child = Sequence(request=source.request, record=source.record, seq_id=new_seq_id(),
-                             num_generated=source.num_generated)  # fmt: skip
-            if not allocator.fork(source.seq_id, child.seq_id):
-                raise RuntimeError("a paged fork needs no new block and cannot fail")
-            scheduler.running[place] = child
+            child = source.fork(new_seq_id())
+            forked.append((source, child))
             new_beams[new_beam] = child
+        scheduler.replace_beams(allocator, [beams[beam] for beam in dropped], forked)
         return new_beams

@@ -19,18 +19,16 @@ copy-on-write) goes to the step-by-step loop: ``step`` writes every count back f
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable
 from typing import cast
 
 from kvbench.allocators.base import Allocator, CohortAllocator
-from kvbench.engine.arrival_queue import NO_ROOM_REASON, Arrivals, reject
-from kvbench.engine.cost_model import RooflineCostModel
-from kvbench.engine.finish import end_iteration, finish_sequence, record_admission
+from kvbench.engine.arrival_queue import NO_ROOM_REASON, Arrivals
+from kvbench.engine.cost_model import CostModel, DecodeTimeFn
+from kvbench.engine.iteration import end_iteration, finish_sequence, record_step
 from kvbench.engine.records import StepRecords
 from kvbench.engine.samples import SampleGroups
-from kvbench.engine.scheduler import Batch, Scheduler
+from kvbench.engine.scheduler import Scheduler
 from kvbench.engine.sequence import Sequence
-from kvbench.engine.shape import iteration_shape
 
 
 class LazyBatch:
@@ -46,7 +44,7 @@ class LazyBatch:
         arrivals: Arrivals,
         scheduler: Scheduler,
         allocator: Allocator,
-        cost_model: RooflineCostModel,
+        cost_model: CostModel,
         steps: StepRecords,
         samples: SampleGroups,
     ) -> None:
@@ -63,8 +61,7 @@ class LazyBatch:
         self._finishing: dict[int, list[Sequence]] = {}  # tick -> its finishers, running order
         self._finish_ticks: list[int] = []  # heap of the keys of _finishing
         self._context_tokens = 0  # KV tokens of the running sequences
-        self._decode_time_fns: dict[int, Callable[[int], float]] = {}
-        self._iteration_time_s = cost_model.iteration_time_fn()
+        self._decode_time_fns: dict[int, DecodeTimeFn] = {}
 
     def step(self, now_s: float) -> tuple[float, int] | None:
         """Run the next iteration, or a stretch of them; (end time, requests ended), or None
@@ -141,7 +138,7 @@ class LazyBatch:
             )  # free() takes it out of the cohort
         return num_finished
 
-    def _decode_time_fn(self, num_seqs: int) -> Callable[[int], float]:
+    def _decode_time_fn(self, num_seqs: int) -> DecodeTimeFn:
         decode_time_s = self._decode_time_fns.get(num_seqs)
         if decode_time_s is None:
             decode_time_s = self._cost_model.decode_time_fn(num_seqs)
@@ -153,35 +150,15 @@ class LazyBatch:
         preemption is needed and nothing is swapped out."""
         scheduler = self._scheduler
         allocator = self._allocator
-        running = scheduler.running
         allocator.advance_cohort(1)  # every running sequence's slot for this iteration's token
-        num_decode = len(running)
-        batch = Batch(decode=running)  # not copied: admission only counts it
-        rejected = scheduler.admit_waiting(allocator, batch)
+        batch, rejected = scheduler.schedule_admissions(allocator)
         for seq in rejected:
-            reject(seq, NO_ROOM_REASON)
+            seq.record.mark_rejected(NO_ROOM_REASON)
         prefill = batch.prefill
-        if not num_decode and not prefill:
+        if not batch.decode and not prefill:
             return now_s, len(rejected)
-        usage = allocator.usage()
-        if batch.memory_blocked:
-            usage = usage.with_free_blocked()
-        duration_s = self._iteration_time_s(
-            iteration_shape(prefill, num_decode, self._context_tokens)
-        )
-        self._steps.append(
-            time_s=now_s,
-            duration_s=duration_s,
-            batch_size=num_decode + len(prefill),
-            num_prefill_seqs=len(prefill),
-            num_prefill_tokens=sum(seq.num_prefill_tokens for seq in prefill),
-            num_decode_tokens=num_decode,
-            num_waiting=len(scheduler.waiting),
-            num_swapped=0,
-            num_preempted=0,
-            memory_blocked=batch.memory_blocked,
-            usage=usage,
-        )
+        duration_s = record_step(self._steps, batch, now_s, self._context_tokens, scheduler,
+                                 allocator, self._cost_model)  # fmt: skip
         end_s = now_s + duration_s
         forks = False
         for seq in prefill:
@@ -191,19 +168,18 @@ class LazyBatch:
         if forks or not allocator.join_cohort([seq.seq_id for seq in prefill]):
             # A new request's samples fork after this token: step by step from here on.
             self.deactivate()
-            batch.decode = running[:]
-            running.extend(prefill)
+            scheduler.run_admitted(batch)
             return end_s, len(rejected) + end_iteration(
                 batch, now_s, end_s, scheduler, allocator, self._samples
             )
         for seq in prefill:
-            record_admission(seq, now_s)
+            seq.record.mark_admitted(now_s, seq.num_cached_tokens)
             if seq.num_generated == 0:
-                seq.record.first_token_s = end_s
+                seq.record.mark_first_token(end_s)
             self._join(seq)
-        running.extend(prefill)
+        scheduler.run_admitted(batch)
         self._tick += 1
-        self._context_tokens += len(running)
+        self._context_tokens += len(scheduler.running)
         return end_s, len(rejected) + self._finish_due(end_s)
 
     def _stretch(self, now_s: float, memory_blocked: bool) -> tuple[float, int]:
@@ -248,17 +224,18 @@ class LazyBatch:
         queue_was_empty = not waiting
         next_arrival_s = arrivals.next_arrival_s()
         context_tokens = self._context_tokens
-        # Each round's record goes straight into the step columns (the constant ones after).
-        # The usage after a round: a token state more per sequence, a block more per start.
-        columns = self._steps.columns
-        append_time_s = columns["time_s"].append
-        append_duration_s = columns["duration_s"].append
-        append_num_waiting = columns["num_waiting"].append
-        append_token_states = columns["token_states_slots"].append
-        append_reservation = columns["reservation_slots"].append
-        append_internal_frag = columns["internal_frag_slots"].append
-        # Free slots, or with a memory-blocked head external fragmentation (with_free_blocked).
-        append_free = columns["external_frag_slots" if memory_blocked else "free_slots"].append
+        # Each round's record goes straight into the step columns that change (the constant
+        # ones after). The usage after a round: a token state more per sequence, a block more
+        # per start; free slots, or with a memory-blocked head external fragmentation.
+        (
+            append_time_s,
+            append_duration_s,
+            append_num_waiting,
+            append_token_states,
+            append_reservation,
+            append_internal_frag,
+            append_free,
+        ) = self._steps.decode_row_appenders(memory_blocked)
         free_base_slots = usage.free + (usage.external_frag if memory_blocked else 0)
         token_states = usage.token_states
         internal_frag = usage.internal_frag

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from itertools import repeat
+from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from kvbench.allocators.base import MemoryUsage
 from kvbench.engine.step_totals import CHUNK_ROWS, SLOT_COLUMNS, StepTotals
@@ -31,7 +33,14 @@ STEP_COLUMNS = (
 # Column dtypes of the chunks handed to a sink (every other column is int64).
 STEP_DTYPES = {"time_s": np.float64, "duration_s": np.float64, "memory_blocked": np.bool_}
 # Takes one chunk of steps: column name -> array of CHUNK_ROWS values (fewer in the last one).
-StepSink = Callable[[dict[str, np.ndarray]], None]
+StepSink = Callable[[dict[str, npt.NDArray[Any]]], None]
+# Appenders of the columns a stretch of decode-only iterations changes row by row
+# (``StepRecords.decode_row_appenders``).
+AppendFloat = Callable[[float], None]
+AppendInt = Callable[[int], None]
+DecodeRowAppenders = tuple[
+    AppendFloat, AppendFloat, AppendInt, AppendInt, AppendInt, AppendInt, AppendInt
+]
 
 
 @dataclass
@@ -89,19 +98,36 @@ class StepRecords:
         if self.sink is not None and len(step_column) >= CHUNK_ROWS:
             self._flush_full_chunks()
 
+    def decode_row_appenders(self, memory_blocked: bool) -> DecodeRowAppenders:
+        """Appenders for the columns that change between the decode-only iterations of a
+        stretch of the fast path, which would otherwise pay a call per iteration: ``time_s``,
+        ``duration_s``, ``num_waiting``, ``token_states_slots``, ``reservation_slots``,
+        ``internal_frag_slots``, and ``free_slots`` (``external_frag_slots`` when
+        ``memory_blocked``: ``MemoryUsage.with_free_blocked``). Append one value to each per
+        iteration, then ``complete_decode_rows``."""
+        columns = self.columns
+        return (
+            columns["time_s"].append,
+            columns["duration_s"].append,
+            columns["num_waiting"].append,
+            columns["token_states_slots"].append,
+            columns["reservation_slots"].append,
+            columns["internal_frag_slots"].append,
+            columns["external_frag_slots" if memory_blocked else "free_slots"].append,
+        )
+
     def complete_decode_rows(
         self,
         num_rows: int,
         *,
         num_seqs: int,
         memory_blocked: bool,
-        constant_slots: dict[str, int],
+        constant_slots: Mapping[str, int],
     ) -> None:
         """Complete ``num_rows`` decode-only iterations of ``num_seqs`` sequences whose changing
-        columns the caller appended to ``columns`` itself (``time_s``, ``duration_s``,
-        ``num_waiting``, the slot columns not in ``constant_slots``): the step numbers, the
-        constant columns, and ``constant_slots`` (slot column -> its value in every row).
-        The fast path's hot loop, which would otherwise build every column twice."""
+        columns went through ``decode_row_appenders``: the step numbers, the constant columns,
+        and ``constant_slots`` (the other slot columns' value in every row). The rows are those
+        ``append`` would have written."""
         step_column = self.columns["step"]
         first_step = self.num_flushed + len(step_column)
         step_column.extend(range(first_step, first_step + num_rows))
@@ -142,7 +168,7 @@ class StepRecords:
     def _flush(self, num_rows: int) -> None:
         # Typed arrays once, for the totals and the sink alike (a parquet writer takes them
         # without converting each value again).
-        chunk = {
+        chunk: dict[str, npt.NDArray[Any]] = {
             name: np.asarray(values[:num_rows], dtype=STEP_DTYPES.get(name, np.int64))
             for name, values in self.columns.items()
         }
@@ -174,6 +200,39 @@ class RequestRecord:
     peak_slots: int = 0
     status: str = "pending"  # finished | rejected
     reject_reason: str = ""
+
+    # The engine writes a record only through these, one per event of the request's life.
+
+    def mark_admitted(self, now_s: float, cached_prompt_tokens: int) -> None:
+        """Note an admission (prefill) at ``now_s``; only the first counts (a recomputed or
+        forked sequence keeps the request's first)."""
+        if self.admit_s != self.admit_s:  # NaN: first admission
+            self.admit_s = now_s
+            self.cached_prompt_tokens = cached_prompt_tokens
+
+    def mark_first_token(self, end_s: float) -> None:
+        """Note that the request's first output token came out at ``end_s``."""
+        self.first_token_s = end_s
+
+    def mark_preempted(self, swapped: bool) -> None:
+        """Count a preemption of one of the request's sequences (by swap, or recompute)."""
+        self.num_preemptions += 1
+        if swapped:
+            self.num_swaps += 1
+
+    def mark_held_slots(self, num_slots: int) -> None:
+        """Note the slots one of its sequences held (the record keeps the peak)."""
+        self.peak_slots = max(self.peak_slots, num_slots)
+
+    def mark_finished(self, end_s: float) -> None:
+        """Close the record: the request's last sequence finished at ``end_s``."""
+        self.finish_s = end_s
+        self.status = "finished"
+
+    def mark_rejected(self, reason: str) -> None:
+        """Close the record: the request is never served, for ``reason``."""
+        self.status = "rejected"
+        self.reject_reason = reason
 
 
 @dataclass

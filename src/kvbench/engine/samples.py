@@ -43,18 +43,10 @@ class SampleGroups:
         request = parent.request
         children = []
         for _ in range(max(request.num_samples, request.beam_width) - 1):
-            child = Sequence(
-                request=parent.request,
-                record=parent.record,
-                seq_id=self.new_seq_id(),
-                num_generated=parent.num_generated,
-            )
+            child = parent.fork(self.new_seq_id())
             children.append(child)
-            self.running_samples[parent.request.request_id] += 1
-            if allocator.fork(parent.seq_id, child.seq_id):
-                scheduler.running.append(child)
-            else:
-                scheduler.waiting.appendleft(child)
+            self.running_samples[request.request_id] += 1
+            scheduler.fork(allocator, parent, child)
         if request.beam_width > 1:
             self.beams.start(parent, children)
 

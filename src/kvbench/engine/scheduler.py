@@ -12,7 +12,10 @@ whole pool) is rejected with a recorded reason; no request is lost.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Iterable
+from collections.abc import Sequence as SequenceOf
 from dataclasses import dataclass, field
+from typing import Final
 
 from kvbench.allocators.base import Allocator
 from kvbench.engine.sequence import Sequence
@@ -57,6 +60,16 @@ class Batch:
         """Every sequence that produces a token this iteration."""
         return self.decode + self.swapped_in + self.prefill
 
+    @property
+    def num_seqs(self) -> int:
+        """How many sequences produce a token this iteration (``len(sequences)``, no list)."""
+        return len(self.decode) + len(self.swapped_in) + len(self.prefill)
+
+    @property
+    def num_decode_tokens(self) -> int:
+        """Sequences that decode one token this iteration (running and swapped back in)."""
+        return len(self.decode) + len(self.swapped_in)
+
 
 def _cached_prefix_tokens(allocator: Allocator, seq_id: int) -> int:
     """Prompt tokens the allocator found cached at admission (0 without a prefix cache)."""
@@ -65,15 +78,27 @@ def _cached_prefix_tokens(allocator: Allocator, seq_id: int) -> int:
 
 
 class Scheduler:
-    """FCFS continuous-batching scheduler over one allocator."""
+    """FCFS continuous-batching scheduler over one allocator.
+
+    The only owner of its queues: the rest of the engine reads them (``waiting``, ``running``,
+    ``swapped``, read-only) and changes them through its methods.
+    """
 
     def __init__(self, limits: SchedulerLimits) -> None:
         if limits.preemption not in PREEMPTION_MODES:
             raise ValueError(f"preemption={limits.preemption!r}: allowed {PREEMPTION_MODES}")
         self.limits = limits
-        self.waiting: deque[Sequence] = deque()
-        self.running: list[Sequence] = []  # in arrival order: the last one is preempted first
-        self.swapped: deque[Sequence] = deque()
+        self._waiting: deque[Sequence] = deque()
+        self._running: list[Sequence] = []  # in arrival order: the last one is preempted first
+        self._swapped: deque[Sequence] = deque()
+        # The same queues, read-only for everyone else (plain attributes rather than
+        # properties: the fast path reads them every iteration). Never rebound.
+        self.waiting: Final[SequenceOf[Sequence]] = self._waiting
+        """Sequences waiting for (re)admission, head first (read-only)."""
+        self.running: Final[SequenceOf[Sequence]] = self._running
+        """Running sequences in arrival order (read-only)."""
+        self.swapped: Final[SequenceOf[Sequence]] = self._swapped
+        """Sequences swapped out to the CPU pool, first out first (read-only)."""
         self.num_swapped_tokens = 0
         # Grow all running sequences with one try_append_round call when every one of them fits
         # (the same state as appending one by one): the fast path's, when it goes step by step.
@@ -96,12 +121,12 @@ class Scheduler:
 
     def add(self, seq: Sequence) -> None:
         """Queue an arrived request."""
-        self.waiting.append(seq)
+        self._waiting.append(seq)
 
     @property
     def has_work(self) -> bool:
         """Whether any sequence is running, waiting or swapped out."""
-        return bool(self.running or self.waiting or self.swapped)
+        return bool(self._running or self._waiting or self._swapped)
 
     def schedule(self, allocator: Allocator) -> tuple[Batch, list[Sequence]]:
         """Decide the next iteration; returns it and the requests rejected for good."""
@@ -110,16 +135,59 @@ class Scheduler:
         rejected: list[Sequence] = []
         if batch.num_preempted == 0:
             self._swap_in(allocator, batch)
-            if not self.swapped:
-                rejected = self.admit_waiting(allocator, batch)
-        self.running.extend(batch.swapped_in)
-        self.running.extend(batch.prefill)
+            if not self._swapped:
+                rejected = self._admit_waiting(allocator, batch)
+        self.run_admitted(batch)
         return batch, rejected
+
+    def schedule_admissions(self, allocator: Allocator) -> tuple[Batch, list[Sequence]]:
+        """The admission half of ``schedule``, when every running sequence already holds its next
+        token's slot (the lazy batch's cohort round took them) and nothing is swapped out: the
+        batch (its ``decode`` a copy of the running sequences) and the requests rejected for
+        good. The admitted ones join the running sequences with ``run_admitted``."""
+        batch = Batch(decode=list(self._running))
+        return batch, self._admit_waiting(allocator, batch)
+
+    def run_admitted(self, batch: Batch) -> None:
+        """The sequences ``batch`` swapped in and prefilled join the running ones."""
+        self._running.extend(batch.swapped_in)
+        self._running.extend(batch.prefill)
 
     def finish(self, allocator: Allocator, seq: Sequence) -> None:
         """Release a finished sequence."""
-        self.running.remove(seq)
+        self._running.remove(seq)
         allocator.free(seq.seq_id)
+
+    def fork(self, allocator: Allocator, parent: Sequence, child: Sequence) -> None:
+        """A child forked from a running parent (parallel sampling, beam search) runs beside it
+        if the allocator forks the parent's KV; else it waits at the head of the queue, to be
+        computed like a preempted sequence."""
+        if allocator.fork(parent.seq_id, child.seq_id):
+            self._running.append(child)
+        else:
+            self._waiting.appendleft(child)
+
+    def replace_beams(
+        self,
+        allocator: Allocator,
+        dropped: Iterable[Sequence],
+        forks: Iterable[tuple[Sequence, Sequence]],
+    ) -> None:
+        """Beam search's step for one request: free the ``dropped`` running beams and give their
+        places in the running order, earliest first, to the ``forks`` ((source, child) pairs: the
+        child forked from the running source, sharing its blocks), as many as were dropped.
+
+        Raises:
+            RuntimeError: the allocator could not fork (a paged fork needs no new block).
+        """
+        places = []
+        for seq in dropped:  # free first: a fork then never waits on a dropped beam's blocks
+            places.append(self._running.index(seq))
+            allocator.free(seq.seq_id)
+        for place, (source, child) in zip(sorted(places), forks, strict=True):
+            if not allocator.fork(source.seq_id, child.seq_id):
+                raise RuntimeError("a paged fork needs no new block and cannot fail")
+            self._running[place] = child
 
     def _grow_running(self, allocator: Allocator, batch: Batch) -> None:
         """Give each running sequence a slot for its next token, preempting the latest arrivals."""
@@ -140,61 +208,61 @@ class Scheduler:
                     break
             else:
                 kept.append(seq)
-        self.running = kept
-        batch.decode = list(kept)
+        self._running[:] = kept  # in place: ``running`` is the same list
+        batch.decode = kept
 
     def _preempt(self, allocator: Allocator, seq: Sequence, batch: Batch) -> None:
         batch.num_preempted += 1
-        seq.record.num_preemptions += 1
         num_tokens = seq.num_kv_tokens
         allocator.free(seq.seq_id)
         room = self.limits.swap_capacity_tokens - self.num_swapped_tokens
-        if self.limits.preemption == "swap" and num_tokens <= room:
-            seq.record.num_swaps += 1
+        swapped = self.limits.preemption == "swap" and num_tokens <= room
+        seq.record.mark_preempted(swapped)
+        if swapped:
             self.num_swapped_tokens += num_tokens
             batch.num_swap_out_tokens += num_tokens
-            self.swapped.append(seq)
+            self._swapped.append(seq)
         else:
             # Back to the head of the queue: it arrived before everything that is waiting.
-            self.waiting.appendleft(seq)
+            self._waiting.appendleft(seq)
 
     def _has_seat(self, batch: Batch) -> bool:
-        num_seqs = len(self.running) + len(batch.swapped_in) + len(batch.prefill)
+        num_seqs = len(self._running) + len(batch.swapped_in) + len(batch.prefill)
         return num_seqs < self.limits.max_num_seqs
 
     def _swap_in(self, allocator: Allocator, batch: Batch) -> None:
-        while self.swapped and self._has_seat(batch):
-            seq = self.swapped[0]
+        while self._swapped and self._has_seat(batch):
+            seq = self._swapped[0]
             # The swapped-in sequence decodes its next token this iteration: one more slot.
             if not allocator.admit(seq.seq_id, seq.request, seq.num_kv_tokens + 1):
                 batch.memory_blocked = True
                 return
-            self.swapped.popleft()
+            self._swapped.popleft()
             self.num_swapped_tokens -= seq.num_kv_tokens
             batch.num_swap_in_tokens += seq.num_kv_tokens
             batch.swapped_in.append(seq)
 
-    def admit_waiting(self, allocator: Allocator, batch: Batch) -> list[Sequence]:
+    def _admit_waiting(self, allocator: Allocator, batch: Batch) -> list[Sequence]:
         """Admit waiting requests first come, first served into ``batch`` (whose ``decode`` and
         ``swapped_in`` are set, and nothing swapped out waits); returns the ones rejected for
-        good. ``running`` is extended with the admitted ones by the caller."""
+        good. The admitted ones join the running sequences with ``run_admitted``."""
         rejected: list[Sequence] = []
         token_budget = self.limits.max_num_batched_tokens - len(batch.decode)
-        while self.waiting and self._has_seat(batch):
-            seq = self.waiting[0]
+        while self._waiting and self._has_seat(batch):
+            seq = self._waiting[0]
             num_prefill_tokens = seq.num_kv_tokens  # prompt, plus generated tokens on recompute
             if num_prefill_tokens > token_budget:
                 break
             # Prefill writes the prompt's KV and produces the first token, which takes a slot.
             if allocator.admit(seq.seq_id, seq.request, num_prefill_tokens + 1):
-                self.waiting.popleft()
+                self._waiting.popleft()
                 seq.num_cached_tokens = _cached_prefix_tokens(allocator, seq.seq_id)
                 token_budget -= num_prefill_tokens
                 batch.prefill.append(seq)
                 continue
-            if not self.running and not batch.prefill and not batch.swapped_in:
+            if not self._running and not batch.prefill and not batch.swapped_in:
                 # Nothing else holds memory: the request can never fit this pool.
-                self.waiting.popleft()
+                self._waiting.popleft()
                 rejected.append(seq)
                 continue
             batch.memory_blocked = True

@@ -29,6 +29,16 @@ class Sequence:
     # hits): prefill does not compute them.
     num_cached_tokens: int = 0
 
+    def fork(self, seq_id: int) -> Sequence:
+        """A sibling under ``seq_id`` that generated what this one did (a forked sample or beam):
+        same request, same record, nothing cached yet."""
+        return Sequence(
+            request=self.request,
+            record=self.record,
+            seq_id=seq_id,
+            num_generated=self.num_generated,
+        )
+
     @property
     def num_kv_tokens(self) -> int:
         """Tokens whose K/V the sequence holds (or held before it was preempted)."""

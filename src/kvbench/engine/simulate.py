@@ -11,15 +11,14 @@ from collections.abc import Sequence as SequenceOf
 
 from kvbench.allocators.base import Allocator, CopyOnWriteCounter
 from kvbench.core.request import Request
-from kvbench.engine.arrival_queue import NO_ROOM_REASON, Arrivals, RecordSink, reject
+from kvbench.engine.arrival_queue import NO_ROOM_REASON, Arrivals, RecordSink
 from kvbench.engine.beams import Ancestry
-from kvbench.engine.cost_model import RooflineCostModel
-from kvbench.engine.finish import end_iteration
+from kvbench.engine.cost_model import CostModel
+from kvbench.engine.iteration import end_iteration, record_step
 from kvbench.engine.lazy_batch import LazyBatch
 from kvbench.engine.records import SimulationResult, StepRecords, StepSink
 from kvbench.engine.samples import SampleGroups
 from kvbench.engine.scheduler import Batch, Scheduler
-from kvbench.engine.shape import iteration_shape
 
 ProgressCallback = Callable[[int], None]
 # Called with each iteration's batch and the allocator after scheduling, before the batch runs.
@@ -30,7 +29,7 @@ def simulate(
     requests: SequenceOf[Request],
     scheduler: Scheduler,
     allocator: Allocator,
-    cost_model: RooflineCostModel,
+    cost_model: CostModel,
     on_finish: ProgressCallback | None = None,
     *,
     on_step: StepObserver | None = None,
@@ -79,7 +78,7 @@ def simulate(
         else:
             batch, rejected = scheduler.schedule(allocator)
             for seq in rejected:
-                reject(seq, NO_ROOM_REASON)
+                seq.record.mark_rejected(NO_ROOM_REASON)
             num_ended += len(rejected)
             if batch.sequences:
                 if on_step is not None:
@@ -110,34 +109,14 @@ def _run_iteration(
     now_s: float,
     scheduler: Scheduler,
     allocator: Allocator,
-    cost_model: RooflineCostModel,
+    cost_model: CostModel,
     steps: StepRecords,
     samples: SampleGroups,
 ) -> tuple[float, int]:
     """Price and record one iteration, advance its sequences; returns (end time, finished)."""
-    usage = allocator.usage()
-    if batch.memory_blocked:
-        usage = usage.with_free_blocked()
-    swap_tokens = batch.num_swap_in_tokens + batch.num_swap_out_tokens
-    decode = batch.decode + batch.swapped_in
-    shape = iteration_shape(
-        batch.prefill, len(decode), sum(seq.num_kv_tokens for seq in decode)
-    )
-    duration_s = cost_model.iteration_time_s(shape)
-    if swap_tokens:
-        duration_s += cost_model.swap_time_s(swap_tokens)
-    steps.append(
-        time_s=now_s,
-        duration_s=duration_s,
-        batch_size=len(batch.sequences),
-        num_prefill_seqs=len(batch.prefill),
-        num_prefill_tokens=sum(seq.num_prefill_tokens for seq in batch.prefill),
-        num_decode_tokens=len(batch.decode) + len(batch.swapped_in),
-        num_waiting=len(scheduler.waiting),
-        num_swapped=len(scheduler.swapped),
-        num_preempted=batch.num_preempted,
-        memory_blocked=batch.memory_blocked,
-        usage=usage,
-    )
+    decode_context_tokens = sum(seq.num_kv_tokens for seq in batch.decode)
+    decode_context_tokens += sum(seq.num_kv_tokens for seq in batch.swapped_in)
+    duration_s = record_step(steps, batch, now_s, decode_context_tokens, scheduler, allocator,
+                             cost_model)  # fmt: skip
     end_s = now_s + duration_s
     return end_s, end_iteration(batch, now_s, end_s, scheduler, allocator, samples)

@@ -7,11 +7,17 @@ whichever engine path produced them.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from collections.abc import Sequence as SequenceOf
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 CHUNK_ROWS = 65_536
+# One step column: the values kept in memory, or a typed chunk of them.
+StepColumn = SequenceOf[float | int | bool] | npt.NDArray[Any]
 # The step columns of the pool's usage (slots), as ``StepRecords`` stores them.
 SLOT_COLUMNS = (
     "token_states_slots",
@@ -45,7 +51,7 @@ class StepTotals:
     weighted: dict[str, float] = field(default_factory=lambda: dict.fromkeys(WEIGHTED_COLUMNS, 0.0))
     max_saved_slots: int = 0
 
-    def add_chunk(self, columns: dict[str, list]) -> None:
+    def add_chunk(self, columns: Mapping[str, StepColumn]) -> None:
         """Fold in one chunk of step rows (a whole ``CHUNK_ROWS`` one, or the run's last)."""
         durations_s = np.asarray(columns["duration_s"], dtype=np.float64)
         if not len(durations_s):
@@ -61,4 +67,5 @@ class StepTotals:
         for name in WEIGHTED_COLUMNS:
             slots = held_slots if name == "held_slots" else np.asarray(columns[name], np.int64)
             self.weighted[name] += float((slots.astype(np.float64) * durations_s).sum())
-        self.max_saved_slots = max(self.max_saved_slots, int(max(columns["saved_slots"])))
+        saved_slots = np.asarray(columns["saved_slots"], dtype=np.int64)
+        self.max_saved_slots = max(self.max_saved_slots, int(saved_slots.max()))

@@ -1,0 +1,139 @@
+"""Iteration latency from a roofline of model x hardware x tensor parallelism.
+
+One iteration runs every scheduled sequence through the model once. Its time is
+
+    overhead + allreduce + max(flops / (num_gpus x peak x compute_eff),
+                               bytes / (num_gpus x HBM bandwidth x bandwidth_eff))
+
+with the weights read once per iteration, the KV cache of every sequence read once and the new
+tokens' KV written, and FLOPs = 2 x active parameters per token + attention (QK^T and PV).
+An optional ``attention_time_s`` hook replaces the roofline's decode-attention term by times
+measured with real kernels. Derivation and constants: ``docs/cost_model.md``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Protocol
+
+from kvbench.core.specs import Deployment
+from kvbench.engine.cost_model import DecodeTimeFn, IterationShape, decode_time_by_shape
+
+# Attention FLOPs per (query token, context token) per layer and query-head dim: QK^T and PV,
+# each a multiply-add (2 FLOPs).
+ATTENTION_FLOPS_PER_PAIR = 4
+
+AttentionTimer = Callable[[IterationShape], float]
+
+
+class IterationTimeFn(Protocol):
+    """Seconds of an iteration of a given token count (``RooflineTerms.time_fn``)."""
+
+    def __call__(self, decode_context_tokens: int, prefill_attention_pairs: int = 0) -> float:
+        """Seconds, given the KV tokens decode reads and the causal pairs prefill attends to."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class RooflineTerms:
+    """The roofline's constants for one deployment, looked up once, and its formula."""
+
+    active_parameters: float
+    weight_bytes: float
+    kv_bytes_per_token: int
+    attention_flops_per_pair: int  # per (query token, context token), all layers and heads
+    fixed_s: float  # launch/scheduling overhead plus the all-reduces under tensor parallelism
+    flops_per_s: float  # effective, all GPUs
+    bytes_per_s: float  # effective HBM bandwidth, all GPUs
+
+    def time_fn(self, num_tokens: int) -> IterationTimeFn:
+        """Seconds of an iteration of ``num_tokens`` tokens, as a function
+        ``time_s(decode_context_tokens, prefill_attention_pairs=0)`` of the KV its decode
+        sequences read and the causal pairs its prefill attends to: the roofline formula, its
+        only copy, with the terms that depend on the token count alone computed once (the fast
+        path calls it every iteration). Every caller gets the same float operations in the same
+        order, so identical floats."""
+        kv_bytes_per_token = self.kv_bytes_per_token
+        attention_flops_per_pair = self.attention_flops_per_pair
+        fixed_s = self.fixed_s
+        flops_per_s = self.flops_per_s
+        bytes_per_s = self.bytes_per_s
+        dense_flops = 2.0 * self.active_parameters * num_tokens
+        dense_bytes = self.weight_bytes + num_tokens * kv_bytes_per_token
+
+        def time_s(decode_context_tokens: int, prefill_attention_pairs: int = 0) -> float:
+            attention_pairs = prefill_attention_pairs + decode_context_tokens
+            flops = dense_flops + attention_flops_per_pair * attention_pairs
+            bytes_moved = dense_bytes + decode_context_tokens * kv_bytes_per_token
+            return fixed_s + max(flops / flops_per_s, bytes_moved / bytes_per_s)
+
+        return time_s
+
+
+@dataclass(frozen=True)
+class RooflineCostModel:
+    """Prices an iteration and a swap from a Deployment and efficiency factors (a ``CostModel``)."""
+
+    deployment: Deployment
+    compute_efficiency: float = 0.6
+    bandwidth_efficiency: float = 0.8
+    pcie_efficiency: float = 0.8
+    iteration_overhead_s: float = 0.002
+    allreduce_latency_s: float = 1.0e-5
+    attention_time_s: AttentionTimer | None = None
+
+    @cached_property
+    def terms(self) -> RooflineTerms:
+        """The formula's constants for this deployment and these factors."""
+        deployment = self.deployment
+        model = deployment.model
+        hardware = deployment.hardware
+        num_gpus = deployment.num_gpus
+        allreduce_s = 0.0
+        if num_gpus > 1:  # two all-reduces per layer when sharded
+            allreduce_s = 2 * model.num_layers * self.allreduce_latency_s
+        return RooflineTerms(
+            active_parameters=model.active_parameters,
+            weight_bytes=model.weight_bytes,
+            kv_bytes_per_token=deployment.kv_bytes_per_token,
+            attention_flops_per_pair=ATTENTION_FLOPS_PER_PAIR
+            * model.num_layers
+            * model.num_attention_heads
+            * model.head_dim,
+            fixed_s=self.iteration_overhead_s + allreduce_s,
+            flops_per_s=num_gpus * hardware.peak_tflops * 1e12 * self.compute_efficiency,
+            bytes_per_s=num_gpus * hardware.hbm_bandwidth_gb_per_s * 1e9
+            * self.bandwidth_efficiency,
+        )
+
+    def iteration_time_s(self, shape: IterationShape) -> float:
+        """Seconds one iteration of this shape takes."""
+        num_tokens = shape.num_prefill_tokens + shape.num_decode_tokens
+        if num_tokens == 0:
+            return 0.0
+        if self.attention_time_s is not None:
+            # Measured kernels replace decode attention (its FLOPs and KV reads); prefill
+            # attention stays in the roofline.
+            body_s = self.terms.time_fn(num_tokens)(0, shape.prefill_attention_pairs)
+            return body_s + self.attention_time_s(shape)
+        time_s = self.terms.time_fn(num_tokens)
+        return time_s(shape.decode_context_tokens, shape.prefill_attention_pairs)
+
+    def decode_time_fn(self, num_decode_tokens: int) -> DecodeTimeFn:
+        """``iteration_time_s`` of a decode-only iteration of ``num_decode_tokens`` sequences, as
+        a function of their summed context (identical floats: the same formula)."""
+        if self.attention_time_s is not None:
+            return decode_time_by_shape(self, num_decode_tokens)
+        return self.terms.time_fn(num_decode_tokens)
+
+    def swap_time_s(self, num_tokens: int) -> float:
+        """Seconds to copy ``num_tokens`` tokens of KV over PCIe (one direction, all GPUs)."""
+        link_bytes_per_s = (
+            self.deployment.num_gpus
+            * self.deployment.hardware.pcie_gb_per_s
+            * 1e9
+            * self.pcie_efficiency
+        )
+        return num_tokens * self.deployment.kv_bytes_per_token / link_bytes_per_s
