@@ -100,9 +100,6 @@ class Scheduler:
         self.swapped: Final[SequenceOf[Sequence]] = self._swapped
         """Sequences swapped out to the CPU pool, first out first (read-only)."""
         self.num_swapped_tokens = 0
-        # Grow all running sequences with one try_append_round call when every one of them fits
-        # (the same state as appending one by one): the fast path's, when it goes step by step.
-        self.bulk_appends = False
 
     def rejection_reason(self, seq: Sequence) -> str:
         """Why a request can never run here, or '' if it can."""
@@ -128,10 +125,16 @@ class Scheduler:
         """Whether any sequence is running, waiting or swapped out."""
         return bool(self._running or self._waiting or self._swapped)
 
-    def schedule(self, allocator: Allocator) -> tuple[Batch, list[Sequence]]:
-        """Decide the next iteration; returns it and the requests rejected for good."""
+    def schedule(
+        self, allocator: Allocator, *, bulk_appends: bool = False
+    ) -> tuple[Batch, list[Sequence]]:
+        """Decide the next iteration; returns it and the requests rejected for good.
+
+        ``bulk_appends`` grows all running sequences with one ``try_append_round`` call when every
+        one of them fits (the same state as appending one by one): the fast path's, when it goes
+        step by step."""
         batch = Batch()
-        self._grow_running(allocator, batch)
+        self._grow_running(allocator, batch, bulk_appends)
         rejected: list[Sequence] = []
         if batch.num_preempted == 0:
             self._swap_in(allocator, batch)
@@ -189,10 +192,10 @@ class Scheduler:
                 raise RuntimeError("a paged fork needs no new block and cannot fail")
             self._running[place] = child
 
-    def _grow_running(self, allocator: Allocator, batch: Batch) -> None:
+    def _grow_running(self, allocator: Allocator, batch: Batch, bulk_appends: bool) -> None:
         """Give each running sequence a slot for its next token, preempting the latest arrivals."""
         # One allocator call when every sequence fits (the same state as one append each).
-        if self.bulk_appends and self.running and allocator.try_append_round(
+        if bulk_appends and self.running and allocator.try_append_round(
             [seq.seq_id for seq in self.running]
         ):
             batch.decode = list(self.running)

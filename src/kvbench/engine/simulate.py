@@ -60,7 +60,6 @@ def simulate(
     samples = SampleGroups(next_seq_id=arrivals.first_free_seq_id,
                            beam_ancestry=beam_ancestry or {})
     use_fast_path = fast and on_step is None
-    scheduler.bulk_appends = use_fast_path
     lazy_batch = None
     if use_fast_path:
         lazy_batch = LazyBatch(arrivals, scheduler, allocator, cost_model, steps, samples)
@@ -76,7 +75,7 @@ def simulate(
             now_s, num_lazy_ended = lazy_step
             num_ended += num_lazy_ended
         else:
-            batch, rejected = scheduler.schedule(allocator)
+            batch, rejected = scheduler.schedule(allocator, bulk_appends=use_fast_path)
             for seq in rejected:
                 seq.record.mark_rejected(NO_ROOM_REASON)
             num_ended += len(rejected)
