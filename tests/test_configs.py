@@ -161,7 +161,7 @@ def _too_big(model: str, hardware: str) -> bool:
 
 
 def test_report_recomputes_knees_under_the_apps_bound():
-    from kvbench.tasks.report.document import DEFAULT_LATENCY_MULTIPLE
+    from kvbench.tasks.report.run import DEFAULT_LATENCY_MULTIPLE
 
     typed, _ = validate_config(_compose(*FITTING_ROOT))
     assert typed.knee.latency_multiple == DEFAULT_LATENCY_MULTIPLE

@@ -8,7 +8,8 @@ from conftest import compose_config
 
 from kvbench.config import ConfigError
 from kvbench.tables.parquet import read_metadata
-from kvbench.tasks.kernel_overhead.run import KERNEL_COLUMNS, run_kernel_overhead
+from kvbench.tasks.kernel_overhead.run import run_kernel_overhead
+from kvbench.tasks.kernel_overhead.table import KERNEL_COLUMNS
 
 METRICS_DOC = (Path(__file__).resolve().parents[1] / "docs" / "metrics.md").read_text()
 SMALL = (

@@ -37,20 +37,9 @@ from kvbench.kernels.bench_batch import TORCH_DTYPES
 from kvbench.tables.parquet import write_table
 from kvbench.tables.provenance import provenance
 from kvbench.tasks.kernel_overhead.plot import plot_kernel_overhead
+from kvbench.tasks.kernel_overhead.table import kernel_row, kernel_table
 from kvbench.tasks.simulate.experiment import cost_model, scheduler_limits
 from kvbench.workloads import build_workload, to_requests
-
-KERNEL_COLUMNS = (
-    "device",
-    "backend",
-    "block_size",
-    "batch_size",
-    "context_len",
-    "paged_ms",
-    "contiguous_ms",
-    "overhead_pct",
-    "achieved_gb_per_s",
-)
 
 
 class BusiestBatch:
@@ -157,20 +146,10 @@ def measure_block_size(
         )  # fmt: skip
         paged, contiguous = batch_calls(batch, backend)
         timing = time_pair(paged, contiguous, device, repeats=bench.repeats)
-        rows.append({
-            "device": device_name,
-            "backend": backend,
-            "block_size": block_size,
-            "batch_size": len(tables),
-            "context_len": context_len,
-            "paged_ms": timing.paged_ms,
-            "contiguous_ms": timing.contiguous_ms,
-            "overhead_pct": 100.0 * (timing.paged_ms / timing.contiguous_ms - 1.0),
-            # bytes / (ms x 1e6) = GB/s
-            "achieved_gb_per_s": batch.kv_bytes / (timing.paged_ms * 1e6),
-        })  # fmt: skip
+        rows.append(
+            kernel_row(device_name, backend, block_size, context_len, batch, len(tables), timing)
+        )
     return rows
-
 
 
 def run_kernel_overhead(
@@ -186,7 +165,7 @@ def run_kernel_overhead(
     for block_size in cfg.kernel_bench.block_sizes:
         with _one_cpu_thread():
             rows.extend(measure_block_size(cfg, deployment, requests, block_size))
-        table = pd.DataFrame(rows, columns=list(KERNEL_COLUMNS))
+        table = kernel_table(rows)
         write_table(table, output_dir / "kernels.parquet", metadata)
     plot_kernel_overhead(table, output_dir / "plots")
     return table

@@ -6,6 +6,6 @@ report (each paper figure beside kvbench's, the gap explained).
 """
 
 from kvbench.tasks.report.aggregate import load_summaries, load_tables
-from kvbench.tasks.report.document import ReportTables, compute_tables, write_report
+from kvbench.tasks.report.run import ReportTables, compute_tables, write_report
 
 __all__ = ["ReportTables", "compute_tables", "load_summaries", "load_tables", "write_report"]

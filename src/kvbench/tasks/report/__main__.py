@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from kvbench.tasks.report.document import write_report
+from kvbench.tasks.report.run import write_report
 
 
 def main(argv: list[str] | None = None) -> int:
