@@ -8,9 +8,8 @@ import pandas as pd
 import pytest
 
 from kvbench.allocators import make_allocator
-from kvbench.core.catalog import get_hardware, get_model
+from kvbench.core.catalog import get_deployment
 from kvbench.core.request import Request
-from kvbench.core.specs import Deployment
 from kvbench.engine import RooflineCostModel, Scheduler, SchedulerLimits, simulate
 from kvbench.engine.beams import plan_step, recorded_parents
 from kvbench.workloads import WorkloadConfig, build_workload, to_requests, validate_workload_config
@@ -22,8 +21,7 @@ from kvbench.workloads.beam_ancestry import (
     validate_ancestry,
 )
 
-COSTS = RooflineCostModel(Deployment(get_model("opt-13b"), get_hardware("a100-40gb"),
-                                     kv_cache_gib=12))  # fmt: skip
+COSTS = RooflineCostModel(get_deployment("opt-13b", "a100-40gb", kv_cache_gib=12))
 LIMITS = SchedulerLimits(max_model_len=2048)
 # One recorded search of width 2: step 1 drops beam 1 and forks beam 0, step 2 swaps the two,
 # step 3 drops beam 0 and forks beam 1.

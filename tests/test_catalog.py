@@ -2,8 +2,8 @@
 
 import pytest
 
-from kvbench.core.catalog import get_hardware, get_model, hardware_names, model_names
-from kvbench.core.specs import GIB, Deployment
+from kvbench.core.catalog import get_deployment, get_model, hardware_names, model_names
+from kvbench.core.specs import GIB
 
 REQUIRED_MODELS = {
     "opt-13b", "opt-66b", "opt-175b", "llama-13b", "llama-2-7b", "llama-2-13b", "llama-2-70b",
@@ -33,8 +33,8 @@ def test_kv_bytes_per_token_match_the_paper(name, kv_bytes_per_token):
 
 def test_table1_opt13b_on_one_a100_40gb():
     # 40 GB GPU, 26 GB of weights (the paper's figure), 12 GB left for KV -> 15.7K slots.
-    model = get_model("opt-13b")
-    deployment = Deployment(model, get_hardware("a100-40gb"), num_gpus=1, kv_cache_gib=12)
+    deployment = get_deployment("opt-13b", "a100-40gb", num_gpus=1, kv_cache_gib=12)
+    model = deployment.model
     assert deployment.kv_bytes_per_token == 800 * 1024  # 800 KiB per token
     assert deployment.num_kv_slots == 15_728
     assert round(deployment.num_kv_slots / 1000, 1) == 15.7
@@ -43,33 +43,32 @@ def test_table1_opt13b_on_one_a100_40gb():
 
 
 def test_table1_opt175b_on_eight_a100_80gb():
-    deployment = Deployment(
-        get_model("opt-175b"), get_hardware("a100-80gb"), num_gpus=8, kv_cache_gib=264,
-        gpu_memory_utilization=1.0,
-    )  # fmt: skip
+    deployment = get_deployment(
+        "opt-175b", "a100-80gb", num_gpus=8, kv_cache_gib=264, gpu_memory_utilization=1.0
+    )
     assert round(deployment.num_kv_slots / 1000, 1) == 60.1
     deployment.check_fits()
 
 
 def test_capacity_from_memory_weights_and_reserve():
-    model = get_model("llama-2-70b")
-    deployment = Deployment(
-        model, get_hardware("a100-80gb"), num_gpus=4, gpu_memory_utilization=0.9,
+    deployment = get_deployment(
+        "llama-2-70b", "a100-80gb", num_gpus=4, gpu_memory_utilization=0.9,
         activation_reserve_gib=1.0,
     )  # fmt: skip
+    model = deployment.model
     expected_bytes = 4 * (80 * 0.9 - 1.0) * GIB - model.weight_bytes
     assert deployment.num_kv_slots == int(expected_bytes // 327_680)
     assert deployment.num_kv_blocks(16) == deployment.num_kv_slots // 16
 
 
 def test_gqa_heads_are_replicated_when_gpus_outnumber_them():
-    model = get_model("llama-3.1-405b")  # 8 KV heads
-    wide = Deployment(model, get_hardware("h200-141gb"), num_gpus=16)
+    wide = get_deployment("llama-3.1-405b", "h200-141gb", num_gpus=16)
+    model = wide.model  # 8 KV heads
     assert wide.kv_bytes_per_token == 2 * model.kv_bytes_per_token
 
 
 def test_a_model_that_does_not_fit_names_the_fix():
-    deployment = Deployment(get_model("llama-2-70b"), get_hardware("a100-80gb"), num_gpus=1)
+    deployment = get_deployment("llama-2-70b", "a100-80gb", num_gpus=1)
     with pytest.raises(ValueError, match=r"llama-2-70b does not fit .*hardware.num_gpus=2"):
         deployment.check_fits()
 

@@ -5,9 +5,9 @@ option of every config group is composed with Hydra's compose API and run throug
 ``kvbench.config.validate_config``, so a broken config fails here rather than at the start of a
 study. The launcher options are composed in ``test_sweeps.py`` (they need their plugins).
 
-The Python API (``core.catalog``, ``core.specs.Deployment``) and the Hydra app read the same files;
-the tests below prove they size the same KV pool for the same names, and that the structured configs
-hold no defaults of their own that could drift from the YAML.
+The Python API (``core.catalog.get_deployment``) and the Hydra app read the same files; the tests
+below prove they size the same KV pool for the same names, and that neither the structured configs
+nor ``core.specs.Deployment`` hold defaults of their own that could drift from the YAML.
 """
 
 from contextlib import nullcontext
@@ -99,8 +99,9 @@ def test_model_and_hardware_load_and_size_the_same_pool_in_python(model, hardwar
         validate_config(raw)
     hydra_side = deployment_from(OmegaConf.to_container(raw.model, resolve=True),
                                  OmegaConf.to_container(raw.hardware, resolve=True))  # fmt: skip
-    for python_side in (Deployment(get_model(model), get_hardware(hardware)),
-                        get_deployment(model, hardware)):  # fmt: skip
+    by_name = get_deployment(model, hardware)
+    assert (by_name.model, by_name.hardware) == (get_model(model), get_hardware(hardware))
+    for python_side in (by_name, get_deployment(model, hardware, num_gpus=1)):
         assert python_side == hydra_side
         assert python_side.num_kv_blocks(BLOCK_SIZE) == hydra_side.num_kv_blocks(BLOCK_SIZE)
 
@@ -119,13 +120,31 @@ def test_python_api_sizes_each_experiments_pool(experiment):
 def test_python_deployment_defaults_are_the_hydra_apps():
     # The old drift: Deployment reserved 0.0 GiB for activations where the app reserves 1.0.
     defaults = read_option("deployment", "default")
-    deployment = Deployment(get_model("llama-2-70b"), get_hardware("a100-80gb"))
+    deployment = get_deployment("llama-2-70b", "a100-80gb")
     assert {key: getattr(deployment, key) for key in DEPLOYMENT_KEYS} == defaults
     raw = _compose(*FITTING_ROOT)
     _, app = validate_config(raw)
     assert app.activation_reserve_gib == deployment.activation_reserve_gib == 1.0
-    python_side = Deployment(get_model("llama-2-70b"), get_hardware("a100-80gb"), num_gpus=4)
+    python_side = get_deployment("llama-2-70b", "a100-80gb", num_gpus=4)
     assert python_side.num_kv_blocks(BLOCK_SIZE) == app.num_kv_blocks(BLOCK_SIZE)
+
+
+def test_deployment_holds_no_defaults_of_its_own():
+    """``conf/deployment/default.yaml`` is the one source of the deployment settings: a default
+    in ``core.specs.Deployment`` would be a second one, free to drift (the old 0.0 GiB reserve)."""
+    specs = fields(Deployment)
+    defaulted = [
+        spec.name for spec in specs
+        if spec.default is not NO_DEFAULT or spec.default_factory is not NO_DEFAULT
+    ]  # fmt: skip
+    assert defaulted == []
+    assert [spec.name for spec in specs][2:] == list(DEPLOYMENT_KEYS)
+
+
+def test_a_hardware_node_without_a_deployment_setting_is_refused():
+    hardware_values = {**read_option("hardware", "a100-80gb"), "num_gpus": 4}
+    with pytest.raises(ValueError, match=r"hardware\.gpu_memory_utilization is not set"):
+        deployment_from(read_option("model", "llama-2-70b"), hardware_values)
 
 
 def test_structured_configs_hold_no_defaults_of_their_own():

@@ -5,12 +5,11 @@ import dataclasses
 import pytest
 
 from kvbench.allocators import ALLOCATOR_NAMES, make_allocator
-from kvbench.core.catalog import get_hardware, get_model
+from kvbench.core.catalog import get_deployment
 from kvbench.core.request import Request
-from kvbench.core.specs import Deployment
 from kvbench.engine import RooflineCostModel, Scheduler, SchedulerLimits, simulate
 
-OPT13B = Deployment(get_model("opt-13b"), get_hardware("a100-40gb"), kv_cache_gib=12)
+OPT13B = get_deployment("opt-13b", "a100-40gb", kv_cache_gib=12)
 COSTS = RooflineCostModel(OPT13B)
 MAX_LEN = 2048
 

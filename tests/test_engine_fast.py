@@ -16,15 +16,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kvbench.allocators import ALLOCATOR_NAMES, MemoryUsage, make_allocator
-from kvbench.core.catalog import get_hardware, get_model
+from kvbench.core.catalog import get_deployment
 from kvbench.core.request import Request
-from kvbench.core.specs import Deployment
 from kvbench.engine import IterationShape, RooflineCostModel, Scheduler, SchedulerLimits, simulate
 from kvbench.engine import records as records_module
 from kvbench.engine.cost_model import decode_time_by_shape
 from kvbench.workloads import load_trace, to_requests
 
-OPT13B = Deployment(get_model("opt-13b"), get_hardware("a100-40gb"), kv_cache_gib=12)
+OPT13B = get_deployment("opt-13b", "a100-40gb", kv_cache_gib=12)
 MAX_LEN = 2048
 
 
@@ -135,7 +134,7 @@ def test_runs_advance_the_cohort_without_per_sequence_appends(allocator_name, mo
 
 TRACES = SHARED_TRACE_FILES
 # Llama-3-8B on one L40S: a small pool, so the traces preempt (as test_shared_traces_replay).
-L40S = Deployment(get_model("llama-3-8b"), get_hardware("l40s"))
+L40S = get_deployment("llama-3-8b", "l40s")
 
 
 def _trace_requests(path, num_requests, speedup=4.0):
@@ -204,7 +203,7 @@ def test_try_append_rounds_leave_the_state_of_single_appends(allocator_name):
 @given(st.lists(st.integers(0, 2_000_000), min_size=1, max_size=20),
        st.integers(1, 256), st.sampled_from(["llama-2-70b", "opt-13b", "mixtral-8x7b"]))
 def test_decode_time_fn_gives_the_iteration_times_bit_for_bit(contexts, num_seqs, model):
-    deployment = Deployment(get_model(model), get_hardware("a100-80gb"), num_gpus=4)
+    deployment = get_deployment(model, "a100-80gb", num_gpus=4)
     costs = RooflineCostModel(deployment)
     decode_time_s = costs.decode_time_fn(num_seqs)
     for context in contexts:
@@ -219,7 +218,7 @@ def test_decode_time_fn_gives_the_iteration_times_bit_for_bit(contexts, num_seqs
 def test_iteration_time_s_is_the_roofline_formula_bit_for_bit(shapes, model):
     """The one copy of the formula keeps the float operations, in their order, that the recorded
     durations (and the reference results) were computed with."""
-    deployment = Deployment(get_model(model), get_hardware("a100-80gb"), num_gpus=4)
+    deployment = get_deployment(model, "a100-80gb", num_gpus=4)
     costs = RooflineCostModel(deployment)
     spec, hardware = deployment.model, deployment.hardware
     kv_bytes_per_token = deployment.kv_bytes_per_token

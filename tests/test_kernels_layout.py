@@ -23,9 +23,8 @@ from kvbench.kernels import (
 )
 
 from kvbench.allocators import make_allocator
-from kvbench.core.catalog import get_hardware, get_model
+from kvbench.core.catalog import get_deployment
 from kvbench.core.request import Request
-from kvbench.core.specs import Deployment
 from kvbench.engine import RooflineCostModel, Scheduler, SchedulerLimits, simulate
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -110,7 +109,7 @@ def test_layout_from_an_allocator_after_frees():
 
 def test_attention_over_block_tables_taken_mid_replay():
     # 1 GiB of OPT-13B KV: 1,310 slots, so 40 requests queue, finish and reuse freed blocks.
-    deployment = Deployment(get_model("opt-13b"), get_hardware("a100-40gb"), kv_cache_gib=1)
+    deployment = get_deployment("opt-13b", "a100-40gb", kv_cache_gib=1)
     requests = [
         Request(request_id=i, arrival_s=0.002 * i, prompt_tokens=20 + 37 * i % 90,
                 output_tokens=5 + 29 * i % 60)

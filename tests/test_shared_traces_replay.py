@@ -9,15 +9,14 @@ import pytest
 from conftest import SHARED_TRACE_FILES
 
 from kvbench.allocators import ALLOCATOR_NAMES, make_allocator
-from kvbench.core.catalog import get_hardware, get_model
-from kvbench.core.specs import Deployment
+from kvbench.core.catalog import get_deployment
 from kvbench.engine import RooflineCostModel, Scheduler, SchedulerLimits, simulate
 from kvbench.workloads import load_trace, to_requests
 
 TRACES = SHARED_TRACE_FILES
 # Llama-3-8B (8K context) on one L40S: a small pool (about 16K slots after the weights), so long
 # traces preempt, and Mooncake's 100K-token prompts are rejected as too long.
-DEPLOYMENT = Deployment(get_model("llama-3-8b"), get_hardware("l40s"))
+DEPLOYMENT = get_deployment("llama-3-8b", "l40s")
 
 
 def _replay(trace_path, allocator_name, num_requests=None, burst=True):

@@ -4,9 +4,8 @@ import pytest
 from conftest import compose_config
 
 from kvbench.allocators import make_allocator
-from kvbench.core.catalog import get_hardware, get_model
+from kvbench.core.catalog import get_deployment
 from kvbench.core.request import Request
-from kvbench.core.specs import Deployment
 from kvbench.engine import RooflineCostModel, Scheduler, SchedulerLimits, simulate
 from kvbench.tasks.simulate.experiment import run_experiment
 
@@ -27,7 +26,7 @@ def test_system_prompt_of_2000_tokens_for_100_users_saves_99_copies(tmp_path):
 
 
 def test_cached_prefix_tokens_are_not_prefilled_again():
-    deployment = Deployment(get_model("opt-13b"), get_hardware("a100-40gb"), kv_cache_gib=12)
+    deployment = get_deployment("opt-13b", "a100-40gb", kv_cache_gib=12)
     requests = [
         Request(request_id=i, arrival_s=float(i), prompt_tokens=1040, output_tokens=8,
                 prefix_group=0, prefix_tokens=1024)
@@ -46,7 +45,7 @@ def test_cached_prefix_tokens_are_not_prefilled_again():
 
 @pytest.mark.parametrize("allocator_name", ["naive_oracle", "paged", "paged_prefix"])
 def test_parallel_samples_fork_after_the_first_token_and_all_finish(allocator_name):
-    deployment = Deployment(get_model("opt-13b"), get_hardware("a100-40gb"), kv_cache_gib=12)
+    deployment = get_deployment("opt-13b", "a100-40gb", kv_cache_gib=12)
     requests = [
         Request(request_id=i, arrival_s=0.1 * i, prompt_tokens=40, output_tokens=30, num_samples=4)
         for i in range(5)
@@ -70,7 +69,7 @@ def test_parallel_samples_fork_after_the_first_token_and_all_finish(allocator_na
 
 
 def test_a_fork_without_room_is_recomputed_not_lost():
-    deployment = Deployment(get_model("opt-13b"), get_hardware("a100-40gb"), kv_cache_gib=12)
+    deployment = get_deployment("opt-13b", "a100-40gb", kv_cache_gib=12)
     requests = [Request(request_id=0, arrival_s=0.0, prompt_tokens=100, output_tokens=50,
                         num_samples=3)]  # fmt: skip
     # Room for two 256-slot oracle extents only: the third sample waits for one to finish.

@@ -3,7 +3,8 @@
 ``conf/model/*.yaml`` and ``conf/hardware/*.yaml`` are the single source of the figures, and
 ``conf/deployment/default.yaml`` of the deployment settings; this module turns them into
 ``ModelSpec``/``HardwareSpec``/``Deployment`` for code that is not run through Hydra, sizing the
-same pool as the Hydra app for the same names.
+same pool as the Hydra app for the same names. It is the one place the Python API reads those
+defaults (``specs`` holds none, so the engine stays free of file reads).
 """
 
 from __future__ import annotations
@@ -62,17 +63,23 @@ def get_hardware(name: str) -> HardwareSpec:
 def deployment_from(model_values: dict[str, Any], hardware_values: dict[str, Any]) -> Deployment:
     """A Deployment from the ``model`` and ``hardware`` config nodes.
 
-    A deployment setting the node lacks takes ``Deployment``'s default, which is
-    ``conf/deployment/default.yaml``'s (as in the Hydra app).
+    The hardware node must hold every deployment setting (``DEPLOYMENT_KEYS``), as the Hydra app's
+    does once ``conf/deployment/default.yaml`` is mounted under it; raises ValueError naming the
+    first one missing.
     """
-    settings = {key: hardware_values[key] for key in DEPLOYMENT_KEYS if key in hardware_values}
-    if "num_gpus" in settings:
-        settings["num_gpus"] = int(settings["num_gpus"])
-    for key in ("gpu_memory_utilization", "activation_reserve_gib", "kv_cache_gib"):
-        if settings.get(key) is not None:
-            settings[key] = float(settings[key])
-    model = model_spec_from(model_values)
-    return Deployment(model=model, hardware=hardware_spec_from(hardware_values), **settings)
+    missing = [key for key in DEPLOYMENT_KEYS if key not in hardware_values]
+    if missing:
+        raise ValueError(f"hardware.{missing[0]} is not set; a deployment needs "
+                         f"{', '.join(DEPLOYMENT_KEYS)}")  # fmt: skip
+    kv_cache_gib = hardware_values["kv_cache_gib"]
+    return Deployment(
+        model=model_spec_from(model_values),
+        hardware=hardware_spec_from(hardware_values),
+        num_gpus=int(hardware_values["num_gpus"]),
+        gpu_memory_utilization=float(hardware_values["gpu_memory_utilization"]),
+        activation_reserve_gib=float(hardware_values["activation_reserve_gib"]),
+        kv_cache_gib=None if kv_cache_gib is None else float(kv_cache_gib),
+    )
 
 
 def get_deployment(model: str, hardware: str, **settings: Any) -> Deployment:
@@ -80,11 +87,17 @@ def get_deployment(model: str, hardware: str, **settings: Any) -> Deployment:
 
     ``settings`` are deployment settings (``num_gpus``, ``gpu_memory_utilization``,
     ``activation_reserve_gib``, ``kv_cache_gib``); the rest come from the hardware's file, then
-    ``conf/deployment/default.yaml``, in the Hydra app's order.
+    ``conf/deployment/default.yaml``, in the Hydra app's order. This is the Python API's way to a
+    Deployment by name: ``Deployment`` itself has no defaults.
     """
     unknown = sorted(set(settings) - set(DEPLOYMENT_KEYS))
     if unknown:
         raise ValueError(f"{unknown[0]} is not a deployment setting; expected one of "
                          f"{', '.join(DEPLOYMENT_KEYS)}")  # fmt: skip
-    hardware_values = {**read_option("hardware", hardware), **settings}
+    # Later wins, as in the root config's defaults list: deployment@hardware, then hardware=NAME.
+    hardware_values = {
+        **read_option("deployment", "default"),
+        **read_option("hardware", hardware),
+        **settings,
+    }
     return deployment_from(read_option("model", model), hardware_values)

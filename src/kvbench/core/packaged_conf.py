@@ -1,8 +1,8 @@
 """The packaged Hydra config (``conf/``, shipped as ``kvbench.conf``) read as plain mappings.
 
 For code not run through Hydra: the catalog's models and GPUs, the deployment defaults that
-``specs.Deployment`` takes, and root settings the report reuses, so the Python API and the Hydra
-app read the same files.
+``catalog.get_deployment`` fills, and root settings the report reuses, so the Python API and the
+Hydra app read the same files.
 """
 
 from __future__ import annotations

@@ -1,22 +1,18 @@
 """Model and GPU specifications: the only place where kvbench turns token slots into bytes.
 
 The catalog values live in ``conf/model/*.yaml`` and ``conf/hardware/*.yaml`` (see
-``kvbench.core.catalog``); these frozen dataclasses are their schema and hold the formulas. The
-deployment settings ``Deployment`` defaults to are ``conf/deployment/default.yaml``'s, the file the
-Hydra app mounts under ``hardware``: the same names size the same pool in both.
+``kvbench.core.catalog``); these frozen dataclasses are their schema and hold the formulas. They
+are pure: no defaults of their own and no file read, not even at import (the engine imports this
+module). The deployment defaults live in ``conf/deployment/default.yaml`` alone;
+``kvbench.core.catalog.get_deployment`` fills them, as the Hydra app does.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvbench.core.packaged_conf import read_option
-
 GIB = 1024**3
 DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1}
-# Read once, at import: the one source of the deployment defaults (see Deployment).
-_DEPLOYMENT_DEFAULTS = read_option("deployment", "default")
-_DEFAULT_KV_CACHE_GIB = _DEPLOYMENT_DEFAULTS["kv_cache_gib"]
 
 
 @dataclass(frozen=True)
@@ -99,9 +95,10 @@ class HardwareSpec:
 class Deployment:
     """A model served on ``num_gpus`` GPUs of one type with tensor parallelism.
 
-    The settings after ``hardware`` default to ``conf/deployment/default.yaml``'s, as in the Hydra
-    app (``hardware.num_gpus`` etc.), so ``Deployment(get_model(m), get_hardware(h))`` sizes the
-    pool that ``model=m hardware=h`` does.
+    Every setting is required: their defaults live in ``conf/deployment/default.yaml`` alone, so
+    that the Python API cannot drift from the Hydra app (it once reserved 0.0 GiB for activations
+    where the app reserved 1.0). ``kvbench.core.catalog.get_deployment(m, h, **settings)`` fills
+    them from that file and sizes the pool that ``model=m hardware=h hardware.KEY=VALUE`` does.
 
     Attributes:
         model: the model.
@@ -109,18 +106,16 @@ class Deployment:
         num_gpus: tensor-parallel degree (GPUs holding one model replica).
         gpu_memory_utilization: fraction of device memory the engine may use (vLLM's 0.9).
         activation_reserve_gib: memory kept per GPU for activations and workspace, in GiB.
-        kv_cache_gib: if set, the KV cache size over all GPUs in GiB (vLLM's ``kv_cache_memory``),
-            instead of what remains after weights and reserve.
+        kv_cache_gib: the KV cache size over all GPUs in GiB (vLLM's ``kv_cache_memory``), or None
+            for what remains after weights and reserve.
     """
 
     model: ModelSpec
     hardware: HardwareSpec
-    num_gpus: int = int(_DEPLOYMENT_DEFAULTS["num_gpus"])
-    gpu_memory_utilization: float = float(_DEPLOYMENT_DEFAULTS["gpu_memory_utilization"])
-    activation_reserve_gib: float = float(_DEPLOYMENT_DEFAULTS["activation_reserve_gib"])
-    kv_cache_gib: float | None = (
-        None if _DEFAULT_KV_CACHE_GIB is None else float(_DEFAULT_KV_CACHE_GIB)
-    )
+    num_gpus: int
+    gpu_memory_utilization: float
+    activation_reserve_gib: float
+    kv_cache_gib: float | None
 
     @property
     def kv_bytes_per_token(self) -> int:
@@ -197,6 +192,7 @@ class Deployment:
                 num_gpus,
                 self.gpu_memory_utilization,
                 self.activation_reserve_gib,
+                kv_cache_gib=None,  # how many GPUs the weights need, whatever KV size was asked
             )
             if trial.num_kv_slots >= self.model.max_model_len:
                 return num_gpus

@@ -23,9 +23,8 @@ from kvbench.analysis.paper import (
     FIG18B_BEST_BLOCK_SIZES,
     FIG19_RECOMPUTE_OVER_SWAP_MAX,
 )
-from kvbench.core.catalog import get_hardware, get_model
+from kvbench.core.catalog import get_deployment
 from kvbench.core.specs import GIB as GIB_BYTES
-from kvbench.core.specs import Deployment
 from kvbench.tasks.report.markdown_table import cell, markdown_table
 
 NAIVE = ("naive_max", "naive_pow2", "naive_oracle")
@@ -54,8 +53,7 @@ def table1_section() -> str:
     """Table 1 from the catalog: KV capacity of the paper's three deployments."""
     rows = []
     for (model, hardware, gpus, kv_gib), (paper_slots, paper_bytes) in TABLE1.items():
-        deployment = Deployment(get_model(model), get_hardware(hardware), num_gpus=gpus,
-                                kv_cache_gib=kv_gib)  # fmt: skip
+        deployment = get_deployment(model, hardware, num_gpus=gpus, kv_cache_gib=kv_gib)
         rows.append([f"{model}, {gpus}x {hardware}, {kv_gib:g} GiB KV", paper_slots,
                      f"{deployment.num_kv_slots:,}", f"{paper_bytes:,}",
                      f"{deployment.kv_bytes_per_token:,}"])  # fmt: skip
