@@ -208,3 +208,10 @@ def test_every_group_of_the_help_passes_the_override_key_check():
     check_override_keys(["deployment@hardware=default", "experiment=vllm_fig2", "hardware=l40s"])
     with pytest.raises(ConfigError, match="unknown key"):
         check_override_keys(["deployments=default"])
+
+
+def test_python_workload_defaults_are_the_apps_default_workload():
+    """``WorkloadConfig()`` (the Python API's default) is the workload the root config replays:
+    its field defaults fill what a workload file leaves out, so they must not drift from it."""
+    typed, _ = validate_config(_compose(*FITTING_ROOT))
+    assert typed.workload == WorkloadConfig()
