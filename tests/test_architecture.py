@@ -3,6 +3,8 @@ the engine's core stays pure, only the scheduler changes its queues, the engine 
 declared abilities instead of probing them."""
 
 import ast
+import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -99,6 +101,21 @@ def test_the_middle_is_pure(stage: str) -> None:
             if top == "kvbench" or (top not in PURE_THIRD_PARTY and not _is_stdlib(top)):
                 wrong.append(f"{path.relative_to(ROOT)} imports {module}")
     assert not wrong, "\n".join(wrong)
+
+
+def test_importing_the_engine_imports_no_edge_module() -> None:
+    """At run time too: in a fresh interpreter (this one has imported everything the other tests
+    use), importing the engine (and ``core.specs`` through ``engine.roofline``) loads neither the
+    config reader nor an edge library."""
+    edge_modules = ("omegaconf", "kvbench.core.packaged_conf", "torch", "matplotlib", "pandas")
+    probe = (
+        "import json, sys, kvbench.engine; "
+        f"print(json.dumps([name for name in {list(edge_modules)!r} if name in sys.modules]))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True
+    )
+    assert json.loads(result.stdout) == []
 
 
 def _is_stdlib(name: str) -> bool:
