@@ -8,20 +8,25 @@ interpreted kernels then fail obscurely). kvbench.kernels imports triton only on
 
 import os
 import sys
+from pathlib import Path
 
-import torch
+# `python -m pytest` puts the working directory on sys.path: run from the repository root, its
+# `kernels/` (shipped as kvbench.kernels) would then be importable as a top-level `kernels`, the
+# name of a Hugging Face package that transformers probes for. Tests import the installed package.
+REPO_ROOT = Path(__file__).resolve().parents[1]
+sys.path[:] = [entry for entry in sys.path if Path(entry or ".").resolve() != REPO_ROOT]
+
+import torch  # noqa: E402
 
 if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
     if "triton" in sys.modules:
         raise RuntimeError("triton was imported before TRITON_INTERPRET=1 could be set")
     os.environ["TRITON_INTERPRET"] = "1"
 
-from pathlib import Path
+import pytest  # noqa: E402
+from hydra import compose, initialize_config_module  # noqa: E402
 
-import pytest
-from hydra import compose, initialize_config_module
-
-from kvbench.config import validate_config
+from kvbench.config import validate_config  # noqa: E402
 
 SHARED_TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
 # The real traces under SHARED_TRACES, one file each, that replays and equality tests walk.

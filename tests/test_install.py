@@ -3,7 +3,6 @@
 import os
 import subprocess
 import sys
-import venv
 from pathlib import Path
 
 import pandas as pd
@@ -30,25 +29,25 @@ def test_wheel_install_runs_from_another_directory(tmp_path):
         check=True, capture_output=True, timeout=300,
     )  # fmt: skip
     (wheel,) = wheel_dir.glob("kvbench-*.whl")
-    # The venv sees the already installed dependencies but gets its own, non-editable kvbench.
-    env_dir = tmp_path / "venv"
-    venv.create(env_dir, system_site_packages=True, with_pip=False)
-    python = env_dir / "bin" / "python"
+    # The wheel goes to a folder of its own, put first on the path: this interpreter's installed
+    # dependencies stay visible (in a virtualenv too), but kvbench comes from the wheel, not the
+    # editable install.
+    target = tmp_path / "site"
     subprocess.run(
-        [sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps", "-q",
+        [sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(target),
          str(wheel)],
         check=True, capture_output=True, timeout=300,
     )  # fmt: skip
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env = {**os.environ, "PYTHONPATH": str(target)}
     where = subprocess.run(
-        [str(python), "-c", "import kvbench, kvbench.kernels; print(kvbench.__file__)"],
+        [sys.executable, "-c", "import kvbench, kvbench.kernels; print(kvbench.__file__)"],
         cwd=elsewhere, capture_output=True, text=True, env=env, check=True,
     ).stdout  # fmt: skip
-    assert str(env_dir) in where, f"kvbench imported from {where}, not the wheel"
+    assert str(target) in where, f"kvbench imported from {where}, not the wheel"
     done = subprocess.run(
-        [str(python), "-m", "kvbench", "workload=fixed", "workload.num_requests=5",
+        [sys.executable, "-m", "kvbench", "workload=fixed", "workload.num_requests=5",
          "model=opt-13b", "hardware=a100-40gb", "allocators=[paged,naive_max]", "progress=false",
          "hydra.run.dir=out"],
         cwd=elsewhere, capture_output=True, text=True, env=env, timeout=300,
@@ -58,12 +57,27 @@ def test_wheel_install_runs_from_another_directory(tmp_path):
     assert sorted(summary["allocator"]) == ["naive_max", "paged"]
 
 
-def test_no_top_level_kernels_module_is_installed():
-    # `kernels` is a Hugging Face package that transformers probes for: kvbench must not shadow it.
+KERNELS_PROBE = (
+    "import importlib.util, kvbench.kernels; "
+    "spec = importlib.util.find_spec('kernels'); "
+    "print(kvbench.kernels.__name__, spec.origin if spec else None)"
+)
+
+
+def test_no_top_level_kernels_module_is_installed(tmp_path):
+    """`kernels` is a Hugging Face package that transformers probes for: kvbench must not shadow
+    it, neither installed (probed from another folder) nor in the test process started from the
+    checkout, whatever the checkout's folder is called."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    name, origin = subprocess.run(
+        [sys.executable, "-c", KERNELS_PROBE], cwd=tmp_path, capture_output=True, text=True,
+        env=env, check=True,
+    ).stdout.split()  # fmt: skip
+    assert name == "kvbench.kernels"
+    assert origin == "None" or not Path(origin).is_relative_to(ROOT), origin
+    # conftest keeps the checkout's folder off this process's path (`python -m pytest` puts it
+    # there), so the repository's kernels/ is no top-level module here either.
     import importlib.util
 
-    import kvbench.kernels
-
     spec = importlib.util.find_spec("kernels")
-    assert spec is None or "kvbench" not in (spec.origin or "")
-    assert kvbench.kernels.__name__ == "kvbench.kernels"
+    assert spec is None or not Path(spec.origin or "").is_relative_to(ROOT)
