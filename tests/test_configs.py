@@ -33,8 +33,8 @@ from kvbench.core.specs import Deployment
 from kvbench.workloads import WorkloadConfig
 
 EXPERIMENTS = option_names("experiment")
-# A root config that fits its GPUs: the root's llama-2-70b needs more than the one A100 it names.
-FITTING_ROOT = ("hardware.num_gpus=4",)
+# The root config as it is: its default deployment fits its GPU (test_root_config_...).
+FITTING_ROOT: tuple[str, ...] = ()
 # Options that need a value their file cannot know: a trace workload needs its trace.
 REQUIRED_OVERRIDES = {("workload", "trace"): ("workload.path=traces/any.csv",)}
 BLOCK_SIZE = 16
@@ -72,7 +72,8 @@ def test_experiment_composes_and_validates(experiment):
 def test_root_config_composes_and_validates():
     typed, deployment = validate_config(_compose(*FITTING_ROOT))
     assert typed.experiment_name == "default" and typed.task == "simulate"
-    assert deployment.model.name == "llama-2-70b" and deployment.num_gpus == 4
+    assert deployment.model.name == "llama-3-8b" and deployment.num_gpus == 1
+    assert deployment.num_kv_blocks(BLOCK_SIZE) > 0
 
 
 @pytest.mark.parametrize(
@@ -120,13 +121,13 @@ def test_python_api_sizes_each_experiments_pool(experiment):
 def test_python_deployment_defaults_are_the_hydra_apps():
     # The old drift: Deployment reserved 0.0 GiB for activations where the app reserves 1.0.
     defaults = read_option("deployment", "default")
-    deployment = get_deployment("llama-2-70b", "a100-80gb")
+    deployment = get_deployment("llama-3-8b", "a100-80gb")
     assert {key: getattr(deployment, key) for key in DEPLOYMENT_KEYS} == defaults
     raw = _compose(*FITTING_ROOT)
     _, app = validate_config(raw)
     assert app.activation_reserve_gib == deployment.activation_reserve_gib == 1.0
-    python_side = get_deployment("llama-2-70b", "a100-80gb", num_gpus=4)
-    assert python_side.num_kv_blocks(BLOCK_SIZE) == app.num_kv_blocks(BLOCK_SIZE)
+    assert deployment.num_kv_blocks(BLOCK_SIZE) == app.num_kv_blocks(BLOCK_SIZE)
+    assert deployment == app
 
 
 def test_deployment_holds_no_defaults_of_its_own():
