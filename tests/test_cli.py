@@ -121,3 +121,14 @@ def test_the_root_defaults_run_and_so_does_the_readmes_fixed_example(tmp_path):
     summary = pd.read_parquet(tmp_path / "run" / "summary.parquet")
     assert set(summary["model"]) == {"llama-3-8b"}
     assert (summary["num_finished"] == 100).all()
+
+
+@pytest.mark.parametrize("kind", ["missing file", "directory"])
+def test_a_trace_that_is_not_a_file_is_one_line_and_exit_4(tmp_path, kind):
+    path = tmp_path / "nowhere.csv" if kind == "missing file" else tmp_path
+    done = run_kvbench("workload=trace", f"workload.path={path}", *SMALL_RUN[4:],
+                       f"hydra.run.dir={tmp_path / 'run'}")  # fmt: skip
+    assert done.returncode == 4, done.stderr
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("kvbench: file error:"), done.stderr
+    assert str(path) in lines[0]

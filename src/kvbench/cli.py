@@ -16,6 +16,7 @@ from kvbench.tables.done_marker import config_fingerprint, is_done, job_dir_name
 
 EXIT_CONFIG_ERROR = 2
 EXIT_INPUT_ERROR = 3
+EXIT_FILE_ERROR = 4
 
 
 def _task(name: str) -> Callable[..., object]:
@@ -57,6 +58,9 @@ def _app(cfg: DictConfig) -> None:
     except ValueError as error:  # bad input data (a malformed trace, an impossible request)
         print(f"kvbench: input error: {error}", file=sys.stderr)
         sys.exit(EXIT_INPUT_ERROR)
+    except OSError as error:  # a file missing, unreadable or unwritable, a full disk
+        print(f"kvbench: file error: {error}", file=sys.stderr)
+        sys.exit(EXIT_FILE_ERROR)
 
 
 def main() -> None:
