@@ -33,8 +33,6 @@ from kvbench.core.specs import Deployment
 from kvbench.workloads import WorkloadConfig
 
 EXPERIMENTS = option_names("experiment")
-# The root config as it is: its default deployment fits its GPU (test_root_config_...).
-FITTING_ROOT: tuple[str, ...] = ()
 # Options that need a value their file cannot know: a trace workload needs its trace.
 REQUIRED_OVERRIDES = {("workload", "trace"): ("workload.path=traces/any.csv",)}
 BLOCK_SIZE = 16
@@ -70,7 +68,7 @@ def test_experiment_composes_and_validates(experiment):
 
 
 def test_root_config_composes_and_validates():
-    typed, deployment = validate_config(_compose(*FITTING_ROOT))
+    typed, deployment = validate_config(_compose())
     assert typed.experiment_name == "default" and typed.task == "simulate"
     assert deployment.model.name == "llama-3-8b" and deployment.num_gpus == 1
     assert deployment.num_kv_blocks(BLOCK_SIZE) > 0
@@ -82,7 +80,7 @@ def test_root_config_composes_and_validates():
      for option in option_names(group)],
 )  # fmt: skip
 def test_group_option_composes_and_validates(group, option):
-    overrides = (*FITTING_ROOT, f"{group}={option}", *REQUIRED_OVERRIDES.get((group, option), ()))
+    overrides = (f"{group}={option}", *REQUIRED_OVERRIDES.get((group, option), ()))
     validate_config(_compose(*overrides))
 
 
@@ -123,7 +121,7 @@ def test_python_deployment_defaults_are_the_hydra_apps():
     defaults = read_option("deployment", "default")
     deployment = get_deployment("llama-3-8b", "a100-80gb")
     assert {key: getattr(deployment, key) for key in DEPLOYMENT_KEYS} == defaults
-    raw = _compose(*FITTING_ROOT)
+    raw = _compose()
     _, app = validate_config(raw)
     assert app.activation_reserve_gib == deployment.activation_reserve_gib == 1.0
     assert deployment.num_kv_blocks(BLOCK_SIZE) == app.num_kv_blocks(BLOCK_SIZE)
@@ -183,7 +181,7 @@ def _too_big(model: str, hardware: str) -> bool:
 def test_report_recomputes_knees_under_the_apps_bound():
     from kvbench.tasks.report.run import DEFAULT_LATENCY_MULTIPLE
 
-    typed, _ = validate_config(_compose(*FITTING_ROOT))
+    typed, _ = validate_config(_compose())
     assert typed.knee.latency_multiple == DEFAULT_LATENCY_MULTIPLE
 
 
@@ -214,5 +212,5 @@ def test_every_group_of_the_help_passes_the_override_key_check():
 def test_python_workload_defaults_are_the_apps_default_workload():
     """``WorkloadConfig()`` (the Python API's default) is the workload the root config replays:
     its field defaults fill what a workload file leaves out, so they must not drift from it."""
-    typed, _ = validate_config(_compose(*FITTING_ROOT))
+    typed, _ = validate_config(_compose())
     assert typed.workload == WorkloadConfig()

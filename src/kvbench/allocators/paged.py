@@ -78,9 +78,7 @@ class PagedAllocator:
         """Whether ``admit`` would succeed now, without changing anything (counting only the
         blocks the prefix cache lacks)."""
         check_token_count(num_tokens)
-        if self.prefix_cache is None:
-            return self._blocks_for(num_tokens) <= self._pool.num_free_blocks
-        hits = self.prefix_cache.lookup(request, num_tokens)
+        hits = self._prefix_hits(request, num_tokens)
         return self._admit_blocks_needed(num_tokens, hits) <= self._pool.num_free_blocks
 
     def admit(self, seq_id: int, request: Request, num_tokens: int) -> bool:
@@ -88,16 +86,15 @@ class PagedAllocator:
         first; False if no room."""
         self._check_new(seq_id)
         check_token_count(num_tokens)
-        prefix_cache = self.prefix_cache
-        hits = prefix_cache.lookup(request, num_tokens) if prefix_cache is not None else []
+        hits = self._prefix_hits(request, num_tokens)
         if self._admit_blocks_needed(num_tokens, hits) > self._pool.num_free_blocks:
             return False
         # Reference the hits before allocating, so that allocation cannot evict them.
         for block_id in hits:
             self._pool.incref(block_id)
         seq = self._add_sequence(seq_id, request, num_tokens, hits)
-        if prefix_cache is not None:
-            prefix_cache.admitted(seq_id, request, hits, seq.blocks, num_tokens)
+        if self.prefix_cache is not None:
+            self.prefix_cache.admitted(seq_id, request, hits, seq.blocks, num_tokens)
         return True
 
     def can_append(self, seq_id: int, num_tokens: int = 1) -> bool:
@@ -350,9 +347,18 @@ class PagedAllocator:
     def _blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
 
+    def _prefix_hits(self, request: Request, num_tokens: int) -> list[int]:
+        """The pool blocks the prefix cache holds for the sequence's leading blocks (none
+        without a prefix cache)."""
+        if self.prefix_cache is None:
+            return []
+        return self.prefix_cache.lookup(request, num_tokens)
+
     def _admit_blocks_needed(self, num_tokens: int, hits: list[int]) -> int:
         """Free blocks an admission consumes: the missing blocks, plus the hits that are cached
         free blocks (reviving one takes it off the free queue too)."""
+        if not hits:  # the common case, and every admission without a prefix cache
+            return self._blocks_for(num_tokens)
         ref_counts = self._pool.ref_counts
         num_free_hits = sum(1 for block_id in hits if ref_counts[block_id] == 0)
         return self._blocks_for(num_tokens) - len(hits) + num_free_hits

@@ -41,7 +41,7 @@ def record_step(
         duration_s=duration_s,
         batch_size=batch.num_seqs,
         num_prefill_seqs=len(batch.prefill),
-        num_prefill_tokens=sum(seq.num_prefill_tokens for seq in batch.prefill),
+        num_prefill_tokens=shape.num_prefill_tokens,
         num_decode_tokens=num_decode_tokens,
         num_waiting=len(scheduler.waiting),
         num_swapped=len(scheduler.swapped),

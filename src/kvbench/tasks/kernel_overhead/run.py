@@ -147,7 +147,7 @@ def measure_block_size(
         paged, contiguous = batch_calls(batch, backend)
         timing = time_pair(paged, contiguous, device, repeats=bench.repeats)
         rows.append(
-            kernel_row(device_name, backend, block_size, context_len, batch, len(tables), timing)
+            kernel_row(device_name, backend, block_size, context_len, batch, timing)
         )
     return rows
 

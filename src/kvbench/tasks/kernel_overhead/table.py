@@ -27,7 +27,6 @@ def kernel_row(
     block_size: int,
     context_len: int,
     batch: DecodeBatch,
-    batch_size: int,
     timing: PairTiming,
 ) -> dict[str, Any]:
     """The paged and contiguous kernels' times on one batch, with the overhead and the paged
@@ -36,7 +35,7 @@ def kernel_row(
         "device": device_name,
         "backend": backend,
         "block_size": block_size,
-        "batch_size": batch_size,
+        "batch_size": batch.query.shape[0],  # [num_seqs, heads, head_dim]
         "context_len": context_len,
         "paged_ms": timing.paged_ms,
         "contiguous_ms": timing.contiguous_ms,
