@@ -86,13 +86,51 @@ def test_too_long_and_too_large_requests_are_rejected_with_a_reason():
     requests = _requests([(2000, 100), (100, 10)])
     result = _run("paged", requests)
     assert result.requests[0].status == "rejected"
-    assert "max length 2048" in result.requests[0].reject_reason
+    assert result.requests[0].reject_reason == "exceeds_max_model_len"
     assert result.requests[1].status == "finished"
     # A pool smaller than the request: rejected, and the next request still runs.
     small = _run("paged", _requests([(600, 100), (100, 10)]), num_slots=512)
     assert small.requests[0].status == "rejected"
-    assert "whole pool" in small.requests[0].reject_reason
+    assert small.requests[0].reject_reason == "exceeds_pool"
     assert small.requests[1].status == "finished"
+
+
+@pytest.mark.parametrize("fast", [False, True])
+@pytest.mark.parametrize("name", ALLOCATOR_NAMES)
+def test_every_unservable_request_is_recorded_with_its_reason(name, fast):
+    lengths = [(0, 10), (MAX_LEN, 5), (10**18, 3), (MAX_LEN - 1, 5), (300, 10), (50, 20)]
+    requests = _requests(lengths)
+    allocator = make_allocator(name, 15_728, 16, MAX_LEN)
+    limits = SchedulerLimits(max_model_len=MAX_LEN, max_num_batched_tokens=MAX_LEN - 100)
+    result = simulate(requests, Scheduler(limits), allocator, COSTS, fast=fast)
+    by_id = {record.request_id: record for record in result.requests}
+    assert len(by_id) == len(requests)  # none vanishes
+    assert [by_id[i].reject_reason for i in range(len(requests))] == [
+        "empty_prompt",
+        "prompt_exceeds_max_model_len",
+        "prompt_exceeds_max_model_len",
+        "exceeds_max_model_len",
+        "",
+        "",
+    ]
+    assert [by_id[i].status for i in range(len(requests))] == ["rejected"] * 4 + ["finished"] * 2
+    budget = _requests([(MAX_LEN - 50, 10)])
+    assert simulate(budget, Scheduler(limits), make_allocator(name, 15_728, 16, MAX_LEN), COSTS,
+                    fast=fast).requests[0].reject_reason == "prompt_exceeds_max_num_batched_tokens"
+
+
+@pytest.mark.parametrize("name", ALLOCATOR_NAMES)
+def test_a_request_with_no_output_is_served_by_its_prefill_alone(name):
+    # Its prefill runs (its prompt's KV is held for that iteration) and ends it.
+    requests = _requests([(100, 0), (40, 3)], gap_s=0)
+    slow = _run(name, requests)
+    allocator = make_allocator(name, 15_728, 16, MAX_LEN)
+    fast = simulate(requests, Scheduler(SchedulerLimits(max_model_len=MAX_LEN)), allocator, COSTS,
+                    fast=True)
+    assert slow.requests == fast.requests
+    empty_output = slow.requests[0]
+    assert empty_output.status == "finished"
+    assert empty_output.finish_s == empty_output.first_token_s > empty_output.arrival_s
 
 
 def test_batch_respects_max_num_seqs_and_token_budget():

@@ -11,6 +11,7 @@ from conftest import SHARED_TRACE_FILES
 from kvbench.allocators import ALLOCATOR_NAMES, make_allocator
 from kvbench.core.catalog import get_deployment
 from kvbench.engine import RooflineCostModel, Scheduler, SchedulerLimits, simulate
+from kvbench.engine.records import REJECT_REASONS
 from kvbench.workloads import load_trace, to_requests
 
 TRACES = SHARED_TRACE_FILES
@@ -38,9 +39,9 @@ def _check_no_request_lost(result, num_requests):
     assert statuses <= {"finished", "rejected"}
     for record in records:
         if record.status == "rejected":
-            assert record.reject_reason
+            assert record.reject_reason in REJECT_REASONS
             assert record.prompt_tokens + record.output_tokens > DEPLOYMENT.model.max_model_len or (
-                "pool" in record.reject_reason
+                record.reject_reason == "exceeds_pool"
             )
         else:
             assert record.finish_s >= record.first_token_s >= record.arrival_s

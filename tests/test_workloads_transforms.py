@@ -59,18 +59,24 @@ def test_filter_keeps_exactly_the_rows_within_bounds(pairs, min_prompt, min_outp
 def test_clip_invariants(pairs, max_model_len):
     frame = _frame(pairs)
     clipped = clip_to_max_len(frame, max_model_len)
-    fitting = [(i, p, o) for i, (p, o) in enumerate(pairs) if p < max_model_len]
-    assert clipped["request_id"].tolist() == [i for i, _, _ in fitting]
-    assert clipped["prompt_tokens"].tolist() == [p for _, p, _ in fitting]
-    assert clipped["output_tokens"].tolist() == [min(o, max_model_len - p) for _, p, o in fitting]
-    assert ((clipped["prompt_tokens"] + clipped["output_tokens"]) <= max_model_len).all()
-    assert clipped.attrs["num_dropped_overlong"] == len(pairs) - len(fitting)
+    # Every row stays, in order: a prompt that fills the context is kept for the engine to
+    # reject (and count); the others have their output clipped to the room left.
+    assert clipped["request_id"].tolist() == list(range(len(pairs)))
+    assert clipped["prompt_tokens"].tolist() == [p for p, _ in pairs]
+    assert clipped["requested_output_tokens"].tolist() == [o for _, o in pairs]
+    assert clipped["output_tokens"].tolist() == [
+        min(o, max_model_len - p) if p < max_model_len else o for p, o in pairs
+    ]
+    fits = clipped["prompt_tokens"] < max_model_len
+    assert ((clipped["prompt_tokens"] + clipped["output_tokens"])[fits] <= max_model_len).all()
+    assert "requested_output_tokens" not in frame.columns  # the input is untouched
 
 
-def test_clip_drops_prompts_that_reach_the_limit():
-    clipped = clip_to_max_len(_frame([(2048, 5), (2047, 5), (100, 4000)]), 2048)
-    assert clipped["prompt_tokens"].tolist() == [2047, 100]
-    assert clipped["output_tokens"].tolist() == [1, 1948]
+def test_clip_keeps_prompts_that_reach_the_limit_and_records_what_it_cut():
+    clipped = clip_to_max_len(_frame([(2048, 5), (2047, 5), (100, 4000), (10**18, 3)]), 2048)
+    assert clipped["prompt_tokens"].tolist() == [2048, 2047, 100, 10**18]
+    assert clipped["output_tokens"].tolist() == [5, 1, 1948, 3]
+    assert clipped["requested_output_tokens"].tolist() == [5, 5, 4000, 3]
 
 
 def test_sampling_is_seeded_and_without_replacement_when_possible():

@@ -13,7 +13,8 @@ class Request:
         request_id: unique id within a workload.
         arrival_s: arrival time in seconds from the start of the run.
         prompt_tokens: tokens in the prompt (prefill).
-        output_tokens: tokens the request generates (its true output length).
+        output_tokens: tokens the request generates (its output length, clipped to the
+            model's context when the input asked for more).
         prefix_group: explicit shared-prefix group (requests of one group share their first
             ``prefix_tokens`` prompt tokens), or None.
         prefix_tokens: length of the shared prefix of ``prefix_group``, in tokens.
@@ -22,6 +23,8 @@ class Request:
         hash_block_tokens: tokens covered by one entry of ``prefix_block_hashes``.
         num_samples: parallel samples (n) generated from one prompt.
         beam_width: beam width for beam search (1 = no beam search).
+        requested_output_tokens: the output length the input asked for (None: ``output_tokens``,
+            nothing was clipped).
     """
 
     request_id: int
@@ -34,6 +37,7 @@ class Request:
     hash_block_tokens: int = 0
     num_samples: int = 1
     beam_width: int = 1
+    requested_output_tokens: int | None = None
 
     @property
     def total_tokens(self) -> int:

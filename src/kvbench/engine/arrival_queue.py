@@ -13,8 +13,6 @@ from kvbench.engine.sequence import Sequence
 
 RECORDS_PER_CHUNK = 65_536
 RecordSink = Callable[[list[RequestRecord]], None]
-# Why a request is rejected when it cannot be admitted even with nothing else holding memory.
-NO_ROOM_REASON = "needs more KV memory than the whole pool holds"
 
 
 class Arrivals:
@@ -94,10 +92,15 @@ class Arrivals:
 
 
 def _new_sequence(request: Request) -> Sequence:
+    requested_output_tokens = request.requested_output_tokens
+    if requested_output_tokens is None:
+        requested_output_tokens = request.output_tokens
     record = RequestRecord(
         request_id=request.request_id,
         arrival_s=request.arrival_s,
         prompt_tokens=request.prompt_tokens,
         output_tokens=request.output_tokens,
+        requested_output_tokens=requested_output_tokens,
+        output_clipped=requested_output_tokens > request.output_tokens,
     )
     return Sequence(request=request, record=record, seq_id=request.request_id)

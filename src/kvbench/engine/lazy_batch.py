@@ -22,10 +22,10 @@ import heapq
 from typing import cast
 
 from kvbench.allocators.base import Allocator, CohortAllocator
-from kvbench.engine.arrival_queue import NO_ROOM_REASON, Arrivals
+from kvbench.engine.arrival_queue import Arrivals
 from kvbench.engine.cost_model import CostModel, DecodeTimeFn
 from kvbench.engine.iteration import end_iteration, finish_sequence, record_step
-from kvbench.engine.records import StepRecords
+from kvbench.engine.records import EXCEEDS_POOL, StepRecords
 from kvbench.engine.samples import SampleGroups
 from kvbench.engine.scheduler import Scheduler
 from kvbench.engine.sequence import Sequence
@@ -153,7 +153,7 @@ class LazyBatch:
         allocator.advance_cohort(1)  # every running sequence's slot for this iteration's token
         batch, rejected = scheduler.schedule_admissions(allocator)
         for seq in rejected:
-            seq.record.mark_rejected(NO_ROOM_REASON)
+            seq.record.mark_rejected(EXCEEDS_POOL)
         prefill = batch.prefill
         if not batch.decode and not prefill:
             return now_s, len(rejected)

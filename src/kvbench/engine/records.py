@@ -183,6 +183,22 @@ class StepRecords:
         return self.num_flushed + len(self.columns["step"])
 
 
+# Why a request is never served (RequestRecord.reject_reason); docs/metrics.md defines each.
+# vLLM refuses an empty prompt and a prompt with no room for one output token.
+EMPTY_PROMPT = "empty_prompt"
+PROMPT_EXCEEDS_MAX_MODEL_LEN = "prompt_exceeds_max_model_len"  # prompt >= max_model_len
+EXCEEDS_MAX_MODEL_LEN = "exceeds_max_model_len"  # prompt + output > max_model_len
+PROMPT_EXCEEDS_MAX_NUM_BATCHED_TOKENS = "prompt_exceeds_max_num_batched_tokens"
+EXCEEDS_POOL = "exceeds_pool"  # needs more KV memory than the whole pool holds
+REJECT_REASONS = (
+    EMPTY_PROMPT,
+    PROMPT_EXCEEDS_MAX_MODEL_LEN,
+    EXCEEDS_MAX_MODEL_LEN,
+    PROMPT_EXCEEDS_MAX_NUM_BATCHED_TOKENS,
+    EXCEEDS_POOL,
+)
+
+
 @dataclass(slots=True)
 class RequestRecord:
     """The life of one request (times in seconds from the start of the run; NaN = never)."""
@@ -191,6 +207,8 @@ class RequestRecord:
     arrival_s: float
     prompt_tokens: int
     output_tokens: int
+    requested_output_tokens: int  # the input's output length; > output_tokens when clipped
+    output_clipped: bool = False
     admit_s: float = float("nan")
     first_token_s: float = float("nan")
     finish_s: float = float("nan")
@@ -199,7 +217,7 @@ class RequestRecord:
     num_swaps: int = 0
     peak_slots: int = 0
     status: str = "pending"  # finished | rejected
-    reject_reason: str = ""
+    reject_reason: str = ""  # one of REJECT_REASONS
 
     # The engine writes a record only through these, one per event of the request's life.
 

@@ -18,6 +18,12 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from kvbench.allocators.base import Allocator
+from kvbench.engine.records import (
+    EMPTY_PROMPT,
+    EXCEEDS_MAX_MODEL_LEN,
+    PROMPT_EXCEEDS_MAX_MODEL_LEN,
+    PROMPT_EXCEEDS_MAX_NUM_BATCHED_TOKENS,
+)
 from kvbench.engine.sequence import Sequence
 
 PREEMPTION_MODES = ("recompute", "swap")
@@ -102,18 +108,18 @@ class Scheduler:
         self.num_swapped_tokens = 0
 
     def rejection_reason(self, seq: Sequence) -> str:
-        """Why a request can never run here, or '' if it can."""
+        """Why a request can never run here (one of ``records.REJECT_REASONS``), or '' if it
+        can. The pool's limit (``EXCEEDS_POOL``) is found at admission, not here."""
         request = seq.request
-        if request.total_tokens > self.limits.max_model_len:
-            return (
-                f"prompt {request.prompt_tokens} + output {request.output_tokens} tokens exceed "
-                f"the model's max length {self.limits.max_model_len}"
-            )
+        max_model_len = self.limits.max_model_len
+        if request.prompt_tokens == 0:
+            return EMPTY_PROMPT
+        if request.prompt_tokens >= max_model_len:  # no room left for one output token
+            return PROMPT_EXCEEDS_MAX_MODEL_LEN
+        if request.total_tokens > max_model_len:
+            return EXCEEDS_MAX_MODEL_LEN
         if request.prompt_tokens + 1 > self.limits.max_num_batched_tokens:
-            return (
-                f"prompt {request.prompt_tokens} tokens exceed max_num_batched_tokens "
-                f"{self.limits.max_num_batched_tokens}"
-            )
+            return PROMPT_EXCEEDS_MAX_NUM_BATCHED_TOKENS
         return ""
 
     def add(self, seq: Sequence) -> None:

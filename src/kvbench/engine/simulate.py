@@ -11,12 +11,12 @@ from collections.abc import Sequence as SequenceOf
 
 from kvbench.allocators.base import Allocator, CopyOnWriteCounter
 from kvbench.core.request import Request
-from kvbench.engine.arrival_queue import NO_ROOM_REASON, Arrivals, RecordSink
+from kvbench.engine.arrival_queue import Arrivals, RecordSink
 from kvbench.engine.beams import Ancestry
 from kvbench.engine.cost_model import CostModel
 from kvbench.engine.iteration import end_iteration, record_step
 from kvbench.engine.lazy_batch import LazyBatch
-from kvbench.engine.records import SimulationResult, StepRecords, StepSink
+from kvbench.engine.records import EXCEEDS_POOL, SimulationResult, StepRecords, StepSink
 from kvbench.engine.samples import SampleGroups
 from kvbench.engine.scheduler import Batch, Scheduler
 
@@ -77,7 +77,7 @@ def simulate(
         else:
             batch, rejected = scheduler.schedule(allocator, bulk_appends=use_fast_path)
             for seq in rejected:
-                seq.record.mark_rejected(NO_ROOM_REASON)
+                seq.record.mark_rejected(EXCEEDS_POOL)
             num_ended += len(rejected)
             if batch.sequences:
                 if on_step is not None:

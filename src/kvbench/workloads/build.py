@@ -33,6 +33,7 @@ from kvbench.workloads.schema import (
     PREFIX_TOKENS,
     PROMPT_TOKENS,
     REQUEST_ID,
+    REQUESTED_OUTPUT_TOKENS,
 )
 from kvbench.workloads.trace_io import load_trace
 from kvbench.workloads.transforms import (
@@ -45,6 +46,9 @@ from kvbench.workloads.transforms import (
 # Independent random streams of one seed (see generators.stream).
 _SAMPLING_STREAM = 0
 _ARRIVAL_STREAM = 1
+# DataFrame.attrs of a trace workload: rows read from the file, and rows its filter removed.
+NUM_READ_ROWS_ATTR = "num_read_rows"
+NUM_FILTERED_ROWS_ATTR = "num_filtered_rows"
 # Profile sampling draws until enough requests pass the filter; give up after this many
 # draws per wanted request (a filter that nearly nothing passes is a configuration mistake).
 _MAX_DRAWS_PER_REQUEST = 100
@@ -84,10 +88,14 @@ def _trace_rows(cfg: WorkloadConfig, max_model_len: int) -> pd.DataFrame:
     """The trace, shaped; then its first N rows (arrival=trace keeps the trace's time order) or
     N rows sampled at random (other arrivals; with replacement when N exceeds the rows)."""
     assert cfg.path is not None  # validate_workload_config requires it for traces
-    trace = _shape(load_trace(cfg.path, cfg.format, tokenizer=cfg.tokenizer), cfg, max_model_len)
+    loaded = load_trace(cfg.path, cfg.format, tokenizer=cfg.tokenizer)
+    trace = _shape(loaded, cfg, max_model_len)
+    trace.attrs[NUM_READ_ROWS_ATTR] = len(loaded)
+    trace.attrs[NUM_FILTERED_ROWS_ATTR] = len(loaded) - len(trace)
     if trace.empty:
-        raise ValueError(f"workload {cfg.name}: no request of {cfg.path} passes filter="
-                         f"{cfg.filter} and max_model_len={max_model_len}")
+        raise ValueError(f"workload {cfg.name}: none of the {len(loaded)} requests of {cfg.path} "
+                         f"passes filter={cfg.filter}; expected workload.filter=none or a "
+                         f"trace with requests in the filter's bounds")
     if cfg.num_requests is None:
         return trace
     if cfg.arrival == "trace":
@@ -106,11 +114,18 @@ def _synthetic_rows(cfg: WorkloadConfig, max_model_len: int) -> pd.DataFrame:
     else:
         rows = system_prompt_workload(cfg.num_users, cfg.system_prompt_tokens,
                                       cfg.prompt_tokens, cfg.output_tokens)
-    shaped = _shape(rows, cfg, max_model_len)
-    if shaped.empty:
-        raise ValueError(f"workload {cfg.name}: its {rows['prompt_tokens'].iloc[0]}-token prompts "
-                         f"do not fit max_model_len={max_model_len}")
-    return shaped
+    return _shape(rows, cfg, max_model_len)
+
+
+def _check_some_request_fits(rows: pd.DataFrame, cfg: WorkloadConfig, max_model_len: int) -> None:
+    """A workload whose every prompt is empty or fills the context would only be rejected:
+    that is a configuration mistake (the wrong model or workload), not a measurement."""
+    prompt_tokens = rows[PROMPT_TOKENS]
+    if not ((prompt_tokens > 0) & (prompt_tokens < max_model_len)).any():
+        raise ValueError(f"workload {cfg.name}: none of its {len(rows)} prompts fits the model "
+                         f"(longest {int(prompt_tokens.max())} tokens, max_model_len="
+                         f"{max_model_len}); expected a model with a longer context or "
+                         f"shorter prompts")
 
 
 def _arrival_times(cfg: WorkloadConfig, rows: pd.DataFrame) -> np.ndarray:
@@ -131,8 +146,10 @@ def build_workload(cfg: WorkloadConfig | Any, max_model_len: int) -> pd.DataFram
     """The requests a run replays, for a model of ``max_model_len`` tokens of context.
 
     Steps: load (a shipped profile, a trace file, or a synthetic generator), filter
-    (``cfg.filter``), clip to ``max_model_len`` (prompts that reach it are dropped, outputs
-    clipped), pick ``num_requests`` (profiles draw until that many pass), give arrivals
+    (``cfg.filter``: the workload's definition, like vLLM's benchmark filter), clip outputs to
+    ``max_model_len`` (``requested_output_tokens`` keeps the input's; rows are never dropped
+    here: prompts that fill the context stay, for the engine to reject and count), pick
+    ``num_requests`` (profiles draw until that many pass the filter), give arrivals
     (``cfg.arrival``), then sort by arrival with ``request_id`` 0..N-1. Deterministic for a
     given ``cfg.seed``.
 
@@ -141,8 +158,8 @@ def build_workload(cfg: WorkloadConfig | Any, max_model_len: int) -> pd.DataFram
         max_model_len: the model's context length in tokens.
 
     Raises:
-        ValueError: an invalid config (one line naming the key), or a workload that ends up
-            with no request.
+        ValueError: an invalid config (one line naming the key), or a workload with no request
+            that passes its filter or fits the model.
         TraceError: the trace file cannot be read.
     """
     cfg = as_workload_config(cfg)
@@ -155,6 +172,7 @@ def build_workload(cfg: WorkloadConfig | Any, max_model_len: int) -> pd.DataFram
         rows = _trace_rows(cfg, max_model_len)
     else:
         rows = _synthetic_rows(cfg, max_model_len)
+    _check_some_request_fits(rows, cfg, max_model_len)
     rows = rows.copy()
     rows[ARRIVAL_S] = _arrival_times(cfg, rows)
     workload = sort_and_renumber(rows)
@@ -192,6 +210,7 @@ def to_requests(df: pd.DataFrame) -> list[Request]:
         df[OUTPUT_TOKENS].tolist(), _optional_column(df, PREFIX_GROUP, None),
         _optional_column(df, PREFIX_TOKENS, 0), _optional_column(df, PREFIX_BLOCK_HASHES, ()),
         _optional_column(df, NUM_SAMPLES, 1), _optional_column(df, BEAM_WIDTH, 1),
+        _optional_column(df, REQUESTED_OUTPUT_TOKENS, None),
         strict=True,
     )
     return [
@@ -206,8 +225,9 @@ def to_requests(df: pd.DataFrame) -> list[Request]:
             hash_block_tokens=hash_block_tokens,
             num_samples=int(num_samples),
             beam_width=int(beam_width),
+            requested_output_tokens=None if requested is None else int(requested),
         )
         for request_id, arrival_s, prompt_tokens, output_tokens, group, prefix_tokens, hashes,
-        num_samples, beam_width
+        num_samples, beam_width, requested
         in columns
     ]

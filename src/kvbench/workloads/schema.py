@@ -32,6 +32,9 @@ PREFIX_BLOCK_HASHES = "prefix_block_hashes"
 NUM_SAMPLES = "num_samples"
 # Beam width (k) of beam search over the request's prompt.
 BEAM_WIDTH = "beam_width"
+# Added by build_workload, not read from traces: the output length the input asked for, before
+# clipping to the model's context (``output_tokens`` is what is replayed).
+REQUESTED_OUTPUT_TOKENS = "requested_output_tokens"
 
 REQUIRED_COLUMNS = (REQUEST_ID, ARRIVAL_S, PROMPT_TOKENS, OUTPUT_TOKENS)
 OPTIONAL_COLUMNS = (PREFIX_GROUP, PREFIX_TOKENS, PREFIX_BLOCK_HASHES, NUM_SAMPLES, BEAM_WIDTH)

@@ -18,6 +18,7 @@ from kvbench.workloads.schema import (
     PREFIX_BLOCK_HASHES,
     PROMPT_TOKENS,
     REQUEST_ID,
+    REQUESTED_OUTPUT_TOKENS,
 )
 
 # vLLM's benchmarks/benchmark_serving.py (sample_sharegpt_requests) prunes with these bounds.
@@ -58,22 +59,24 @@ def filter_vllm(
 
 
 def clip_to_max_len(df: pd.DataFrame, max_model_len: int) -> pd.DataFrame:
-    """Fit requests into a model's context of ``max_model_len`` tokens.
+    """Clip outputs to a model's context of ``max_model_len`` tokens; drop no row.
 
-    A request whose prompt alone reaches ``max_model_len`` is DROPPED (a server rejects it: it
-    could not generate a single token; ``attrs["num_dropped_overlong"]`` counts them). The others
-    keep their prompt and have their output clipped so that prompt + output <= max_model_len.
+    A request whose prompt leaves room in the context has its output clipped so that prompt +
+    output <= max_model_len (a server stops it at the context's end). ``requested_output_tokens``
+    keeps every row's input output length. A prompt that alone reaches ``max_model_len`` keeps
+    its lengths: the engine rejects it (``prompt_exceeds_max_model_len``), so it is still counted.
     """
     if max_model_len < 1:
         raise ValueError(f"max_model_len={max_model_len} is invalid; expected an integer >= 1")
-    prompt_tokens = df[PROMPT_TOKENS].to_numpy()
-    fits = prompt_tokens < max_model_len
-    clipped = df.loc[fits].reset_index(drop=True)
-    room_tokens = max_model_len - clipped[PROMPT_TOKENS].to_numpy()
-    clipped[OUTPUT_TOKENS] = np.minimum(clipped[OUTPUT_TOKENS].to_numpy(), room_tokens)
-    clipped = _with_attrs(clipped, df)
-    clipped.attrs["num_dropped_overlong"] = int((~fits).sum())
-    return clipped
+    clipped = df.copy()
+    prompt_tokens = clipped[PROMPT_TOKENS].to_numpy()
+    output_tokens = clipped[OUTPUT_TOKENS].to_numpy()
+    if REQUESTED_OUTPUT_TOKENS not in clipped.columns:
+        clipped[REQUESTED_OUTPUT_TOKENS] = output_tokens
+    room_tokens = max_model_len - prompt_tokens
+    fits = room_tokens > 0
+    clipped[OUTPUT_TOKENS] = np.where(fits, np.minimum(output_tokens, room_tokens), output_tokens)
+    return _with_attrs(clipped, df)
 
 
 def sample_requests(

@@ -19,6 +19,7 @@ from kvbench.core.specs import GIB, Deployment
 from kvbench.engine import RooflineCostModel, Scheduler, SchedulerLimits, simulate
 from kvbench.tables.parquet import write_table
 from kvbench.tables.provenance import provenance
+from kvbench.tasks.simulate.accounting import workload_accounting
 from kvbench.tasks.simulate.per_run_files import StreamedTables
 from kvbench.tasks.simulate.plot import plot_run
 from kvbench.tasks.simulate.table import requests_frame, steps_frame, summarize
@@ -107,8 +108,11 @@ def run_experiment(
     all_requests: list[pd.DataFrame] = []
     streamed = StreamedTables(output_dir, metadata) if cfg.engine.stream_tables else None
     tables_written_s = time.perf_counter()
+    workload_attrs: dict[str, dict] = {}
     for workload_label, workload_cfg in _runs(cfg):
-        requests = to_requests(build_workload(workload_cfg, max_model_len))
+        workload = build_workload(workload_cfg, max_model_len)
+        workload_attrs[workload_label] = dict(workload.attrs)
+        requests = to_requests(workload)
         rate = workload_cfg.request_rate
         beams = load_beam_ancestry() if workload_cfg.beam_width > 1 else None
         ideal = _ideal_prefix_columns(requests, cfg.allocator.block_size)
@@ -150,6 +154,8 @@ def run_experiment(
     else:
         _write_tables(output_dir, summaries, all_steps, all_requests, metadata)
     summary_table = pd.DataFrame(summaries)
+    for label, attrs in workload_attrs.items():
+        print(workload_accounting(label, summary_table, attrs))
     if cfg.plots:
         plot_run(summary_table, pd.concat(all_steps, ignore_index=True), output_dir / "plots")
     return summary_table

@@ -13,7 +13,7 @@ import pandas as pd
 
 from kvbench.allocators.base import USAGE_CATEGORIES
 from kvbench.core.specs import Deployment
-from kvbench.engine.records import SimulationResult
+from kvbench.engine.records import REJECT_REASONS, SimulationResult
 from kvbench.engine.step_totals import StepTotals
 
 GB = 1e9
@@ -49,9 +49,10 @@ def add_request_latencies(requests: pd.DataFrame) -> pd.DataFrame:
     requests["e2e_latency_s"] = requests["finish_s"] - requests["arrival_s"]
     decode_tokens = (requests["output_tokens"] - 1).where(requests["output_tokens"] > 1)
     requests["tpot_s"] = (requests["finish_s"] - requests["first_token_s"]) / decode_tokens
-    requests["normalized_latency_s_per_token"] = (
-        requests["e2e_latency_s"] / requests["output_tokens"]
-    )
+    # Undefined (NaN) for a request with no output token, so it never puts inf into a mean.
+    requests["normalized_latency_s_per_token"] = requests["e2e_latency_s"] / requests[
+        "output_tokens"
+    ].where(requests["output_tokens"] > 0)
     return requests
 
 
@@ -81,6 +82,9 @@ def summarize(
         "num_requests": len(requests),
         "num_finished": len(finished),
         "num_rejected": int((requests["status"] == "rejected").sum()),
+        **_rejections_by_reason(requests),
+        "num_output_clipped": int(requests["output_clipped"].sum()),
+        "num_zero_output": int((requests["output_tokens"] == 0).sum()),
         "num_preemptions": int(requests["num_preemptions"].sum()),
         "num_swaps": int(requests["num_swaps"].sum()),
         "cow_copies": result.num_copy_on_writes,
@@ -105,6 +109,12 @@ def summarize(
         row[f"{name}_p50_s"] = _percentile(finished[column], 50)
         row[f"{name}_p99_s"] = _percentile(finished[column], 99)
     return row
+
+
+def _rejections_by_reason(requests: pd.DataFrame) -> dict[str, int]:
+    """``num_rejected_<reason>`` for every reason the engine gives (0 where none)."""
+    counts = requests.loc[requests["status"] == "rejected", "reject_reason"].value_counts()
+    return {f"num_rejected_{reason}": int(counts.get(reason, 0)) for reason in REJECT_REASONS}
 
 
 def _sharing(
