@@ -34,8 +34,10 @@ TINY = (
 )  # fmt: skip
 IMAGE = re.compile(r"!\[[^\]]*\]\(([^)]+)\)")
 LINK = re.compile(r"(?<!!)\[[^\]]*(?:\[[^\]]*\][^\]]*)*\]\(([^)]+)\)")
-PROVENANCE = {"kvbench_version": "0.1.0", "git_commit": "abc123", "config_yaml": "ignored",
-              "written_at": "2026-12-01 16:00:00 UTC", "command": "python -m kvbench x=1"}  # fmt: skip
+PROVENANCE = {
+    "kvbench_version": "0.1.0", "git_commit": "abc123", "config_yaml": "ignored",
+    "written_at": "2026-12-01 16:00:00 UTC", "command": "python -m kvbench x=1",
+}  # fmt: skip
 
 
 def section(markdown: str, heading: str) -> str:

@@ -147,4 +147,13 @@ def print_run_summary(summary: pd.DataFrame, folder: Path) -> None:
     table = summary_text(summary)
     if table:
         print("\n" + table)
-    print("\n" + files_text(str(folder), output_files(folder)), flush=True)
+    print("\n" + files_text(shown_path(folder), output_files(folder)), flush=True)
+
+
+def shown_path(folder: Path) -> str:
+    """``folder`` as the user named it: relative to the working directory when below it."""
+    absolute = folder.resolve()
+    try:
+        return absolute.relative_to(Path.cwd().resolve()).as_posix()
+    except ValueError:
+        return str(absolute)
