@@ -136,6 +136,23 @@ def write_run_report(
     return write_text_atomic(folder / REPORT_NAME, render_report(report))
 
 
+def write_task_report(
+    folder: Path, title: str, raw: DictConfig | None, sections: Sequence[str]
+) -> Path:
+    """``folder/report.md`` for a task other than simulate: its own ``sections`` (its headline
+    table), its charts, files, resolved config and provenance."""
+    report = RunReport(
+        title=title,
+        summary=pd.DataFrame(),
+        provenance=report_provenance(raw, hydra_command(folder)),
+        config_yaml="" if raw is None else OmegaConf.to_yaml(raw, resolve=True),
+        sections=sections,
+        charts=chart_paths(folder),
+        files=[entry for entry in output_files(folder) if entry.path != REPORT_NAME],
+    )
+    return write_text_atomic(folder / REPORT_NAME, render_report(report))
+
+
 def sub_report_link(root: Path, folder: Path) -> Link:
     """A link from ``root``'s report to the report in ``folder`` below it."""
     relative = folder.relative_to(root).as_posix()
@@ -147,6 +164,11 @@ def print_run_summary(summary: pd.DataFrame, folder: Path) -> None:
     table = summary_text(summary)
     if table:
         print("\n" + table)
+    print_files(folder)
+
+
+def print_files(folder: Path) -> None:
+    """The output folder and its files, on stdout."""
     print("\n" + files_text(shown_path(folder), output_files(folder)), flush=True)
 
 

@@ -56,6 +56,8 @@ class RunReport:
     provenance: dict[str, str]
     config_yaml: str = ""
     intro: Sequence[str] = ()
+    # Markdown blocks of a task's own (its headline table), after the summary, before the charts.
+    sections: Sequence[str] = ()
     charts: Sequence[str] = ()  # image paths relative to the report
     runs: Sequence[Link] = ()
     runs_heading: str = "Runs"
@@ -89,6 +91,7 @@ def render_report(report: RunReport) -> str:
     if not report.summary.empty:
         parts.append("## Summary\n\n" + markdown_summary_table(summary_cells(report.summary))
                      + "\n\n" + legend_text())  # fmt: skip
+    parts.extend(report.sections)
     if report.charts:
         parts.append("## Charts\n\n" + "\n\n".join(
             f"**{chart_caption(path)}**\n\n![{PurePosixPath(path).stem}]({_link(path)})"
