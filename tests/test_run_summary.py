@@ -168,3 +168,18 @@ def test_the_cli_prints_the_table_and_the_files_at_the_end(tmp_path):
     listing = lines[lines.index("results in run") + 1 :]  # the folder as the user named it
     listed = {line.split()[0] for line in listing}
     assert {"summary.parquet", "steps.parquet", "requests.parquet", "report.md"} <= listed
+
+
+def test_the_switch_changes_neither_the_fingerprint_nor_a_sweeps_folder_names():
+    from hydra import compose, initialize_config_module
+
+    from kvbench.tables.done_marker import config_fingerprint
+
+    _, _, loud = compose_config(*SMALL)
+    _, _, quiet = compose_config(*SMALL, "summary_table=false")
+    assert config_fingerprint(loud) == config_fingerprint(quiet)
+    _, _, other = compose_config(*SMALL, "seed=1")
+    assert config_fingerprint(other) != config_fingerprint(loud)
+    with initialize_config_module(config_module="kvbench.conf", version_base="1.3"):
+        cfg = compose(config_name="config", return_hydra_config=True)
+    assert "summary_table" in cfg.hydra.job.config.override_dirname.exclude_keys
