@@ -218,7 +218,11 @@ class KvbenchConfig:
     # Draw the charts (PNG and SVG); a large sweep's jobs may leave them to `kvbench.tasks.report`.
     plots: bool = MISSING
     seed: int = MISSING
+    # Progress bars while the engine runs (stderr); false hides them and nothing else.
     progress: bool = MISSING
+    # At the end of a simulate run, the summary table (allocator x rate) and the files written,
+    # on stdout; false silences it (report.md in the run folder holds the same table).
+    summary_table: bool = MISSING
     kernel_bench: KernelBenchConfig = field(default_factory=KernelBenchConfig)
     equivalence: EquivalenceConfig = field(default_factory=EquivalenceConfig)
 

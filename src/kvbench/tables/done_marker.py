@@ -20,7 +20,7 @@ DONE_NAME = "DONE"
 # Longest sweep folder name kept as is (file systems cap a name at 255 bytes).
 MAX_JOB_DIR_CHARS = 200
 # Keys that change how a run reports, not what it computes.
-NOT_FINGERPRINTED = ("progress", "skip_done")
+NOT_FINGERPRINTED = ("progress", "skip_done", "summary_table")
 
 
 def config_fingerprint(cfg: DictConfig) -> str:

@@ -25,6 +25,7 @@ from kvbench.tasks.equivalence.trajectories import (
     scramble_free_blocks,
     stock_trajectories,
 )
+from kvbench.tasks.simulate.run_outputs import print_files, write_task_report
 
 _TORCH_DTYPES = {"fp32": torch.float32}
 
@@ -46,8 +47,9 @@ def run_logit_equivalence(
     cfg: Any, deployment: Any, raw_cfg: Any, output_dir: Path
 ) -> pd.DataFrame:
     """Decode the prompts with the stock cache, then through every (allocator, backend) pair;
-    write ``equivalence.parquet`` (after each pair) and ``plots/equivalence.png|svg``, print
-    the verdicts. ``deployment`` is not used (the model is ``equivalence.model``)."""
+    write ``equivalence.parquet`` (after each pair), ``plots/equivalence.png|svg`` and
+    ``report.md``, print the verdicts (and, unless ``summary_table=false``, the files).
+    ``deployment`` is not used (the model is ``equivalence.model``)."""
     settings = cfg.equivalence
     started_s = time.perf_counter()
     model = load_model(settings.model, _TORCH_DTYPES[settings.dtype], seed=cfg.seed)
@@ -71,6 +73,11 @@ def run_logit_equivalence(
     if cfg.plots:
         plot_equivalence(table, output_dir / "plots")
     _print_summary(table, len(cases), settings, time.perf_counter() - started_s)
+    verdict_lines = "\n".join(f"- {verdict.line()}" for verdict in verdicts(table))
+    write_task_report(output_dir, f"{cfg.experiment_name}: {settings.model} logits, paged vs "
+                      "stock cache", raw_cfg, [f"## Verdicts\n\n{verdict_lines}"])  # fmt: skip
+    if cfg.summary_table:
+        print_files(output_dir)
     return table
 
 

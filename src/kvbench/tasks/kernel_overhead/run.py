@@ -37,8 +37,10 @@ from kvbench.kernels.bench_batch import TORCH_DTYPES
 from kvbench.tables.parquet import write_table
 from kvbench.tables.provenance import provenance
 from kvbench.tasks.kernel_overhead.plot import plot_kernel_overhead
+from kvbench.tasks.kernel_overhead.summary import overhead_markdown, overhead_text
 from kvbench.tasks.kernel_overhead.table import kernel_row, kernel_table
 from kvbench.tasks.simulate.experiment import cost_model, scheduler_limits
+from kvbench.tasks.simulate.run_outputs import print_files, write_task_report
 from kvbench.workloads import build_workload, to_requests
 
 
@@ -155,7 +157,8 @@ def measure_block_size(
 def run_kernel_overhead(
     cfg: KvbenchConfig, deployment: Deployment, raw_cfg: DictConfig | None, output_dir: Path
 ) -> pd.DataFrame:
-    """Time paged vs contiguous decode attention; write ``kernels.parquet`` and the plots.
+    """Time paged vs contiguous decode attention; write ``kernels.parquet``, the plots and
+    ``report.md``, and (unless ``summary_table=false``) print the overhead table and the files.
 
     The table is written after every block size, so an interrupted run keeps what it finished.
     """
@@ -168,4 +171,9 @@ def run_kernel_overhead(
         table = kernel_table(rows)
         write_table(table, output_dir / "kernels.parquet", metadata)
     plot_kernel_overhead(table, output_dir / "plots")
+    title = f"{cfg.experiment_name}: {deployment.model.name} attention on {table['device'].iloc[0]}"
+    write_task_report(output_dir, title, raw_cfg, [overhead_markdown(table)])
+    if cfg.summary_table:
+        print("\n" + overhead_text(table))
+        print_files(output_dir)
     return table

@@ -29,8 +29,17 @@ from kvbench.tables.parquet import write_table
 from kvbench.tables.provenance import provenance
 from kvbench.tasks.simulate.experiment import run_experiment
 from kvbench.tasks.simulate.plot import plot_analyses
+from kvbench.tasks.simulate.run_outputs import (
+    hydra_command,
+    print_run_summary,
+    sub_report_link,
+    write_run_report,
+)
+from kvbench.tasks.simulate.run_report import REPORT_NAME, Link
 
 OPERATING_SUFFIX = "_operating"
+# The folder holding the capacity analysis's measurements, one sub-folder per allocator.
+OPERATING_DIR = "operating"
 # Replicas added past the knee's count when the operating run misses the bound.
 MAX_EXTRA_REPLICAS = 3
 
@@ -115,18 +124,39 @@ def _updated(raw: DictConfig | None, updates: dict[str, object]) -> DictConfig |
 def run_study(
     cfg: KvbenchConfig, deployment: Deployment, raw: DictConfig | None, output_dir: Path
 ) -> pd.DataFrame:
-    """Run the grid (or the single setting), then the analyses; returns every summary row."""
+    """Run the grid (or the single setting), then the analyses; returns every summary row.
+
+    Every run folder gets its ``report.md`` (a grid's root links its points'); then, unless
+    ``summary_table=false``, the summary table and the files written are printed.
+    """
+    command = hydra_command(output_dir)
+    points: list[Path] = []
     if is_grid(cfg):
         summaries = []
         for point in grid_points(cfg):
             point_cfg, point_raw = point_config(cfg, raw, point)
             folder = output_dir / point.dir_name
             summaries.append(run_experiment(point_cfg, deployment, point_raw, folder))
+            write_run_report(folder, point_cfg, deployment, point_raw, summaries[-1], command,
+                             parent=Link("the study", f"../{REPORT_NAME}"))  # fmt: skip
+            points.append(folder)
         summary = pd.concat(summaries, ignore_index=True)
     else:
         summary = run_experiment(cfg, deployment, raw, output_dir)
     write_analyses(cfg, deployment, raw, summary, output_dir)
+    write_run_report(output_dir, cfg, deployment, raw, summary, command,
+                     runs=sub_reports(output_dir, points))  # fmt: skip
+    if cfg.summary_table:
+        print_run_summary(summary, output_dir)
     return summary
+
+
+def sub_reports(output_dir: Path, points: list[Path]) -> list[Link]:
+    """Links to the reports of the run folders below ``output_dir``: the grid's ``points``, then
+    the capacity analysis's operating points."""
+    operating = output_dir / OPERATING_DIR
+    folders = points + sorted(path.parent for path in operating.glob(f"*/{REPORT_NAME}"))
+    return [sub_report_link(output_dir, folder) for folder in folders]
 
 
 def write_analyses(
@@ -208,5 +238,9 @@ def _run_operating_point(
     updates = {"request_rates": [float(rate)], "allocators": [allocator], "plots": False,
                "experiment_name": f"{cfg.experiment_name}{OPERATING_SUFFIX}"}  # fmt: skip
     point_cfg = dataclasses.replace(point_cfg, **updates)  # type: ignore[arg-type]
-    folder = output_dir / "operating" / f"{allocator},{point.dir_name}"
-    return run_experiment(point_cfg, deployment, _updated(point_raw, updates), folder)
+    folder = output_dir / OPERATING_DIR / f"{allocator},{point.dir_name}"
+    operating_raw = _updated(point_raw, updates)
+    measured = run_experiment(point_cfg, deployment, operating_raw, folder)
+    write_run_report(folder, point_cfg, deployment, operating_raw, measured,
+                     hydra_command(output_dir), parent=Link("the study", f"../../{REPORT_NAME}"))
+    return measured
