@@ -154,8 +154,9 @@ def run_experiment(
     else:
         _write_tables(output_dir, summaries, all_steps, all_requests, metadata)
     summary_table = pd.DataFrame(summaries)
-    for label, attrs in workload_attrs.items():
-        print(workload_accounting(label, summary_table, attrs))
+    if cfg.summary_table:  # the end-of-run summary's switch silences this line too
+        for label, attrs in workload_attrs.items():
+            print(workload_accounting(label, summary_table, attrs))
     if cfg.plots:
         plot_run(summary_table, pd.concat(all_steps, ignore_index=True), output_dir / "plots")
     return summary_table
