@@ -85,8 +85,8 @@ def _fail(exit_code: int, kind: str, message: str) -> NoReturn:
 
 
 def file_error_line(error: OSError, where: str, fix: str | None = None) -> str:
-    """One line for an OSError: the file it names (else ``where``), what happened, and ``fix``
-    (default: the usual fix for its errno).
+    """One line for an OSError: the file it names (else ``where``, if any), what happened, and
+    ``fix`` (default: the usual fix for its errno).
 
     Writers that do not name their file (pyarrow on a full disk) are located by ``where``, the
     folder being written.
@@ -96,7 +96,7 @@ def file_error_line(error: OSError, where: str, fix: str | None = None) -> str:
     path = error.filename if error.filename is not None else where
     reason = error.strerror or str(error)
     fix = fix or _FILE_FIXES.get(error.errno)
-    return _one_line(f"{path}: {reason}" + (f"; {fix}" if fix else ""))
+    return _one_line((f"{path}: " if path else "") + reason + (f"; {fix}" if fix else ""))
 
 
 def _show_notices(
@@ -177,6 +177,14 @@ def _hydra_error_line(error: Exception) -> str:
     return _one_line(text) + " (python -m kvbench --cfg job shows the composed config)"
 
 
+def _hydra_output_dir() -> str:
+    """The output folder Hydra was setting up, when it still says ("" when not)."""
+    try:
+        return str(HydraConfig.get().runtime.output_dir)
+    except (ValueError, OmegaConfBaseException):  # no config (any more), or no folder chosen
+        return ""
+
+
 def main() -> None:
     """Console entry point (also ``python -m kvbench``): every user mistake ends in one line on
     stderr and exit code 2 (config), 3 (input) or 4 (file); ``HYDRA_FULL_ERROR=1`` shows the
@@ -197,7 +205,7 @@ def main() -> None:
     except (HydraException, OmegaConfBaseException) as error:  # before OSError: a missing
         _fail(EXIT_CONFIG_ERROR, "config", _hydra_error_line(error))  # config is an IOError
     except OSError as error:  # Hydra creating the output folder or writing .hydra/ into it
-        line = file_error_line(error, "the output folder", fix=OUTPUT_DIR_FIX)
+        line = file_error_line(error, _hydra_output_dir(), fix=OUTPUT_DIR_FIX)
         _fail(EXIT_FILE_ERROR, "file", f"cannot write the run's output folder: {line}")
     finally:
         if users_setting is None:
