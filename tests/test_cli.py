@@ -117,3 +117,6 @@ def test_a_trace_that_is_not_a_file_is_one_line_and_exit_4(tmp_path, kind):
     lines = [line for line in done.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("kvbench: file error:"), done.stderr
     assert str(path) in lines[0]
+    fix = ("expected an existing file (workload.path=FILE)" if kind == "missing file"
+           else "Is a directory; expected a file, not a folder")  # fmt: skip
+    assert lines[0].endswith(fix)

@@ -217,3 +217,15 @@ def test_readmes_trace_example_runs_on_the_shared_sharegpt_csv(shared_traces, tm
     summary = pd.read_parquet(tmp_path / "run" / "summary.parquet")
     assert set(summary["model"]) == {"llama-3-8b"}
     assert (summary["num_finished"] == 300).all()
+
+
+def test_errors_doc_gives_every_exit_code_and_the_readme_links_it():
+    from kvbench import cli
+
+    doc = (ROOT / "docs" / "errors.md").read_text()
+    for code, kind in [(cli.EXIT_CONFIG_ERROR, "config"), (cli.EXIT_INPUT_ERROR, "input"),
+                       (cli.EXIT_FILE_ERROR, "file")]:  # fmt: skip
+        assert f"| {code} | `{kind} error` |" in doc
+        assert f"kvbench: {kind} error: " in doc
+    assert cli.OUTPUT_DIR_FIX in doc
+    assert "[docs/errors.md](docs/errors.md)" in (ROOT / "README.md").read_text()

