@@ -63,6 +63,8 @@ def error_line(done, exit_code):
                               "'allocators=[paged': "),
         ("--cfg=nope", "kvbench: config error: argument --cfg/-c: invalid choice: 'nope'"),
         ("workload.arival=trace", "kvbench: config error: unknown key workload.arival"),
+        ("workload.cv=2", "kvbench: config error: Could not override 'workload.cv'. To append "
+                          "to your config use +workload.cv=2"),
     ],
 )
 def test_a_bad_override_or_option_is_one_line_and_exit_2(override, expected, tmp_path):

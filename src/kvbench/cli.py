@@ -173,8 +173,8 @@ def _hydra_error_line(error: Exception) -> str:
         problem = error.message.splitlines()[0]
         return (f"cannot parse the override {error.override!r}: {problem}; expected key=value in "
                 "Hydra's override grammar (https://hydra.cc/docs/advanced/override_grammar/basic/)")
-    text = str(error).split("\nSet the environment variable")[0]
-    return _one_line(text) + " (python -m kvbench --cfg job shows the composed config)"
+    # Hydra's own messages say what to do ("use +key=value"); its search path is noise here.
+    return _one_line(str(error).split("\nConfig search path")[0])
 
 
 def _hydra_output_dir() -> str:
