@@ -1,8 +1,8 @@
 """``python -m kvbench [experiment=NAME] [overrides]``: the Hydra app.
 
 Every user mistake ends in one line on stderr, ``kvbench: <kind> error: <what>; <fix>``, and a
-documented exit code ([docs/errors.md](../../docs/errors.md)): 2 a config error, 3 an input
-error, 4 a file error. ``HYDRA_FULL_ERROR=1`` shows the traceback instead.
+documented exit code (docs/errors.md lists every case): 2 a config error, 3 an input error, 4 a
+file error. ``HYDRA_FULL_ERROR=1`` shows the traceback instead.
 """
 
 from __future__ import annotations

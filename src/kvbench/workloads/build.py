@@ -127,7 +127,7 @@ def _arrival_times(cfg: WorkloadConfig, rows: pd.DataFrame) -> np.ndarray:
     rng = stream(cfg.seed, _ARRIVAL_STREAM)
     if cfg.arrival == "trace" and rows[ARRIVAL_S].isna().all():
         # A trace without timestamps still runs, as the README's example promises: Poisson
-        # arrivals at the run's rate (or the default), said once per rate.
+        # arrivals at the run's rate (or the default), said in one line (the app prints it once).
         warnings.warn(untimed_trace_note(cfg), UntimedTraceWarning, stacklevel=3)
         return poisson_arrivals(len(rows), untimed_arrival_rate(cfg), rng)
     if cfg.arrival == "trace":
