@@ -107,11 +107,14 @@ def _read_only_folder(tmp_path: Path) -> Path:
     return folder / "run"
 
 
-@pytest.mark.parametrize("kind", ["under /proc", "under a file", "read-only folder"])
+@pytest.mark.parametrize("kind", ["under /proc", "under /sys", "under a file", "read-only folder"])
 def test_an_unwritable_output_folder_is_one_line_and_exit_4(kind, tmp_path):
-    """Hydra creates the output folder before kvbench's task runs; main() reports it."""
+    """Hydra creates the output folder before kvbench's task runs; main() reports it. /sys
+    refuses even root (EPERM, or EROFS where it is mounted read-only)."""
     if kind == "under /proc":
         run_dir = Path("/proc/kvbench-no-such-folder/run")
+    elif kind == "under /sys":
+        run_dir = Path("/sys/kvbench-no-such-folder")
     elif kind == "under a file":
         (tmp_path / "a-file").write_text("")
         run_dir = tmp_path / "a-file" / "run"
