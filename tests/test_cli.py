@@ -2,7 +2,6 @@
 
 import subprocess
 import sys
-from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -109,20 +108,6 @@ def test_malformed_trace_gives_one_line_naming_file_and_row(tmp_path):
     assert "broken.csv: line 3" in lines[0]
 
 
-def test_the_root_defaults_run_and_so_does_the_readmes_fixed_example(tmp_path):
-    """With no experiment the root config's deployment fits its GPU, so the README's
-    ``workload=fixed`` example runs as written (plus an output folder)."""
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    example = next(line for line in readme.splitlines()
-                   if line.startswith("python -m kvbench workload=fixed"))  # fmt: skip
-    overrides = example.split("#")[0].split()[3:]
-    done = run_kvbench(*overrides, "progress=false", f"hydra.run.dir={tmp_path / 'run'}")
-    assert done.returncode == 0, done.stderr
-    summary = pd.read_parquet(tmp_path / "run" / "summary.parquet")
-    assert set(summary["model"]) == {"llama-3-8b"}
-    assert (summary["num_finished"] == 100).all()
-
-
 @pytest.mark.parametrize("kind", ["missing file", "directory"])
 def test_a_trace_that_is_not_a_file_is_one_line_and_exit_4(tmp_path, kind):
     path = tmp_path / "nowhere.csv" if kind == "missing file" else tmp_path
@@ -132,3 +117,6 @@ def test_a_trace_that_is_not_a_file_is_one_line_and_exit_4(tmp_path, kind):
     lines = [line for line in done.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("kvbench: file error:"), done.stderr
     assert str(path) in lines[0]
+    fix = ("expected an existing file (workload.path=FILE)" if kind == "missing file"
+           else "Is a directory; expected a file, not a folder")  # fmt: skip
+    assert lines[0].endswith(fix)

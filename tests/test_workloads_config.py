@@ -16,7 +16,7 @@ from kvbench.workloads import (
     to_requests,
     validate_workload_config,
 )
-from kvbench.workloads.config import as_workload_config
+from kvbench.workloads.config import UntimedTraceWarning, as_workload_config
 
 REQUIRED_YAMLS = ("sharegpt", "alpaca", "azure_conv", "trace", "fixed", "system_prompt")
 
@@ -137,9 +137,27 @@ def test_trace_without_timestamps_is_sampled_with_poisson(tmp_path):
     workload = build_workload(cfg, max_model_len=2048)
     assert len(workload) == 50
     assert set(workload["prompt_tokens"]) == {10, 30}
-    with pytest.raises(ValueError, match="no timestamps"):
-        build_workload(dataclasses.replace(cfg, arrival="trace", request_rate=0.0,
-                                           num_requests=None), 2048)
+
+
+
+def test_trace_without_timestamps_replayed_as_trace_gets_announced_poisson_arrivals(tmp_path):
+    """arrival=trace (conf/workload/trace.yaml's default) on a trace without timestamps: every
+    row, in file order, with Poisson arrivals at the run's rate, else untimed_request_rate."""
+    path = tmp_path / "vidur.csv"
+    path.write_text("num_prefill_tokens,num_decode_tokens\n" + "10,20\n30,40\n" * 200)
+    cfg = WorkloadConfig(name="mine", source="trace", path=str(path), num_requests=None,
+                         arrival="trace", request_rate=0.0, filter="none",
+                         untimed_request_rate=5.0)
+    with pytest.warns(UntimedTraceWarning, match=r"vidur\.csv has no arrival times; replaying it "
+                      r"with Poisson arrivals at 5 req/s \(workload\.untimed_request_rate"):
+        default_rate = build_workload(cfg, 2048)
+    assert len(default_rate) == 400
+    assert default_rate["arrival_s"].iloc[0] == 0.0
+    assert (default_rate["arrival_s"].diff().iloc[1:] >= 0).all()
+    assert len(default_rate) / default_rate["arrival_s"].iloc[-1] == pytest.approx(5.0, rel=0.2)
+    with pytest.warns(UntimedTraceWarning, match="at each run's request rate"):
+        run_rate = build_workload(dataclasses.replace(cfg, request_rate=50.0), 2048)
+    assert len(run_rate) / run_rate["arrival_s"].iloc[-1] == pytest.approx(50.0, rel=0.2)
 
 
 def test_mooncake_style_trace_keeps_prefix_hashes(tmp_path):
@@ -178,6 +196,11 @@ BAD_SETTINGS = [
     ({"request_rate": -1.0}, "workload.request_rate=-1.0 is invalid; expected a number > 0 "
                              "(.inf allowed)"),
     ({"request_rate": 0.0}, "workload.request_rate=0.0 is invalid"),
+    ({"request_rate": None}, "workload.request_rate=None is invalid; expected a number > 0 (.inf "
+                             "allowed) for arrival=poisson: set workload.request_rate=R or "
+                             "request_rates=[R,...]"),
+    ({"untimed_request_rate": 0.0}, "workload.untimed_request_rate=0.0 is invalid; expected a "
+                                    "number > 0"),
     ({"name": "sharegtp"}, "workload.name='sharegtp' is invalid; expected one of sharegpt"),
     ({"source": "file"}, "workload.source='file' is invalid; expected one of profile, trace, "
                          "synthetic"),

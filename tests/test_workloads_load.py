@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from kvbench.workloads import formats, load_trace, save_trace
+from kvbench.workloads import formats, load_trace, raw_reading, save_trace
 from kvbench.workloads.formats import FORMAT_NAMES, SCHEMAS
 from kvbench.workloads.schema import ReadOptions
 from kvbench.workloads.transforms import arrival_statistics, filter_vllm, repeated_block_fraction
@@ -200,6 +200,7 @@ def test_hub_id_goes_to_datasets_load_dataset(monkeypatch):
         return datasets.Dataset.from_dict({"prompt_tokens": [5, 6], "output_tokens": [7, 8]})
 
     monkeypatch.setattr(datasets, "load_dataset", fake_load_dataset)
+    monkeypatch.setattr(raw_reading, "check_hub_id", lambda *args: None)  # no hub asked here
     trace = load_trace("someone/some-trace/data/lengths.csv")
     assert calls == [("someone/some-trace", "data/lengths.csv", "train")]
     assert trace["output_tokens"].tolist() == [7, 8]

@@ -1,22 +1,59 @@
-"""``python -m kvbench [experiment=NAME] [overrides]``: the Hydra app."""
+"""``python -m kvbench [experiment=NAME] [overrides]``: the Hydra app.
+
+Every user mistake ends in one line on stderr, ``kvbench: <kind> error: <what>; <fix>``, and a
+documented exit code (docs/errors.md lists every case): 2 a config error, 3 an input error, 4 a
+file error. ``HYDRA_FULL_ERROR=1`` shows the traceback instead.
+"""
 
 from __future__ import annotations
 
+import errno
+import os
 import sys
 import time
+import warnings
 from collections.abc import Callable
 from pathlib import Path
+from typing import NoReturn, TextIO
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
+from hydra.errors import HydraException, MissingConfigException, OverrideParseException
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from kvbench.config import ConfigError, check_override_keys, validate_config
 from kvbench.tables.done_marker import config_fingerprint, is_done, job_dir_name, mark_done
+from kvbench.workloads.schema import TokenizerUnavailableError
 
 EXIT_CONFIG_ERROR = 2
 EXIT_INPUT_ERROR = 3
 EXIT_FILE_ERROR = 4
+FULL_ERROR_ENV = "HYDRA_FULL_ERROR"
+OUTPUT_DIR_FIX = "set hydra.run.dir=DIR (hydra.sweep.dir=DIR with -m) to a folder kvbench may write"
+# What to do about an OSError, by its errno (the message already says what happened).
+_FILE_FIXES = {
+    errno.ENOSPC: "expected room on its disk: free space or write elsewhere (hydra.run.dir=DIR)",
+    errno.EDQUOT: "expected room in the disk quota: free space or write elsewhere "
+                  "(hydra.run.dir=DIR)",
+    errno.EFBIG: "expected a smaller file (the file-size limit, ulimit -f, or the file system "
+                 "caps it) or another disk (hydra.run.dir=DIR)",
+    errno.EACCES: "expected a path kvbench may read (input) or write (output): fix its "
+                  "permissions or choose another",
+    errno.EPERM: "expected a path kvbench may read (input) or write (output): fix its "
+                 "permissions or choose another",
+    errno.EROFS: "expected a writable file system: choose another folder (hydra.run.dir=DIR)",
+    errno.ENOENT: "expected an existing path: check it",
+    errno.EISDIR: "expected a file, not a folder",
+    errno.ENOTDIR: "expected folders along the path, not a file",
+}
+
+# Set by main() from the user's own HYDRA_FULL_ERROR=1 (main sets the variable for Hydra itself).
+_show_tracebacks = False
+_python_showwarning = warnings.showwarning
+# Notices already printed: a sweep's runs repeat the same one (Python's own once-per-location
+# registry is reset whenever a library changes the warning filters).
+_notices_shown: set[str] = set()
 
 
 def _task(name: str) -> Callable[..., object]:
@@ -38,13 +75,56 @@ def _task(name: str) -> Callable[..., object]:
 OmegaConf.register_new_resolver("kvbench_job_dir", job_dir_name, replace=True)
 
 
+def _one_line(text: str) -> str:
+    return " ".join(str(text).split())
+
+
+def _fail(exit_code: int, kind: str, message: str) -> NoReturn:
+    print(f"kvbench: {kind} error: {_one_line(message)}", file=sys.stderr)
+    sys.exit(exit_code)
+
+
+def file_error_line(error: OSError, where: str, fix: str | None = None) -> str:
+    """One line for an OSError: the file it names (else ``where``, if any), what happened, and
+    ``fix`` (default: the usual fix for its errno).
+
+    Writers that do not name their file (pyarrow on a full disk) are located by ``where``, the
+    folder being written.
+    """
+    if error.errno is None:  # raised by kvbench itself with a complete message
+        return _one_line(str(error))
+    path = error.filename if error.filename is not None else where
+    reason = error.strerror or str(error)
+    fix = fix or _FILE_FIXES.get(error.errno)
+    return _one_line((f"{path}: " if path else "") + reason + (f"; {fix}" if fix else ""))
+
+
+def _show_notices(
+    message: Warning | str,
+    category: type[Warning],
+    filename: str,
+    lineno: int,
+    file: TextIO | None = None,
+    line: str | None = None,
+) -> None:
+    """kvbench's own warnings (a trace without timestamps given arrivals, a trace sorted by
+    time) as one ``kvbench: ...`` line on stdout, once; any other as Python shows it."""
+    if category.__module__.startswith("kvbench."):
+        notice = f"kvbench: {_one_line(str(message))}"
+        if notice not in _notices_shown:
+            _notices_shown.add(notice)
+            print(notice, flush=True)
+        return
+    _python_showwarning(message, category, filename, lineno, file, line)
+
+
 @hydra.main(version_base="1.3", config_path="pkg://kvbench.conf", config_name="config")
 def _app(cfg: DictConfig) -> None:
+    warnings.showwarning = _show_notices
     try:
         typed_cfg, deployment = validate_config(cfg)
     except ConfigError as error:
-        print(f"kvbench: config error: {error}", file=sys.stderr)
-        sys.exit(EXIT_CONFIG_ERROR)
+        _fail(EXIT_CONFIG_ERROR, "config", str(error))
     output_dir = Path(HydraConfig.get().runtime.output_dir)
     fingerprint = config_fingerprint(cfg)
     if typed_cfg.skip_done and is_done(output_dir, fingerprint):
@@ -56,19 +136,80 @@ def _app(cfg: DictConfig) -> None:
         _task(typed_cfg.task)(typed_cfg, deployment, cfg, output_dir)
         mark_done(output_dir, fingerprint, time.perf_counter() - started_s)
     except ValueError as error:  # bad input data (a malformed trace, an impossible request)
-        print(f"kvbench: input error: {error}", file=sys.stderr)
-        sys.exit(EXIT_INPUT_ERROR)
-    except OSError as error:  # a file missing, unreadable or unwritable, a full disk
-        print(f"kvbench: file error: {error}", file=sys.stderr)
-        sys.exit(EXIT_FILE_ERROR)
+        if _show_tracebacks:
+            raise
+        _fail(EXIT_INPUT_ERROR, "input", str(error))
+    except (OSError, TokenizerUnavailableError) as error:  # a file missing, unreadable, unwritable
+        if _show_tracebacks:
+            raise
+        if isinstance(error, TokenizerUnavailableError):
+            _fail(EXIT_FILE_ERROR, "file", str(error))
+        _fail(EXIT_FILE_ERROR, "file", file_error_line(error, f"writing in {output_dir}"))
+
+
+def _command_line_overrides(argv: list[str]) -> list[str]:
+    """The ``key=value`` overrides of ``argv``, parsed as Hydra will; a bad flag is a
+    ConfigError (one line) instead of argparse's usage text."""
+    from hydra._internal.utils import get_args_parser
+
+    parser = get_args_parser()
+
+    def usage_error(message: str) -> NoReturn:
+        raise ConfigError(f"{message} (python -m kvbench --help lists the flags; overrides are "
+                          "key=value, after the flags)")
+
+    parser.error = usage_error  # type: ignore[method-assign]
+    overrides: list[str] = parser.parse_args(argv).overrides
+    return overrides
+
+
+def _hydra_error_line(error: Exception) -> str:
+    """Hydra's multi-line composition errors as one line naming the override and the fix."""
+    if isinstance(error, MissingConfigException) and error.options and error.missing_cfg_file:
+        group, _, name = error.missing_cfg_file.rpartition("/")
+        return (f"{group}={name}: no such option; expected one of {', '.join(error.options)} "
+                f"(the files in conf/{group}/)")
+    if isinstance(error, OverrideParseException):
+        problem = error.message.splitlines()[0]
+        return (f"cannot parse the override {error.override!r}: {problem}; expected key=value in "
+                "Hydra's override grammar (https://hydra.cc/docs/advanced/override_grammar/basic/)")
+    # Hydra's own messages say what to do ("use +key=value"); its search path is noise here.
+    return _one_line(str(error).split("\nConfig search path")[0])
+
+
+def _hydra_output_dir() -> str:
+    """The output folder Hydra was setting up, when it still says ("" when not)."""
+    try:
+        return str(HydraConfig.get().runtime.output_dir)
+    except (ValueError, OmegaConfBaseException):  # no config (any more), or no folder chosen
+        return ""
 
 
 def main() -> None:
-    """Console entry point (also ``python -m kvbench``)."""
-    overrides = [arg for arg in sys.argv[1:] if not arg.startswith("-") and "=" in arg]
+    """Console entry point (also ``python -m kvbench``): every user mistake ends in one line on
+    stderr and exit code 2 (config), 3 (input) or 4 (file); ``HYDRA_FULL_ERROR=1`` shows the
+    traceback instead."""
+    global _show_tracebacks
+    users_setting = os.environ.get(FULL_ERROR_ENV)
+    _show_tracebacks = users_setting == "1"
+    if _show_tracebacks:
+        _app()
+        return
+    # Hydra then raises its errors here instead of printing its multi-line report.
+    os.environ[FULL_ERROR_ENV] = "1"
     try:
-        check_override_keys(overrides)
+        check_override_keys(_command_line_overrides(sys.argv[1:]))
+        _app()
     except ConfigError as error:
-        print(f"kvbench: config error: {error}", file=sys.stderr)
-        sys.exit(EXIT_CONFIG_ERROR)
-    _app()
+        _fail(EXIT_CONFIG_ERROR, "config", str(error))
+    except (HydraException, OmegaConfBaseException) as error:  # before OSError: a missing
+        _fail(EXIT_CONFIG_ERROR, "config", _hydra_error_line(error))  # config is an IOError
+    except OSError as error:  # Hydra creating the output folder or writing .hydra/ into it
+        line = file_error_line(error, _hydra_output_dir(), fix=OUTPUT_DIR_FIX)
+        _fail(EXIT_FILE_ERROR, "file", f"cannot write the run's output folder: {line}")
+    finally:
+        if users_setting is None:
+            os.environ.pop(FULL_ERROR_ENV, None)
+        else:
+            os.environ[FULL_ERROR_ENV] = users_setting
+

@@ -13,7 +13,7 @@ maps ``workloads`` and ``workload_request_rates`` start empty (absent, not a set
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, fields, is_dataclass
+from dataclasses import asdict, dataclass, field, fields, is_dataclass, replace
 from typing import Any, cast, get_args, get_origin, get_type_hints
 
 from omegaconf import MISSING, DictConfig, OmegaConf
@@ -370,11 +370,19 @@ def _check_values(cfg: KvbenchConfig) -> None:
         cfg.model.dtype in DTYPE_BYTES,
         f"model.dtype={cfg.model.dtype!r}: allowed dtypes are {', '.join(DTYPE_BYTES)}",
     )
-    for workload in run_workloads(cfg).values():
+    for label, workload in run_workloads(cfg).items():
         try:
-            validate_workload_config(workload)
+            validate_workload_config(_as_first_run(cfg, label, workload))
         except ValueError as error:
             raise ConfigError(str(error)) from None
+
+
+def _as_first_run(cfg: KvbenchConfig, label: str, workload: WorkloadConfig) -> WorkloadConfig:
+    """``workload`` as its first run replays it: a rate list (``workload_request_rates.LABEL``,
+    else ``request_rates``) replaces its own ``request_rate``, so ``workload.arrival=poisson
+    request_rates=[1,2]`` is valid without a ``workload.request_rate``."""
+    rates = cfg.workload_request_rates.get(label) or cfg.request_rates
+    return replace(workload, request_rate=float(rates[0])) if rates else workload
 
 
 def _check_workload_request_rates(cfg: KvbenchConfig) -> None:

@@ -25,7 +25,10 @@ def write_table(frame: pd.DataFrame, path: Path, metadata: dict[str, str]) -> Pa
     schema_metadata[METADATA_KEY] = json.dumps(metadata).encode()
     table = table.replace_schema_metadata(schema_metadata)
     tmp_path = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    pq.write_table(table, tmp_path)
+    try:
+        pq.write_table(table, tmp_path)
+    except OSError as error:  # pyarrow names no file (a full disk): say which one it was
+        raise OSError(error.errno, error.strerror or str(error), str(path)) from error
     os.replace(tmp_path, path)
     return path
 

@@ -4,13 +4,21 @@ request table, ``to_requests`` that table into the frozen Request records the en
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from kvbench.core.request import Request
-from kvbench.workloads.config import WorkloadConfig, as_workload_config, validate_workload_config
+from kvbench.workloads.config import (
+    UntimedTraceWarning,
+    WorkloadConfig,
+    as_workload_config,
+    untimed_arrival_rate,
+    untimed_trace_note,
+    validate_workload_config,
+)
 from kvbench.workloads.frame import trace_frame
 from kvbench.workloads.generators import (
     burst_arrivals,
@@ -131,12 +139,17 @@ def _check_some_request_fits(rows: pd.DataFrame, cfg: WorkloadConfig, max_model_
 def _arrival_times(cfg: WorkloadConfig, rows: pd.DataFrame) -> np.ndarray:
     if cfg.arrival == "burst":
         return burst_arrivals(len(rows))
+    rng = stream(cfg.seed, _ARRIVAL_STREAM)
+    if cfg.arrival == "trace" and rows[ARRIVAL_S].isna().all():
+        # A trace without timestamps still runs, as the README's example promises: Poisson
+        # arrivals at the run's rate (or the default), said in one line (the app prints it once).
+        warnings.warn(untimed_trace_note(cfg), UntimedTraceWarning, stacklevel=3)
+        return poisson_arrivals(len(rows), untimed_arrival_rate(cfg), rng)
     if cfg.arrival == "trace":
         return scale_trace_arrivals(rows[ARRIVAL_S].to_numpy(), cfg.time_scale,
                                     cfg.request_rate or None)
     # poisson or gamma: validate_workload_config requires a rate for them.
     assert cfg.request_rate is not None
-    rng = stream(cfg.seed, _ARRIVAL_STREAM)
     if cfg.arrival == "poisson":
         return poisson_arrivals(len(rows), float(cfg.request_rate), rng)
     return gamma_arrivals(len(rows), float(cfg.request_rate), cfg.cv, rng)

@@ -18,6 +18,13 @@ SOURCES = ("profile", "trace", "synthetic")
 SYNTHETIC_NAMES = ("fixed", "system_prompt")
 ARRIVALS = ("poisson", "gamma", "trace", "burst")
 FILTERS = ("vllm", "none")
+# How a rate is set, named by every message that asks for one.
+RATE_KEYS = "workload.request_rate=R or request_rates=[R,...]"
+
+
+class UntimedTraceWarning(UserWarning):
+    """A trace without timestamps replayed with ``arrival=trace``: kvbench gave it Poisson
+    arrivals (``python -m kvbench`` prints the message as one ``kvbench:`` line)."""
 
 
 @dataclass
@@ -37,9 +44,12 @@ class WorkloadConfig:
             or one per user (``system_prompt``).
         request_rate: requests/s for ``poisson``/``gamma`` (``.inf`` = all at once); for
             ``trace`` arrivals, None or 0 keeps the trace's timestamps and a rate > 0 rescales
-            them to that mean rate.
+            them to that mean rate (a trace without timestamps: Poisson at that rate).
         arrival: ``poisson``, ``gamma`` (gaps with coefficient of variation ``cv``), ``trace``
-            (the trace's timestamps, times ``time_scale``) or ``burst`` (all at t = 0).
+            (the trace's timestamps, times ``time_scale``; a trace without any gets Poisson
+            arrivals, see ``untimed_request_rate``) or ``burst`` (all at t = 0).
+        untimed_request_rate: requests/s of the Poisson arrivals that ``arrival=trace`` gives a
+            trace without timestamps when no ``request_rate`` is set.
         cv: coefficient of variation of the gamma gaps (1 = Poisson).
         time_scale: factor on a trace's timestamps (0.5 = twice as fast).
         filter: ``vllm`` (vLLM benchmark's length filter, bounds below) or ``none``.
@@ -63,6 +73,7 @@ class WorkloadConfig:
     num_requests: int | None = 1000
     request_rate: float | None = 2.0
     arrival: str = "poisson"
+    untimed_request_rate: float = 2.0
     cv: float = 1.0
     time_scale: float = 1.0
     filter: str = "vllm"
@@ -110,9 +121,11 @@ def _check_int_at_least(key: str, value: Any, minimum: int) -> None:
         _fail(key, value, f"an integer >= {minimum}")
 
 
-def _check_positive_number(key: str, value: Any, allow_inf: bool = False) -> None:
+def _check_positive_number(
+    key: str, value: Any, allow_inf: bool = False, how_to_set: str = ""
+) -> None:
     if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
-        _fail(key, value, "a number > 0" + (" (.inf allowed)" if allow_inf else ""))
+        _fail(key, value, "a number > 0" + (" (.inf allowed)" if allow_inf else "") + how_to_set)
     if math.isinf(value) and not allow_inf:
         _fail(key, value, "a finite number > 0")
 
@@ -152,10 +165,12 @@ def _validate_size(cfg: WorkloadConfig) -> None:
 def _validate_arrivals(cfg: WorkloadConfig) -> None:
     _check_choice("arrival", cfg.arrival, ARRIVALS)
     if cfg.arrival in ("poisson", "gamma"):
-        _check_positive_number("request_rate", cfg.request_rate, allow_inf=True)
+        _check_positive_number("request_rate", cfg.request_rate, allow_inf=True,
+                               how_to_set=f" for arrival={cfg.arrival}: set {RATE_KEYS}")
     elif cfg.request_rate is not None and cfg.request_rate != 0:
         # burst ignores the rate and trace rescales to it: both accept any rate > 0 (or none).
         _check_positive_number("request_rate", cfg.request_rate, allow_inf=cfg.arrival == "burst")
+    _check_positive_number("untimed_request_rate", cfg.untimed_request_rate, allow_inf=True)
     _check_positive_number("cv", cfg.cv)
     _check_positive_number("time_scale", cfg.time_scale)
     if cfg.arrival == "trace":
@@ -190,6 +205,24 @@ def _validate_beam_width(cfg: WorkloadConfig) -> None:
     if cfg.beam_width not in widths:
         _fail("beam_width", cfg.beam_width,
               f"1 or a width with recorded beam ancestry ({', '.join(map(str, widths))})")
+
+
+def untimed_arrival_rate(cfg: WorkloadConfig) -> float:
+    """Requests/s of the Poisson arrivals ``arrival=trace`` gives a trace without timestamps:
+    the run's ``request_rate`` when set (> 0), else ``untimed_request_rate``."""
+    return float(cfg.request_rate or cfg.untimed_request_rate)
+
+
+def untimed_trace_note(cfg: WorkloadConfig) -> str:
+    """The one line that says a trace without timestamps got Poisson arrivals, at which rate
+    and how to choose another (the same line for every rate of a sweep: it is said once)."""
+    if cfg.request_rate:
+        rate = "each run's request rate (request_rates, else workload.request_rate)"
+    else:
+        rate = (f"{cfg.untimed_request_rate:g} req/s (workload.untimed_request_rate, the default "
+                "when no rate is set)")
+    return (f"{cfg.path} has no arrival times; replaying it with Poisson arrivals at {rate}; "
+            f"set {RATE_KEYS} or workload.arrival=gamma|burst to choose")
 
 
 def validate_workload_config(cfg: WorkloadConfig) -> None:

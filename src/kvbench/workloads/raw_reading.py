@@ -26,6 +26,13 @@ from pathlib import Path
 import pandas as pd
 import pyarrow.parquet as pq
 
+from kvbench.workloads.hub import (
+    HUB_TRACE_FIX,
+    LOCAL_TRACE_FIX,
+    check_hub_id,
+    hub_is_offline,
+    offline_error,
+)
 from kvbench.workloads.schema import (
     CSV,
     HASH_BLOCK_TOKENS_ATTR,
@@ -122,8 +129,15 @@ def read_hub_frame(hub_id: str) -> pd.DataFrame:
 
     owner, name, *file_parts = hub_id.split("/")
     data_files = "/".join(file_parts) or None
+    if not hub_is_offline():  # offline, datasets reads its cache or says in one line it cannot
+        check_hub_id(f"{owner}/{name}", "dataset", "trace", HUB_TRACE_FIX)
     # Not silenced: a download deserves its progress bars.
-    dataset = datasets.load_dataset(f"{owner}/{name}", data_files=data_files, split="train")
+    try:
+        dataset = datasets.load_dataset(f"{owner}/{name}", data_files=data_files, split="train")
+    except ConnectionError:
+        if not hub_is_offline():
+            raise
+        raise offline_error(f"{owner}/{name}", "trace", LOCAL_TRACE_FIX) from None
     return dataset.to_pandas()
 
 

