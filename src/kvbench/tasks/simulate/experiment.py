@@ -151,7 +151,8 @@ def run_experiment(
         _write_tables(output_dir, summaries, all_steps, all_requests, metadata)
     summary_table = pd.DataFrame(summaries)
     if cfg.plots:
-        plot_run(summary_table, pd.concat(all_steps, ignore_index=True), output_dir / "plots")
+        plot_run(summary_table, pd.concat(all_steps, ignore_index=True), output_dir / "plots",
+                 deployment, limits.max_num_seqs)  # fmt: skip
     return summary_table
 
 
