@@ -119,3 +119,29 @@ def crossover_num_seqs(budget: KvBudget, allocator: str | None, context_tokens: 
         else held_slots_per_sequence(allocator, context_tokens, budget.max_model_len, block_size)
     )
     return budget.weight_bytes / (slots * budget.kv_bytes_per_token)
+
+
+def crossover_context_tokens(
+    budget: KvBudget, allocator: str | None, num_seqs: int, block_size: int
+) -> int | None:
+    """The shortest context at which ``num_seqs`` sequences' KV (used, or held by
+    ``allocator``) reaches the weights; None when even ``max_model_len`` tokens do not."""
+
+    def reaches(context: int) -> bool:
+        slots = (
+            context
+            if allocator is None
+            else held_slots_per_sequence(allocator, context, budget.max_model_len, block_size)
+        )
+        return slots * num_seqs * budget.kv_bytes_per_token >= budget.weight_bytes
+
+    if not reaches(budget.max_model_len):
+        return None
+    low, high = 1, budget.max_model_len  # held slots never shrink as the context grows
+    while low < high:
+        middle = (low + high) // 2
+        if reaches(middle):
+            high = middle
+        else:
+            low = middle + 1
+    return low

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import matplotlib.pyplot as plt
 import pandas as pd
+from matplotlib.artist import Artist
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
@@ -84,7 +85,7 @@ def plot_latency_vs_rate(
 
 def _figure_legend(fig: Figure, axes: list[Axes]) -> None:
     """One legend for every panel, below them (never over the data): each label once."""
-    entries: dict[str, object] = {}
+    entries: dict[str, Artist] = {}
     for ax in axes:
         for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
             entries.setdefault(label, handle)
