@@ -23,8 +23,7 @@ from kvbench.plots.figure import allocator_color, figure_size, save_figure
 # (time-weighted; the rest is held or lost to fragmentation), or when it preempted.
 MEMORY_BOUND_FREE_PCT = 10.0
 PAPER_COLOR = "#adb5bd"
-# Value labels sit on a white box, so the pool's dotted line never runs through them.
-LABEL_BACKING = {"facecolor": "white", "edgecolor": "none", "pad": 0.5}
+POOL_COLOR = "#e9ecef"
 
 
 def held_gb(summary: pd.DataFrame) -> pd.Series:
@@ -109,13 +108,14 @@ def _memory_panel(ax: Axes, rows: pd.DataFrame) -> None:
     ax.barh(range(len(used)), used, color="#2b2b2b", height=0.25)
     for i, (held_value, used_value) in enumerate(zip(held, used, strict=True)):
         ax.text(held_value, i, f" {held_value:.1f} held / {used_value:.1f} used", va="center",
-                fontsize=7, bbox=LABEL_BACKING)  # fmt: skip
+                fontsize=7)  # fmt: skip
     pool_gb = float(rows["kv_pool_gb"].max())
-    ax.axvline(pool_gb, color="black", linestyle=":", linewidth=1)
+    # The pool as a shaded span behind the bars: how much of it each allocator holds.
+    ax.axvspan(0, pool_gb, color=POOL_COLOR, zorder=0)
     ax.text(pool_gb, len(held) - 0.5, f" pool {pool_gb:.1f}", fontsize=7, va="bottom")
     ax.set_xlim(0, max([*held, pool_gb]) * 1.6)
     ax.set_xlabel("GB", fontsize=7)
-    ax.set_title("KV GB held (bar) vs used by tokens (black)", fontsize=9)
+    ax.set_title("KV GB held (bar) vs used by tokens (black); pool shaded", fontsize=9)
     ax.set_yticks([])
 
 
