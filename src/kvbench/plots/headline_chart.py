@@ -94,7 +94,7 @@ def _share_panel(ax: Axes, rows: pd.DataFrame, with_paper: bool) -> None:
             ax.barh(i + 0.38, paper, height=0.22, color=PAPER_COLOR)
             text += f"  (paper {paper:.1f})"
         ax.text(share, i, text, va="center", fontsize=7)
-    ax.set_xlim(0, 140)
+    ax.set_xlim(0, 155)
     ax.set_xticks([0, 25, 50, 75, 100])
     ax.set_xlabel("%", fontsize=7)
     title = "token states, % of KV held"
