@@ -304,3 +304,23 @@ def test_the_crossover_context_is_the_shortest_that_reaches_the_weights():
     assert crossover_context_tokens(budget, "naive_oracle", 256, 16) == 1025
     assert crossover_context_tokens(budget, "naive_max", 256, 16) == 1  # from the first token
     assert crossover_context_tokens(budget, None, 1, 16) is None  # 4,096 tokens: 1.3 GB
+
+
+def test_a_long_rate_sweep_shows_evenly_spaced_panels_and_says_so(tmp_path, monkeypatch):
+    titles: list[str] = []
+    monkeypatch.setattr(run_charts, "save_figure", lambda fig, out_dir, name: titles.append(
+        fig.get_suptitle()) or figure.save_figure(fig, out_dir, name))  # fmt: skip
+    rates = [float(rate) for rate in range(1, 16)]
+    shares = {"token_states_pct": 30.0, "reservation_pct": 10.0, "internal_frag_pct": 20.0,
+              "external_frag_pct": 5.0, "free_pct": 35.0}  # fmt: skip
+    summary = pd.DataFrame([
+        {"allocator": name, "workload": "sharegpt", "request_rate": rate, **shares}
+        for rate in rates for name in ("naive_max", "paged")
+    ])  # fmt: skip
+    run_charts.plot_breakdown(summary, tmp_path)
+    assert titles == ["KV cache usage breakdown per allocator (12 of 15 rates, evenly spaced)"]
+    svg = (tmp_path / "usage_breakdown.svg").read_text()
+    assert "sharegpt @ 1 req/s" in svg and "sharegpt @ 15 req/s" in svg
+    # Panels i x 14/11 of 0..14, rounded: rates 1, 2, 4, 5, 6, 7, 9, 10, 11, 12, 14, 15.
+    assert "sharegpt @ 3 req/s" not in svg and "sharegpt @ 8 req/s" not in svg
+    assert "sharegpt @ 2 req/s" in svg and "sharegpt @ 14 req/s" in svg

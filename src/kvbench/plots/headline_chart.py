@@ -112,10 +112,9 @@ def _memory_panel(ax: Axes, rows: pd.DataFrame) -> None:
     pool_gb = float(rows["kv_pool_gb"].max())
     # The pool as a shaded span behind the bars: how much of it each allocator holds.
     ax.axvspan(0, pool_gb, color=POOL_COLOR, zorder=0)
-    ax.text(pool_gb, len(held) - 0.5, f" pool {pool_gb:.1f}", fontsize=7, va="bottom")
     ax.set_xlim(0, max([*held, pool_gb]) * 1.6)
-    ax.set_xlabel("GB", fontsize=7)
-    ax.set_title("KV GB held (bar) vs used by tokens (black); pool shaded", fontsize=9)
+    ax.set_xlabel(f"GB (shaded: the KV pool, {pool_gb:.1f} GB)", fontsize=7)
+    ax.set_title("KV GB held (bar) vs used by tokens (black)", fontsize=9)
     ax.set_yticks([])
 
 

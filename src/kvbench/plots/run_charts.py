@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import TypeVar
 
 import matplotlib.pyplot as plt
 import pandas as pd
@@ -23,6 +24,7 @@ MAX_POINTS_PER_LINE = 2000
 MAX_COLUMNS = 3
 MAX_PANELS = 12
 MIN_LABELLED_PCT = 8.0
+T = TypeVar("T")
 # The categories in shades of grey, so that colour always means an allocator: dark = tokens,
 # mid = reserved for tokens to come, hatched = wasted, near white = free.
 CATEGORY_COLORS = {
@@ -71,6 +73,19 @@ def _grid(count: int, panel_width_in: float, panel_height_in: float) -> tuple[Fi
     return fig, list(axes.flat[:count])
 
 
+def _evenly_spaced(panels: list[T]) -> list[T]:
+    """At most ``MAX_PANELS`` of ``panels``, evenly spaced, the first and the last among them."""
+    if len(panels) <= MAX_PANELS:
+        return panels
+    step = (len(panels) - 1) / (MAX_PANELS - 1)
+    return [panels[round(i * step)] for i in range(MAX_PANELS)]
+
+
+def _shown(num_shown: int, total: int) -> str:
+    # Said in the title when the panels are a selection.
+    return "" if num_shown == total else f" ({num_shown} of {total} rates, evenly spaced)"
+
+
 def _stacked_bars(ax: Axes, names: list[str], breakdowns: list[dict[str, float]]) -> None:
     """One horizontal bar per allocator, its categories stacked left to right (% of pool)."""
     lefts = [0.0] * len(names)
@@ -100,10 +115,8 @@ def plot_breakdown(summary: pd.DataFrame, out_dir: Path, with_paper: bool = Fals
     panel per workload and rate (small multiples), with the paper's bars in a panel of their own
     when ``with_paper``."""
     keys = _panel_keys(summary)
-    panels = list(summary.groupby(keys, sort=False))
-    if len(panels) > MAX_PANELS:  # evenly spaced panels, the first and the last among them
-        step = (len(panels) - 1) / (MAX_PANELS - 1)
-        panels = [panels[round(i * step)] for i in range(MAX_PANELS)]
+    all_panels = list(summary.groupby(keys, sort=False))
+    panels = _evenly_spaced(all_panels)
     paper_names = [name for name in summary["allocator"].unique() if name in FIG2_BREAKDOWN_PCT]
     count = len(panels) + (1 if with_paper and paper_names else 0)
     fig, axes = _grid(count, 3.6, 0.3 * summary["allocator"].nunique() + 1.0)
@@ -121,14 +134,15 @@ def plot_breakdown(summary: pd.DataFrame, out_dir: Path, with_paper: bool = Fals
         ax.set_xlabel("% of KV pool (time-weighted)", fontsize=7)
     fig.legend(*axes[0].get_legend_handles_labels(), loc="outside lower center",
                ncols=len(USAGE_CATEGORIES), fontsize=7, frameon=False)  # fmt: skip
-    shown = "" if len(panels) == summary.groupby(keys).ngroups else " (evenly spaced rates)"
-    fig.suptitle(f"KV cache usage breakdown per allocator{shown}", fontsize=10)
+    fig.suptitle(f"KV cache usage breakdown per allocator{_shown(len(panels), len(all_panels))}",
+                 fontsize=10)  # fmt: skip
     save_figure(fig, out_dir, "usage_breakdown")
 
 
 def plot_memory_over_time(steps: pd.DataFrame, out_dir: Path) -> None:
     """Token states and held memory (GB) over time, one panel per workload and rate."""
-    groups = list(steps.groupby(["workload", "request_rate"], sort=False))
+    all_groups = list(steps.groupby(["workload", "request_rate"], sort=False))
+    groups = _evenly_spaced(all_groups)
     fig, axes = _grid(len(groups), 4.0, 2.6)
     for ax, ((workload, rate), frame) in zip(axes, groups, strict=True):
         for allocator, full_run in frame.groupby("allocator", sort=False):
@@ -151,8 +165,9 @@ def plot_memory_over_time(steps: pd.DataFrame, out_dir: Path) -> None:
     labels.append("tokens (dotted; held: solid/dashed)")
     fig.legend(handles, labels, loc="outside lower center", ncols=min(len(labels), 6),
                fontsize=7, frameon=False)  # fmt: skip
-    fig.suptitle("KV memory held by each allocator (solid/dashed) and used by tokens (dotted)",
-                 fontsize=10)  # fmt: skip
+    shown = _shown(len(groups), len(all_groups))
+    fig.suptitle("KV memory held by each allocator (solid/dashed) and used by tokens (dotted)"
+                 + shown, fontsize=10)  # fmt: skip
     save_figure(fig, out_dir, "memory_over_time")
 
 
