@@ -37,7 +37,7 @@ def _panels(frame: pd.DataFrame) -> list[tuple[dict, pd.DataFrame]]:
 
 
 def _grid(count: int, width: float = 5.0, height: float = 3.6) -> tuple[Figure, list[Axes]]:
-    columns = min(count, 2)
+    columns = min(count, 2 if count <= 4 else 3)
     rows = math.ceil(count / columns)
     fig, axes = plt.subplots(
         rows, columns, figsize=figure_size(width * columns, height * rows + 0.6), squeeze=False,
@@ -67,16 +67,19 @@ def plot_latency_vs_rate(
                     color=color, linestyle=allocator_linestyle(str(allocator)),
                     label=allocator)  # fmt: skip
             _mark_knee(ax, panel_knees, allocator, color)
+        title = _panel_title(labels)
         if len(panel_knees):
             bound = float(panel_knees["latency_bound_s_per_token"].iloc[0])
+            # One legend entry for every panel's bound; its value goes in the panel's title.
             ax.axhline(bound, color="grey", linestyle="--", linewidth=1,
-                       label=f"bound {bound:.3f} s/token")  # fmt: skip
+                       label="latency bound (the knee's)")  # fmt: skip
+            title += f"\nbound {bound:.3f} s/token"
             if labels.get("model") == "opt-13b":
                 _mark_paper_knees(ax, labels.get("workload"), bound)
         ax.set_yscale("log")
         ax.set_xlabel("request rate (req/s)")
-        ax.set_ylabel("normalized latency (s/token)")
-        ax.set_title(_panel_title(labels), fontsize=9)
+        ax.set_ylabel("normalized latency (s/token)", fontsize=8)
+        ax.set_title(title, fontsize=9)
     _figure_legend(fig, axes)
     fig.suptitle("Latency vs rate; | = knee (kvbench), ◇ = paper's knee (Fig. 12, approx.)",
                  fontsize=9)  # fmt: skip
@@ -136,7 +139,7 @@ def plot_latency_vs_block_size(summary: pd.DataFrame, out_dir: Path, name: str) 
         sizes = sorted(group["block_size"].unique())
         ax.set_xticks(sizes, [str(size) for size in sizes])
         ax.set_xlabel("block size (tokens)")
-        ax.set_ylabel("normalized latency (s/token)")
+        ax.set_ylabel("normalized latency (s/token)", fontsize=8)
         ax.set_title(_panel_title(labels), fontsize=9)
     _figure_legend(fig, axes[: len(groups)])
     save_figure(fig, out_dir, name)
