@@ -97,7 +97,11 @@ def plot_kv_budget(
     """``kv_budget.png`` for ``deployment``: left, ``num_seqs`` sequences of a growing context;
     right, a growing number of ``context_tokens``-token sequences (module doc)."""
     budget = kv_budget(deployment)
-    contexts = _geometric(64, budget.max_model_len)
+    # Each power of two and the token after it: where a buddy reservation doubles.
+    top = budget.max_model_len.bit_length()
+    doublings = [2**k + step for k in range(6, top) for step in (0, 1)]
+    contexts = sorted({*_geometric(64, budget.max_model_len),
+                       *(c for c in doublings if c <= budget.max_model_len)})  # fmt: skip
     by_context = budget_series(budget, contexts, [num_seqs], block_size)
     counts = _geometric(1, max(MAX_PLOTTED_SEQS, num_seqs))
     by_count = budget_series(budget, [context_tokens], counts, block_size)
