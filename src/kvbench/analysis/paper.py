@@ -23,6 +23,9 @@ FIG13_MEAN_BATCH_SIZE: dict[str, dict[str, float]] = {
     "alpaca": {"naive_max": 7.00, "naive_pow2": 43.24, "naive_oracle": 72.75, "paged": 132.44},
 }
 
+# Fig. 13's request rates (req/s) per workload (the Fig. 2 / Fig. 13 setup, ANCHORS.md).
+FIG13_REQUEST_RATES: dict[str, float] = {"sharegpt": 2.0, "alpaca": 30.0}
+
 # Fig. 12 knees, OPT-13B (approx: read off the figure's axes, req/s): the highest rate before
 # normalized latency explodes. Shape only.
 FIG12_KNEES_APPROX: dict[str, dict[str, float]] = {

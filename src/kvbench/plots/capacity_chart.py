@@ -11,7 +11,7 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from kvbench.plots.figure import ALLOCATOR_COLORS, OTHER_COLOR, save_figure
+from kvbench.plots.figure import ALLOCATOR_COLORS, OTHER_COLOR, figure_size, save_figure
 
 
 def _bar_panel(ax: plt.Axes, names: list[str], values: list[float], fmt: str, title: str) -> None:
@@ -50,7 +50,8 @@ def plot_capacity(fleet: pd.DataFrame, out_dir: Path) -> None:
     """GPUs, $/hour and KV held vs used per allocator for one deployment and target rate."""
     first = fleet.iloc[0]
     names = list(fleet["allocator"])
-    fig, axes = plt.subplots(1, 3, figsize=(13, 0.55 * len(names) + 1.6), layout="constrained")
+    fig, axes = plt.subplots(1, 3, figsize=figure_size(12, 0.55 * len(names) + 1.6),
+                             layout="constrained")  # fmt: skip
     _bar_panel(axes[0], names, list(fleet["gpus"]), "{:,.0f} GPUs", "GPUs needed")
     _bar_panel(axes[1], names, list(fleet["cost_per_hour"]), "${:,.0f}/h",
                f"cost at ${first['price_per_gpu_hour']:.2f} per GPU-hour")  # fmt: skip

@@ -1,5 +1,5 @@
-"""What every chart of kvbench shares: the non-interactive backend, one colour per allocator,
-and how a figure is saved (PNG and SVG side by side)."""
+"""What every chart of kvbench shares: the non-interactive backend, one colour (and line style)
+per allocator, the largest figure size, and how a figure is saved (PNG and SVG side by side)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ matplotlib.use("Agg")  # files only: no display on servers and CI
 import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 
-# One colour per allocator in every chart of the project.
+# One colour per allocator in every chart of the project (tests/test_charts.py checks each chart).
 ALLOCATOR_COLORS = {
     "naive_max": "#e03131",
     "naive_pow2": "#f59f00",
@@ -21,11 +21,32 @@ ALLOCATOR_COLORS = {
     "paged_prefix": "#2b8a3e",
 }
 OTHER_COLOR = "#868e96"
+# paged and paged_prefix often draw the same numbers (no shared prefix): a dashed line on a solid
+# one keeps both visible.
+ALLOCATOR_LINESTYLES = {"paged_prefix": "--"}
+# Every chart fits a laptop screen and a slide: at most 12 x 7 inches (at 120 dpi, 1440 x 840).
+MAX_FIGURE_INCHES = (12.0, 7.0)
+DPI = 120
+
+
+def allocator_color(name: str) -> str:
+    """The allocator's colour in every chart (grey for a name kvbench does not know)."""
+    return ALLOCATOR_COLORS.get(name, OTHER_COLOR)
+
+
+def allocator_linestyle(name: str) -> str:
+    """The allocator's line style in line charts (solid unless it would hide another's line)."""
+    return ALLOCATOR_LINESTYLES.get(name, "-")
+
+
+def figure_size(width_in: float, height_in: float) -> tuple[float, float]:
+    """``(width, height)`` in inches, capped at ``MAX_FIGURE_INCHES``."""
+    return min(width_in, MAX_FIGURE_INCHES[0]), min(height_in, MAX_FIGURE_INCHES[1])
 
 
 def save_figure(fig: Figure, out_dir: Path, name: str) -> None:
     """Write ``out_dir/name.png`` and ``.svg`` (creating the folder) and close the figure."""
     out_dir.mkdir(parents=True, exist_ok=True)
     for suffix in ("png", "svg"):
-        fig.savefig(out_dir / f"{name}.{suffix}", dpi=120, bbox_inches="tight")
+        fig.savefig(out_dir / f"{name}.{suffix}", dpi=DPI, bbox_inches="tight")
     plt.close(fig)

@@ -158,7 +158,8 @@ def run_experiment(
         for label, attrs in workload_attrs.items():
             print(workload_accounting(label, summary_table, attrs))
     if cfg.plots:
-        plot_run(summary_table, pd.concat(all_steps, ignore_index=True), output_dir / "plots")
+        plot_run(summary_table, pd.concat(all_steps, ignore_index=True), output_dir / "plots",
+                 deployment, limits.max_num_seqs)  # fmt: skip
     return summary_table
 
 
