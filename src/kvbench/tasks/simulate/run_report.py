@@ -27,6 +27,9 @@ REPORT_NAME = "report.md"
 # What each chart of a simulate run shows, in the order the report puts them; a chart the
 # report does not know comes after these, under its file name.
 CHART_CAPTIONS = {
+    "headline": "The headline: the share of the KV memory each allocator holds that stores tokens "
+    "(the paper's Fig. 2 measure), GB held vs used, batch and throughput, at the rate where "
+    "memory binds",
     "usage_breakdown": "KV memory breakdown per allocator: token states, reservation, internal "
     "and external fragmentation, free (the vLLM paper's Fig. 2)",
     "memory_over_time": "KV memory over time, per category",
@@ -36,6 +39,8 @@ CHART_CAPTIONS = {
     "latency_vs_block_size": "Normalized latency vs block size (the paper's Fig. 18b)",
     "recompute_vs_swap": "Recompute vs swap over block sizes (the paper's Fig. 19)",
     "capacity_cost": "GPUs, cost and KV memory held vs used per allocator for the target rate",
+    "kv_budget": "The KV cache against the weights as context and batch grow: where KV overtakes "
+    "them, per allocator",
 }
 
 
