@@ -10,8 +10,8 @@ import pandas as pd
 from kvbench.allocators.base import USAGE_CATEGORIES
 from kvbench.analysis.paper import FIG2_BREAKDOWN_PCT, FIG13_MEAN_BATCH_SIZE
 from kvbench.plots.figure import save_figure
+from kvbench.plots.time_series import held_gb, memory_chart_rows
 
-MAX_POINTS_PER_LINE = 2000
 CATEGORY_COLORS = {
     "token_states": "#2b8a3e",
     "reservation": "#f59f00",
@@ -26,7 +26,6 @@ CATEGORY_LABELS = {
     "external_frag": "external frag. & others",
     "free": "free",
 }
-
 
 
 def _breakdown_bars(summary: pd.DataFrame, with_paper: bool) -> list[tuple[str, dict[str, float]]]:
@@ -63,20 +62,20 @@ def plot_breakdown(summary: pd.DataFrame, out_dir: Path, with_paper: bool = Fals
 
 
 def plot_memory_over_time(steps: pd.DataFrame, out_dir: Path) -> None:
-    """Token states and held memory (GB) over time, one panel per workload and rate."""
-    groups = list(steps.groupby(["workload", "request_rate"], sort=False))
+    """Token states and held memory (GB) over time, one panel per workload and rate.
+
+    Each line draws its per-pixel envelope (``memory_chart_rows``): every peak of a run of
+    millions of steps, at a few thousand points.
+    """
+    rows = memory_chart_rows(steps)
+    groups = list(rows.groupby(["workload", "request_rate"], sort=False, dropna=False))
     fig, axes = plt.subplots(
         len(groups), 1, figsize=(8, 3 * len(groups)), squeeze=False, layout="constrained"
     )
     for ax, ((workload, rate), frame) in zip(axes[:, 0], groups, strict=True):
-        for allocator, full_run in frame.groupby("allocator", sort=False):
-            # A few thousand points per line show the shape; millions only slow the drawing.
-            run = full_run.iloc[:: max(1, len(full_run) // MAX_POINTS_PER_LINE)]
+        for allocator, run in frame.groupby("allocator", sort=False):
             line = ax.plot(run["time_s"], run["token_states_gb"], label=f"{allocator} tokens")
-            held_gb = (
-                run["token_states_gb"] + run["reservation_gb"] + run["internal_frag_gb"]
-            )
-            ax.plot(run["time_s"], held_gb, linestyle=":", color=line[0].get_color(),
+            ax.plot(run["time_s"], held_gb(run), linestyle=":", color=line[0].get_color(),
                     label=f"{allocator} held")  # fmt: skip
         ax.set_title(f"{workload} @ {rate:g} req/s")
         ax.set_xlabel("time (s)")

@@ -8,9 +8,7 @@ into place by ``close``, with the same provenance metadata as
 
 from __future__ import annotations
 
-import dataclasses
 import json
-import operator
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -22,9 +20,7 @@ import pyarrow.parquet as pq
 
 from kvbench.engine.records import RequestRecord
 from kvbench.tables.parquet import METADATA_KEY
-
-_RECORD_FIELDS = tuple(field.name for field in dataclasses.fields(RequestRecord))
-_record_values = operator.attrgetter(*_RECORD_FIELDS)  # record -> tuple of its fields
+from kvbench.tables.record_columns import record_columns
 
 
 class ParquetStream:
@@ -56,10 +52,8 @@ class ParquetStream:
 
     def write_records(self, records: list[RequestRecord]) -> None:
         """Append request records (a ``record_sink``)."""
-        if not records:
-            return
-        rows = map(_record_values, records)
-        self.write_columns(dict(zip(_RECORD_FIELDS, zip(*rows, strict=True), strict=True)))
+        if records:
+            self.write_columns(record_columns(records, RequestRecord))
 
     def close(self) -> Path:
         """Finish the file and move it into place."""

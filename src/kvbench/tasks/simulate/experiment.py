@@ -17,6 +17,7 @@ from kvbench.allocators import make_allocator
 from kvbench.config import KvbenchConfig, run_workloads
 from kvbench.core.specs import GIB, Deployment
 from kvbench.engine import RooflineCostModel, Scheduler, SchedulerLimits, simulate
+from kvbench.plots.time_series import memory_chart_rows
 from kvbench.tables.parquet import write_table
 from kvbench.tables.provenance import provenance
 from kvbench.tasks.simulate.per_run_files import StreamedTables
@@ -26,8 +27,12 @@ from kvbench.workloads import WorkloadConfig, build_workload, to_requests
 from kvbench.workloads.beam_ancestry import load_beam_ancestry
 from kvbench.workloads.prefix_reuse import has_prefix_identity, ideal_prefix_reuse
 
-# Longest a run waits before rewriting its steps and requests tables (summary: after every run).
+# Longest a run waits before rewriting its steps and requests tables (summary: after every run):
+# an experiment shorter than this writes each table once, at the end.
 TABLES_EVERY_S = 30.0
+# A rewrite of the tables costs more as they grow: the next waits at least this many times as
+# long as the last took, so rewrites stay within about a tenth of a long experiment's time.
+TABLES_COST_MULTIPLE = 10.0
 
 
 def scheduler_limits(cfg: KvbenchConfig, deployment: Deployment) -> SchedulerLimits:
@@ -92,8 +97,11 @@ def run_experiment(
     """Simulate every (allocator, rate) of ``cfg``; write summary/steps/requests parquet and plots.
 
     Returns the summary table. The summary is written after every run and the (larger) steps and
-    requests tables at least every ``TABLES_EVERY_S`` seconds and at the end, so an interrupted
-    experiment keeps what it finished without rewriting millions of step rows after each run.
+    requests tables at the end, and rewritten on the way at most every ``TABLES_EVERY_S`` seconds
+    (and ``TABLES_COST_MULTIPLE`` times their last write), so an interrupted experiment keeps
+    what it finished without rewriting millions of step rows after each run; an experiment
+    shorter than ``TABLES_EVERY_S`` writes each once. The memory chart gets each run's rows
+    thinned to what it draws (``memory_chart_rows``), not a second copy of every step.
     With ``engine.stream_tables`` each run's steps and requests go to their own parquet files in
     ``steps/`` and ``requests/`` as the run goes (``StreamedTables``): memory no longer grows with
     the steps (one run's request records are still held, for its summary).
@@ -105,8 +113,10 @@ def run_experiment(
     summaries: list[dict] = []
     all_steps: list[pd.DataFrame] = []
     all_requests: list[pd.DataFrame] = []
+    plot_steps: list[pd.DataFrame] = []
     streamed = StreamedTables(output_dir, metadata) if cfg.engine.stream_tables else None
     tables_written_s = time.perf_counter()
+    tables_wait_s = TABLES_EVERY_S
     for workload_label, workload_cfg in _runs(cfg):
         requests = to_requests(build_workload(workload_cfg, max_model_len))
         rate = workload_cfg.request_rate
@@ -138,20 +148,26 @@ def run_experiment(
                 streamed.end_run(request_table)
                 write_table(pd.DataFrame(summaries), output_dir / "summary.parquet", metadata)
                 continue
-            all_steps.append(steps_frame(result, deployment).assign(**labels))
+            run_steps = steps_frame(result, deployment).assign(**labels)
+            all_steps.append(run_steps)
             all_requests.append(request_table)
-            if time.perf_counter() - tables_written_s >= TABLES_EVERY_S:
+            if cfg.plots:
+                plot_steps.append(memory_chart_rows(run_steps))
+            if time.perf_counter() - tables_written_s >= tables_wait_s:
+                write_started_s = time.perf_counter()
                 _write_tables(output_dir, summaries, all_steps, all_requests, metadata)
                 tables_written_s = time.perf_counter()
+                tables_wait_s = max(TABLES_EVERY_S,
+                                    TABLES_COST_MULTIPLE * (tables_written_s - write_started_s))
             else:
                 write_table(pd.DataFrame(summaries), output_dir / "summary.parquet", metadata)
     if streamed:
-        all_steps = streamed.plot_steps  # a thinned copy: the tables are on disk already
+        plot_steps = streamed.plot_steps  # thinned as they streamed: the tables are on disk
     else:
         _write_tables(output_dir, summaries, all_steps, all_requests, metadata)
     summary_table = pd.DataFrame(summaries)
     if cfg.plots:
-        plot_run(summary_table, pd.concat(all_steps, ignore_index=True), output_dir / "plots")
+        plot_run(summary_table, pd.concat(plot_steps, ignore_index=True), output_dir / "plots")
     return summary_table
 
 

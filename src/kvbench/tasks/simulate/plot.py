@@ -1,5 +1,9 @@
 """The charts a simulate run draws: each setting's (Fig. 2 breakdown, memory over time, Fig. 13
-batch sizes) and the study's analyses (Fig. 12 knees, Fig. 18b/19 block sizes, capacity)."""
+batch sizes) and the study's analyses (Fig. 12 knees, Fig. 18b/19 block sizes, capacity).
+
+The chart modules (and matplotlib, a third of a second to import) are imported when a chart is
+drawn, so that a run with ``plots=false`` never loads them.
+"""
 
 from __future__ import annotations
 
@@ -7,13 +11,11 @@ from pathlib import Path
 
 import pandas as pd
 
-from kvbench.plots.capacity_chart import plot_capacity
-from kvbench.plots.run_charts import plot_batch_sizes, plot_breakdown, plot_memory_over_time
-from kvbench.plots.sweep_charts import plot_latency_vs_block_size, plot_latency_vs_rate
-
 
 def plot_run(summary: pd.DataFrame, steps: pd.DataFrame, out_dir: Path) -> None:
     """Every chart of one run; the paper's bars appear for OPT-13B runs (its Fig. 2/13 setup)."""
+    from kvbench.plots.run_charts import plot_batch_sizes, plot_breakdown, plot_memory_over_time
+
     with_paper = bool((summary["model"] == "opt-13b").all())
     plot_breakdown(summary, out_dir, with_paper)
     plot_memory_over_time(steps, out_dir)
@@ -25,6 +27,9 @@ def plot_analyses(
 ) -> None:
     """The study's charts, where the run has them: latency vs rate with knees (a rate sweep),
     latency vs block size or recompute vs swap (several block sizes), the fleet (capacity)."""
+    from kvbench.plots.capacity_chart import plot_capacity
+    from kvbench.plots.sweep_charts import plot_latency_vs_block_size, plot_latency_vs_rate
+
     if not knees.empty:
         plot_latency_vs_rate(summary, knees, out_dir)
     if summary["block_size"].nunique() > 1:
