@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 from omegaconf import DictConfig
@@ -115,14 +117,16 @@ def run_experiment(
     all_requests: list[pd.DataFrame] = []
     plot_steps: list[pd.DataFrame] = []
     streamed = StreamedTables(output_dir, metadata) if cfg.engine.stream_tables else None
-    tables_written_s = time.perf_counter()
-    tables_wait_s = TABLES_EVERY_S
+    checkpoint = _Checkpoint()
     for workload_label, workload_cfg in _runs(cfg):
         requests = to_requests(build_workload(workload_cfg, max_model_len))
         rate = workload_cfg.request_rate
         beams = load_beam_ancestry() if workload_cfg.beam_width > 1 else None
         ideal = _ideal_prefix_columns(requests, cfg.allocator.block_size)
         for name in cfg.allocators:
+            # Checkpoint before a run, not after: the last run's tables are written once.
+            if all_steps and checkpoint.is_due():
+                checkpoint.write(_write_large_tables, output_dir, all_steps, all_requests, metadata)
             allocator = make_allocator(
                 name, deployment.num_kv_slots, cfg.allocator.block_size, max_model_len
             )
@@ -146,25 +150,18 @@ def run_experiment(
             summaries.append(summary)
             if streamed:
                 streamed.end_run(request_table)
-                write_table(pd.DataFrame(summaries), output_dir / "summary.parquet", metadata)
+            write_table(pd.DataFrame(summaries), output_dir / "summary.parquet", metadata)
+            if streamed:
                 continue
             run_steps = steps_frame(result, deployment).assign(**labels)
             all_steps.append(run_steps)
             all_requests.append(request_table)
             if cfg.plots:
                 plot_steps.append(memory_chart_rows(run_steps))
-            if time.perf_counter() - tables_written_s >= tables_wait_s:
-                write_started_s = time.perf_counter()
-                _write_tables(output_dir, summaries, all_steps, all_requests, metadata)
-                tables_written_s = time.perf_counter()
-                tables_wait_s = max(TABLES_EVERY_S,
-                                    TABLES_COST_MULTIPLE * (tables_written_s - write_started_s))
-            else:
-                write_table(pd.DataFrame(summaries), output_dir / "summary.parquet", metadata)
     if streamed:
         plot_steps = streamed.plot_steps  # thinned as they streamed: the tables are on disk
     else:
-        _write_tables(output_dir, summaries, all_steps, all_requests, metadata)
+        _write_large_tables(output_dir, all_steps, all_requests, metadata)
     summary_table = pd.DataFrame(summaries)
     if cfg.plots:
         plot_run(summary_table, pd.concat(plot_steps, ignore_index=True), output_dir / "plots")
@@ -182,13 +179,32 @@ def _ideal_prefix_columns(requests: list, block_size: int) -> dict[str, float]:
             "ideal_prefix_block_hit_rate": ideal.block_hit_rate}  # fmt: skip
 
 
-def _write_tables(
+class _Checkpoint:
+    """When an experiment rewrites its steps and requests tables on the way: ``TABLES_EVERY_S``
+    after the last write, and ``TABLES_COST_MULTIPLE`` times as long as that write took."""
+
+    def __init__(self) -> None:
+        self._written_s = time.perf_counter()
+        self._wait_s = TABLES_EVERY_S
+
+    def is_due(self) -> bool:
+        """Whether the wait since the last write is over."""
+        return time.perf_counter() - self._written_s >= self._wait_s
+
+    def write(self, write: Callable[..., None], *args: Any) -> None:
+        """``write(*args)``, timed: its cost sets the next wait."""
+        started_s = time.perf_counter()
+        write(*args)
+        self._written_s = time.perf_counter()
+        self._wait_s = max(TABLES_EVERY_S, TABLES_COST_MULTIPLE * (self._written_s - started_s))
+
+
+def _write_large_tables(
     output_dir: Path,
-    summaries: list[dict],
     steps: list[pd.DataFrame],
     requests: list[pd.DataFrame],
     metadata: dict[str, str],
 ) -> None:
-    write_table(pd.DataFrame(summaries), output_dir / "summary.parquet", metadata)
+    """The steps and requests tables of every run so far (the summary is written per run)."""
     write_table(pd.concat(steps, ignore_index=True), output_dir / "steps.parquet", metadata)
     write_table(pd.concat(requests, ignore_index=True), output_dir / "requests.parquet", metadata)
