@@ -14,20 +14,23 @@ OVERRIDES = ("model=opt-13b", "hardware=a100-40gb", "workload=sharegpt",
 
 
 def _written_tables(tmp_path, monkeypatch):
-    """Run the 4-run experiment; the file names write_table wrote, in order."""
+    """Run the 4-run experiment; the names of the files it wrote, in order."""
     written = []
-    write_table = parquet_module.write_table
-
-    def counting_write_table(frame, path, metadata):
-        written.append(path.name)
-        return write_table(frame, path, metadata)
-
-    monkeypatch.setattr(experiment, "write_table", counting_write_table)
+    for name in ("write_table", "write_frames"):
+        monkeypatch.setattr(experiment, name, _counting(getattr(parquet_module, name), written))
     cfg, deployment, raw = compose_config(*OVERRIDES)
     experiment.run_experiment(cfg, deployment, raw, tmp_path)
     steps = pd.read_parquet(tmp_path / "steps.parquet")
     assert steps.groupby(["allocator", "request_rate"]).ngroups == 4  # complete at the end
     return written
+
+
+def _counting(write, written):
+    def counting_write(table, path, metadata):
+        written.append(path.name)
+        return write(table, path, metadata)
+
+    return counting_write
 
 
 def test_a_short_experiment_writes_steps_and_requests_once(tmp_path, monkeypatch):
@@ -46,3 +49,18 @@ def test_rewrites_wait_for_the_interval_and_for_their_cost(
     # Free rewrites: before each of runs 2-4, then the final write. Costly ones: the first
     # rewrite's cost puts the next past the end, leaving only the final write.
     assert written.count("steps.parquet") == written.count("requests.parquet") == num_writes
+
+
+def test_write_frames_stacks_them_as_concat_would(tmp_path):
+    first = pd.DataFrame({"step": [0, 1], "rate": [None, None], "gpus": [4, 4],
+                          "allocator": ["paged", "paged"], "time_s": [0.0, 0.5]})
+    second = pd.DataFrame({"step": [0, 1, 2], "rate": [2.0, 2.0, 2.0], "gpus": [4.5, 4, 4],
+                           "allocator": ["naive_max"] * 3, "time_s": [0.0, 0.25, float("nan")]})
+    frames = [first, second, first.iloc[:0]]  # an empty run too
+    parquet_module.write_frames(frames, tmp_path / "stacked.parquet", {"git_commit": "abc"})
+    parquet_module.write_table(pd.concat(frames, ignore_index=True), tmp_path / "concat.parquet",
+                               {"git_commit": "abc"})  # fmt: skip
+    stacked = pd.read_parquet(tmp_path / "stacked.parquet")
+    pd.testing.assert_frame_equal(stacked, pd.read_parquet(tmp_path / "concat.parquet"))
+    assert stacked["rate"].isna().sum() == 2 and stacked["gpus"].dtype == "float64"
+    assert parquet_module.read_metadata(tmp_path / "stacked.parquet") == {"git_commit": "abc"}

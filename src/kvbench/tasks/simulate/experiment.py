@@ -20,7 +20,7 @@ from kvbench.config import KvbenchConfig, run_workloads
 from kvbench.core.specs import GIB, Deployment
 from kvbench.engine import RooflineCostModel, Scheduler, SchedulerLimits, simulate
 from kvbench.plots.time_series import memory_chart_rows
-from kvbench.tables.parquet import write_table
+from kvbench.tables.parquet import write_frames, write_table
 from kvbench.tables.provenance import provenance
 from kvbench.tasks.simulate.per_run_files import StreamedTables
 from kvbench.tasks.simulate.plot import plot_run
@@ -206,5 +206,5 @@ def _write_large_tables(
     metadata: dict[str, str],
 ) -> None:
     """The steps and requests tables of every run so far (the summary is written per run)."""
-    write_table(pd.concat(steps, ignore_index=True), output_dir / "steps.parquet", metadata)
-    write_table(pd.concat(requests, ignore_index=True), output_dir / "requests.parquet", metadata)
+    write_frames(steps, output_dir / "steps.parquet", metadata)
+    write_frames(requests, output_dir / "requests.parquet", metadata)
