@@ -34,9 +34,10 @@ def save_figure(fig: Figure, out_dir: Path, name: str) -> None:
     """
     out_dir.mkdir(parents=True, exist_ok=True)
     fig.set_dpi(DPI)
-    fig.draw_without_rendering()  # runs the layout engine (constrained layout) at the files' dpi
-    with plt.rc_context({"figure.autolayout": False, "figure.constrained_layout.use": False}):
-        fig.set_layout_engine(None)  # keep that layout: the files' draws need not redo it
+    if fig.get_layout_engine() is not None:
+        fig.draw_without_rendering()  # runs the layout engine (constrained layout) at DPI
+        with plt.rc_context({"figure.autolayout": False, "figure.constrained_layout.use": False}):
+            fig.set_layout_engine(None)  # keep that layout: the files' draws need not redo it
     tight_box = fig.get_tightbbox().padded(plt.rcParams["savefig.pad_inches"])
     for suffix in ("png", "svg"):
         fig.savefig(out_dir / f"{name}.{suffix}", dpi=DPI, bbox_inches=tight_box)

@@ -12,6 +12,11 @@ from kvbench.analysis.paper import FIG2_BREAKDOWN_PCT, FIG13_MEAN_BATCH_SIZE
 from kvbench.plots.figure import save_figure
 from kvbench.plots.time_series import held_gb, memory_chart_rows
 
+# The memory-over-time chart: its width, each panel's height, and the room (inches) around the
+# panels for tick labels, axis labels and titles.
+FIGURE_WIDTH_IN = 8.0
+PANEL_HEIGHT_IN = 3.0
+PANEL_MARGINS_IN = {"left": 0.75, "right": 0.1, "top": 0.3, "bottom": 0.5, "gap": 0.8}
 CATEGORY_COLORS = {
     "token_states": "#2b8a3e",
     "reservation": "#f59f00",
@@ -61,6 +66,23 @@ def plot_breakdown(summary: pd.DataFrame, out_dir: Path, with_paper: bool = Fals
     save_figure(fig, out_dir, "usage_breakdown")
 
 
+def _stacked_panel_margins(num_panels: int) -> dict[str, float]:
+    """Fixed margins (``PANEL_MARGINS_IN``) of ``num_panels`` panels stacked in a column, as
+    subplot parameters: a layout engine would measure every tick label again to find them."""
+    margins = PANEL_MARGINS_IN
+    height_in = PANEL_HEIGHT_IN * num_panels
+    axes_height_in = (
+        height_in - margins["top"] - margins["bottom"] - margins["gap"] * (num_panels - 1)
+    ) / num_panels
+    return {
+        "left": margins["left"] / FIGURE_WIDTH_IN,
+        "right": 1 - margins["right"] / FIGURE_WIDTH_IN,
+        "top": 1 - margins["top"] / height_in,
+        "bottom": margins["bottom"] / height_in,
+        "hspace": margins["gap"] / axes_height_in,
+    }
+
+
 def plot_memory_over_time(steps: pd.DataFrame, out_dir: Path) -> None:
     """Token states and held memory (GB) over time, one panel per workload and rate.
 
@@ -70,8 +92,9 @@ def plot_memory_over_time(steps: pd.DataFrame, out_dir: Path) -> None:
     rows = memory_chart_rows(steps)
     groups = list(rows.groupby(["workload", "request_rate"], sort=False, dropna=False))
     fig, axes = plt.subplots(
-        len(groups), 1, figsize=(8, 3 * len(groups)), squeeze=False, layout="constrained"
-    )
+        len(groups), 1, figsize=(FIGURE_WIDTH_IN, PANEL_HEIGHT_IN * len(groups)), squeeze=False,
+        gridspec_kw=_stacked_panel_margins(len(groups)),
+    )  # fmt: skip
     for ax, ((workload, rate), frame) in zip(axes[:, 0], groups, strict=True):
         for allocator, run in frame.groupby("allocator", sort=False):
             line = ax.plot(run["time_s"], run["token_states_gb"], label=f"{allocator} tokens")
