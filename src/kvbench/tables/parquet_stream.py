@@ -20,7 +20,9 @@ import pyarrow.parquet as pq
 
 from kvbench.engine.records import RequestRecord
 from kvbench.tables.parquet import METADATA_KEY
-from kvbench.tables.record_columns import record_columns
+from kvbench.tables.record_columns import field_names, record_columns
+
+_RECORD_FIELDS = field_names(RequestRecord)  # the columns write_records writes, in order
 
 
 class ParquetStream:
