@@ -150,14 +150,13 @@ def run_experiment(
             summaries.append(summary)
             if streamed:
                 streamed.end_run(request_table)
+            else:
+                run_steps = steps_frame(result, deployment).assign(**labels)
+                all_steps.append(run_steps)
+                all_requests.append(request_table)
+                if cfg.plots:
+                    plot_steps.append(memory_chart_rows(run_steps))
             write_table(pd.DataFrame(summaries), output_dir / "summary.parquet", metadata)
-            if streamed:
-                continue
-            run_steps = steps_frame(result, deployment).assign(**labels)
-            all_steps.append(run_steps)
-            all_requests.append(request_table)
-            if cfg.plots:
-                plot_steps.append(memory_chart_rows(run_steps))
     if streamed:
         plot_steps = streamed.plot_steps  # thinned as they streamed: the tables are on disk
     else:
