@@ -23,3 +23,27 @@ def test_bench_streams_a_small_resampled_run(tmp_path, capsys):
 def test_bench_names_a_missing_trace(tmp_path, capsys):
     assert main(["--case", "azure", "--azure-trace", str(tmp_path / "nope.csv")]) == 2
     assert "--azure-trace" in capsys.readouterr().err
+
+
+def test_bench_times_the_whole_command_against_its_engine(tmp_path, capsys):
+    trace = tmp_path / "azure_like.csv"
+    rows = [f"2023-11-16 18:15:{second:02d}.0,{100 + 37 * second},{20 + 11 * second}"
+            for second in range(40)]  # fmt: skip
+    trace.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + "\n".join(rows) + "\n")
+    out = tmp_path / "bench"
+    assert main(["--case", "command", "--azure-trace", str(trace), "--out", str(out),
+                 "--repeats", "1"]) == 0  # fmt: skip
+    figures = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert figures["case"] == "command" and "experiment=sharegpt_70b" in figures["command"]
+    summary = pd.read_parquet(out / "command" / "summary.parquet")
+    assert summary["request_rate"].tolist() == [2.0, 5.0, 10.0, 20.0]
+    assert summary["allocator"].unique().tolist() == ["paged"]
+    assert figures["engine_s"] == summary["simulation_wall_s"].sum()
+    assert 0 < figures["start_s"] < figures["import_cli_s"] < figures["whole_s"]
+    assert figures["ratio"] == figures["whole_s"] / (figures["engine_s"] + figures["start_s"])
+    assert figures["num_requests"] == 40 and figures["ratios"] == [round(figures["ratio"], 3)]
+
+
+def test_bench_refuses_zero_repeats(capsys):
+    assert main(["--case", "sharegpt_1m", "--repeats", "0"]) == 2
+    assert "--repeats 0" in capsys.readouterr().err

@@ -17,8 +17,8 @@ from matplotlib.lines import Line2D
 from kvbench.allocators.base import USAGE_CATEGORIES
 from kvbench.analysis.paper import FIG2_BREAKDOWN_PCT, FIG13_MEAN_BATCH_SIZE, FIG13_REQUEST_RATES
 from kvbench.plots.figure import allocator_color, allocator_linestyle, figure_size, save_figure
+from kvbench.plots.time_series import held_gb, memory_chart_rows
 
-MAX_POINTS_PER_LINE = 2000
 # Small multiples: at most this many panels per row and per figure (a sweep of more rates shows
 # evenly spaced ones), and a category's share is printed on its bar segment from this width on.
 MAX_COLUMNS = 3
@@ -140,19 +140,19 @@ def plot_breakdown(summary: pd.DataFrame, out_dir: Path, with_paper: bool = Fals
 
 
 def plot_memory_over_time(steps: pd.DataFrame, out_dir: Path) -> None:
-    """Token states and held memory (GB) over time, one panel per workload and rate."""
-    all_groups = list(steps.groupby(["workload", "request_rate"], sort=False))
+    """Token states and held memory (GB) over time, one panel per workload and rate.
+
+    Each line draws its per-pixel envelope (``memory_chart_rows``): every peak of a run of
+    millions of steps, at a few thousand points.
+    """
+    rows = memory_chart_rows(steps)
+    all_groups = list(rows.groupby(["workload", "request_rate"], sort=False, dropna=False))
     groups = _evenly_spaced(all_groups)
     fig, axes = _grid(len(groups), 4.0, 2.6)
     for ax, ((workload, rate), frame) in zip(axes, groups, strict=True):
-        for allocator, full_run in frame.groupby("allocator", sort=False):
-            # A few thousand points per line show the shape; millions only slow the drawing.
-            run = full_run.iloc[:: max(1, len(full_run) // MAX_POINTS_PER_LINE)]
+        for allocator, run in frame.groupby("allocator", sort=False):
             color, style = allocator_color(str(allocator)), allocator_linestyle(str(allocator))
-            held_gb = (
-                run["token_states_gb"] + run["reservation_gb"] + run["internal_frag_gb"]
-            )
-            ax.plot(run["time_s"], held_gb, color=color, linestyle=style, linewidth=1.2,
+            ax.plot(run["time_s"], held_gb(run), color=color, linestyle=style, linewidth=1.2,
                     label=f"{allocator}")  # fmt: skip
             ax.plot(run["time_s"], run["token_states_gb"], color=color, linestyle=":",
                     linewidth=0.9)  # fmt: skip

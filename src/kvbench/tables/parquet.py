@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Sequence
 from pathlib import Path
 
 import pandas as pd
@@ -19,8 +20,21 @@ def write_table(frame: pd.DataFrame, path: Path, metadata: dict[str, str]) -> Pa
     The file is written beside its destination and renamed into place, so a killed run never
     leaves a half-written parquet.
     """
+    return _write_arrow(pa.Table.from_pandas(frame, preserve_index=False), path, metadata)
+
+
+def write_frames(frames: Sequence[pd.DataFrame], path: Path, metadata: dict[str, str]) -> Path:
+    """``write_table`` of the frames one under another, as ``pd.concat(frames)`` would stack them,
+    without building that frame: each frame becomes an Arrow table (its columns mostly shared,
+    not copied), and the tables are joined without copying, their column types promoted as
+    concat would (an integer column meeting a float one becomes float, an all-None one takes the
+    other's type). The columns must be the same, in the same order."""
+    tables = [pa.Table.from_pandas(frame, preserve_index=False) for frame in frames]
+    return _write_arrow(pa.concat_tables(tables, promote_options="permissive"), path, metadata)
+
+
+def _write_arrow(table: pa.Table, path: Path, metadata: dict[str, str]) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
-    table = pa.Table.from_pandas(frame, preserve_index=False)
     schema_metadata = dict(table.schema.metadata or {})
     schema_metadata[METADATA_KEY] = json.dumps(metadata).encode()
     table = table.replace_schema_metadata(schema_metadata)

@@ -8,9 +8,7 @@ into place by ``close``, with the same provenance metadata as
 
 from __future__ import annotations
 
-import dataclasses
 import json
-import operator
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -22,9 +20,9 @@ import pyarrow.parquet as pq
 
 from kvbench.engine.records import RequestRecord
 from kvbench.tables.parquet import METADATA_KEY
+from kvbench.tables.record_columns import field_names, record_columns
 
-_RECORD_FIELDS = tuple(field.name for field in dataclasses.fields(RequestRecord))
-_record_values = operator.attrgetter(*_RECORD_FIELDS)  # record -> tuple of its fields
+_RECORD_FIELDS = field_names(RequestRecord)  # the columns write_records writes, in order
 
 
 class ParquetStream:
@@ -56,10 +54,8 @@ class ParquetStream:
 
     def write_records(self, records: list[RequestRecord]) -> None:
         """Append request records (a ``record_sink``)."""
-        if not records:
-            return
-        rows = map(_record_values, records)
-        self.write_columns(dict(zip(_RECORD_FIELDS, zip(*rows, strict=True), strict=True)))
+        if records:
+            self.write_columns(record_columns(records, RequestRecord))
 
     def close(self) -> Path:
         """Finish the file and move it into place."""

@@ -9,6 +9,11 @@ Cases (each in a fresh process, so its peak memory is its own):
   the step-by-step reference, with their speed ratio and whether every record is identical.
 - ``sharegpt_1m``: 1,000,000 requests resampled from the shipped ShareGPT profile (vLLM's filter),
   Poisson arrivals, same deployment; the fast path with steps and requests streamed to parquet.
+- ``command``: the whole command a user types, ``python -m kvbench`` (``COMMAND_OVERRIDES``: the
+  Azure trace's arrivals rescaled to ``experiment=sharegpt_70b``'s four rates, ``paged``) as a
+  subprocess timed end to end, against the engine's summed time (``simulation_wall_s`` in its
+  ``summary.parquet``) plus the interpreter's start (``python -c pass``): the overhead of
+  everything around the engine (imports, config, trace reading, tables, parquet, charts).
 """
 
 from __future__ import annotations
@@ -19,6 +24,9 @@ import json
 import math
 import multiprocessing
 import resource
+import shutil
+import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -30,6 +38,11 @@ AZURE_TRACE = Path("../shared/traces/azure2023/AzureLLMInferenceTrace_conv.csv")
 DEPLOYMENT = ("model=llama-2-70b", "hardware=a100-80gb", "hardware.num_gpus=4",
               "allocator.block_size=16")
 MIB = 1024 * 1024
+# The whole command: experiment=sharegpt_70b (Llama-2-70B, 4x A100-80GB, rates 2, 5, 10, 20 req/s)
+# on the Azure trace, whose timestamps ``workload=trace`` rescales to each rate; ``paged`` alone.
+COMMAND_OVERRIDES = ("experiment=sharegpt_70b", "workload=trace", "allocators=[paged]")
+# The issue's bound on whole-process time / (engine's summed time + interpreter start).
+COMMAND_TARGET_RATIO = 1.6
 
 
 def _peak_rss_mib() -> float:
@@ -147,6 +160,59 @@ def run_sharegpt(num_requests: int, request_rate: float, out_dir: Path) -> dict[
     }
 
 
+def _process_s(args: list[str]) -> float:
+    """Wall time of ``python ARGS`` run to completion (it must succeed)."""
+    started_s = time.perf_counter()
+    done = subprocess.run([sys.executable, *args], capture_output=True, text=True)
+    wall_s = time.perf_counter() - started_s
+    if done.returncode != 0:
+        raise RuntimeError(f"python {' '.join(args)} exited {done.returncode}: "
+                           f"{done.stderr.strip()[-2000:]}")
+    return wall_s
+
+
+def command_args(trace: str, run_dir: Path) -> list[str]:
+    """The ``python -m kvbench`` arguments of the ``command`` case, writing into ``run_dir``."""
+    return ["-m", "kvbench", *COMMAND_OVERRIDES, f"workload.path={trace}",
+            f"hydra.run.dir={run_dir}", "skip_done=false"]
+
+
+def _command_run(trace: str, run_dir: Path) -> dict[str, float]:
+    """One whole command and its interpreter baselines, timed back to back."""
+    shutil.rmtree(run_dir, ignore_errors=True)
+    start_s = _process_s(["-c", "pass"])
+    import_cli_s = _process_s(["-c", "import kvbench.cli"])
+    whole_s = _process_s(command_args(trace, run_dir))
+    summary = pd.read_parquet(run_dir / "summary.parquet")
+    engine_s = float(summary["simulation_wall_s"].sum())
+    return {
+        "whole_s": whole_s,
+        "engine_s": engine_s,
+        "start_s": start_s,
+        "import_cli_s": import_cli_s,
+        "ratio": whole_s / (engine_s + start_s),
+        "num_runs": len(summary),
+        "num_requests": int(summary["num_requests"].iloc[0]),
+        "num_steps": int(summary["num_steps"].sum()),
+    }
+
+
+def run_command(trace: str, out_dir: Path, repeats: int) -> dict[str, Any]:
+    """The whole command ``repeats`` times; the figures of the run with the median ratio, and
+    every run's ratio."""
+    runs = [_command_run(trace, out_dir / "command") for _ in range(repeats)]
+    median = statistics.median_low(run["ratio"] for run in runs)
+    figures = next(run for run in runs if run["ratio"] == median)
+    return {
+        "case": "command",
+        "command": "python " + " ".join(command_args(trace, out_dir / "command")),
+        **figures,
+        "target_ratio": COMMAND_TARGET_RATIO,
+        "ratios": [round(run["ratio"], 3) for run in runs],
+        "whole_s_all": [round(run["whole_s"], 3) for run in runs],
+    }
+
+
 def _child(target: str, args: tuple, queue: Any) -> None:
     queue.put(globals()[target](*args))
 
@@ -165,14 +231,21 @@ def main(argv: list[str] | None = None) -> int:
     """Run the cases and print one line of figures per case (also written as JSON)."""
     parser = argparse.ArgumentParser(prog="python -m kvbench.tools.bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--case", choices=("azure", "sharegpt_1m", "all"), default="all")
+    parser.add_argument("--case", choices=("azure", "sharegpt_1m", "command", "all"),
+                        default="all")
     parser.add_argument("--azure-trace", type=Path, default=AZURE_TRACE)
     parser.add_argument("--num-requests", type=int, default=1_000_000)
     parser.add_argument("--request-rate", type=float, default=10.0)
     parser.add_argument("--out", type=Path, default=Path("results/bench"))
+    parser.add_argument("--repeats", type=int, default=3,
+                        help="whole commands timed by the command case (its median is printed)")
     args = parser.parse_args(argv)
-    cases = ("azure", "sharegpt_1m") if args.case == "all" else (args.case,)
-    if "azure" in cases and not args.azure_trace.is_file():
+    cases = ("azure", "sharegpt_1m", "command") if args.case == "all" else (args.case,)
+    if args.repeats < 1:
+        print(f"kvbench.tools.bench: --repeats {args.repeats} is invalid; expected an integer "
+              f">= 1", file=sys.stderr)
+        return 2
+    if {"azure", "command"} & set(cases) and not args.azure_trace.is_file():
         print(f"kvbench.tools.bench: {args.azure_trace} not found; pass --azure-trace PATH to "
               f"AzureLLMInferenceTrace_conv.csv (../shared/traces/azure2023)", file=sys.stderr)
         return 2
@@ -181,6 +254,9 @@ def main(argv: list[str] | None = None) -> int:
     for case in cases:
         if case == "azure":
             figures = _in_fresh_process("run_azure", str(args.azure_trace.resolve()))
+        elif case == "command":
+            figures = run_command(str(args.azure_trace.resolve()), args.out.resolve(),
+                                  args.repeats)
         else:
             figures = _in_fresh_process("run_sharegpt", args.num_requests, args.request_rate,
                                         args.out / "sharegpt_1m")

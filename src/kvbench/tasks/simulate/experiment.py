@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 from omegaconf import DictConfig
@@ -17,7 +19,8 @@ from kvbench.allocators import make_allocator
 from kvbench.config import KvbenchConfig, run_workloads
 from kvbench.core.specs import GIB, Deployment
 from kvbench.engine import RooflineCostModel, Scheduler, SchedulerLimits, simulate
-from kvbench.tables.parquet import write_table
+from kvbench.plots.time_series import memory_chart_rows
+from kvbench.tables.parquet import write_frames, write_table
 from kvbench.tables.provenance import provenance
 from kvbench.tasks.simulate.accounting import workload_accounting
 from kvbench.tasks.simulate.per_run_files import StreamedTables
@@ -27,8 +30,12 @@ from kvbench.workloads import WorkloadConfig, build_workload, to_requests
 from kvbench.workloads.beam_ancestry import load_beam_ancestry
 from kvbench.workloads.prefix_reuse import has_prefix_identity, ideal_prefix_reuse
 
-# Longest a run waits before rewriting its steps and requests tables (summary: after every run).
+# Longest a run waits before rewriting its steps and requests tables (summary: after every run):
+# an experiment shorter than this writes each table once, at the end.
 TABLES_EVERY_S = 30.0
+# A rewrite of the tables costs more as they grow: the next waits at least this many times as
+# long as the last took, so rewrites stay within about a tenth of a long experiment's time.
+TABLES_COST_MULTIPLE = 10.0
 
 
 def scheduler_limits(cfg: KvbenchConfig, deployment: Deployment) -> SchedulerLimits:
@@ -93,8 +100,11 @@ def run_experiment(
     """Simulate every (allocator, rate) of ``cfg``; write summary/steps/requests parquet and plots.
 
     Returns the summary table. The summary is written after every run and the (larger) steps and
-    requests tables at least every ``TABLES_EVERY_S`` seconds and at the end, so an interrupted
-    experiment keeps what it finished without rewriting millions of step rows after each run.
+    requests tables at the end, and rewritten on the way at most every ``TABLES_EVERY_S`` seconds
+    (and ``TABLES_COST_MULTIPLE`` times their last write), so an interrupted experiment keeps
+    what it finished without rewriting millions of step rows after each run; an experiment
+    shorter than ``TABLES_EVERY_S`` writes each once. The memory chart gets each run's rows
+    thinned to what it draws (``memory_chart_rows``), not a second copy of every step.
     With ``engine.stream_tables`` each run's steps and requests go to their own parquet files in
     ``steps/`` and ``requests/`` as the run goes (``StreamedTables``): memory no longer grows with
     the steps (one run's request records are still held, for its summary).
@@ -106,8 +116,9 @@ def run_experiment(
     summaries: list[dict] = []
     all_steps: list[pd.DataFrame] = []
     all_requests: list[pd.DataFrame] = []
+    plot_steps: list[pd.DataFrame] = []
     streamed = StreamedTables(output_dir, metadata) if cfg.engine.stream_tables else None
-    tables_written_s = time.perf_counter()
+    checkpoint = _Checkpoint()
     workload_attrs: dict[str, dict] = {}
     for workload_label, workload_cfg in _runs(cfg):
         workload = build_workload(workload_cfg, max_model_len)
@@ -117,6 +128,9 @@ def run_experiment(
         beams = load_beam_ancestry() if workload_cfg.beam_width > 1 else None
         ideal = _ideal_prefix_columns(requests, cfg.allocator.block_size)
         for name in cfg.allocators:
+            # Checkpoint before a run, not after: the last run's tables are written once.
+            if all_steps and checkpoint.is_due():
+                checkpoint.write(_write_large_tables, output_dir, all_steps, all_requests, metadata)
             allocator = make_allocator(
                 name, deployment.num_kv_slots, cfg.allocator.block_size, max_model_len
             )
@@ -140,25 +154,23 @@ def run_experiment(
             summaries.append(summary)
             if streamed:
                 streamed.end_run(request_table)
-                write_table(pd.DataFrame(summaries), output_dir / "summary.parquet", metadata)
-                continue
-            all_steps.append(steps_frame(result, deployment).assign(**labels))
-            all_requests.append(request_table)
-            if time.perf_counter() - tables_written_s >= TABLES_EVERY_S:
-                _write_tables(output_dir, summaries, all_steps, all_requests, metadata)
-                tables_written_s = time.perf_counter()
             else:
-                write_table(pd.DataFrame(summaries), output_dir / "summary.parquet", metadata)
+                run_steps = steps_frame(result, deployment).assign(**labels)
+                all_steps.append(run_steps)
+                all_requests.append(request_table)
+                if cfg.plots:
+                    plot_steps.append(memory_chart_rows(run_steps))
+            write_table(pd.DataFrame(summaries), output_dir / "summary.parquet", metadata)
     if streamed:
-        all_steps = streamed.plot_steps  # a thinned copy: the tables are on disk already
+        plot_steps = streamed.plot_steps  # thinned as they streamed: the tables are on disk
     else:
-        _write_tables(output_dir, summaries, all_steps, all_requests, metadata)
+        _write_large_tables(output_dir, all_steps, all_requests, metadata)
     summary_table = pd.DataFrame(summaries)
     if cfg.summary_table:  # the end-of-run summary's switch silences this line too
         for label, attrs in workload_attrs.items():
             print(workload_accounting(label, summary_table, attrs))
     if cfg.plots:
-        plot_run(summary_table, pd.concat(all_steps, ignore_index=True), output_dir / "plots",
+        plot_run(summary_table, pd.concat(plot_steps, ignore_index=True), output_dir / "plots",
                  deployment, limits.max_num_seqs)  # fmt: skip
     return summary_table
 
@@ -174,13 +186,32 @@ def _ideal_prefix_columns(requests: list, block_size: int) -> dict[str, float]:
             "ideal_prefix_block_hit_rate": ideal.block_hit_rate}  # fmt: skip
 
 
-def _write_tables(
+class _Checkpoint:
+    """When an experiment rewrites its steps and requests tables on the way: ``TABLES_EVERY_S``
+    after the last write, and ``TABLES_COST_MULTIPLE`` times as long as that write took."""
+
+    def __init__(self) -> None:
+        self._written_s = time.perf_counter()
+        self._wait_s = TABLES_EVERY_S
+
+    def is_due(self) -> bool:
+        """Whether the wait since the last write is over."""
+        return time.perf_counter() - self._written_s >= self._wait_s
+
+    def write(self, write: Callable[..., None], *args: Any) -> None:
+        """``write(*args)``, timed: its cost sets the next wait."""
+        started_s = time.perf_counter()
+        write(*args)
+        self._written_s = time.perf_counter()
+        self._wait_s = max(TABLES_EVERY_S, TABLES_COST_MULTIPLE * (self._written_s - started_s))
+
+
+def _write_large_tables(
     output_dir: Path,
-    summaries: list[dict],
     steps: list[pd.DataFrame],
     requests: list[pd.DataFrame],
     metadata: dict[str, str],
 ) -> None:
-    write_table(pd.DataFrame(summaries), output_dir / "summary.parquet", metadata)
-    write_table(pd.concat(steps, ignore_index=True), output_dir / "steps.parquet", metadata)
-    write_table(pd.concat(requests, ignore_index=True), output_dir / "requests.parquet", metadata)
+    """The steps and requests tables of every run so far (the summary is written per run)."""
+    write_frames(steps, output_dir / "steps.parquet", metadata)
+    write_frames(requests, output_dir / "requests.parquet", metadata)

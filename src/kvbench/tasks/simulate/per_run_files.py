@@ -3,8 +3,8 @@ are produced, instead of kept in memory until the end (traces of millions of req
 
 Each run writes ``steps/run-NNNN.parquet`` (streamed while it simulates, in chunks of
 ``CHUNK_ROWS`` steps) and ``requests/run-NNNN.parquet`` (when it ends); ``pd.read_parquet(DIR)``
-reads a folder as one table. Only a thinned copy of the steps stays in memory, for the
-memory-over-time chart.
+reads a folder as one table. Only the rows of each chunk that the memory-over-time chart draws
+(its envelope, ``memory_chart_rows``) stay in memory.
 """
 
 from __future__ import annotations
@@ -16,11 +16,13 @@ import pandas as pd
 
 from kvbench.core.specs import Deployment
 from kvbench.engine.records import StepSink
+from kvbench.plots.time_series import CHART_BUCKETS, memory_chart_rows
 from kvbench.tables.parquet_stream import ParquetStream
 from kvbench.tasks.simulate.table import step_table
 
-# Step rows each streamed chunk keeps for the chart (a chunk holds 65,536 steps).
-PLOT_ROWS_PER_CHUNK = 256
+# Buckets of each streamed chunk's envelope kept for the chart (a chunk holds 65,536 steps): as
+# many as the whole chart has, so a chunk's peaks survive however many chunks the run has.
+PLOT_BUCKETS_PER_CHUNK = CHART_BUCKETS
 
 
 class StreamedTables:
@@ -41,7 +43,7 @@ class StreamedTables:
         def write_chunk(columns: dict[str, np.ndarray]) -> None:
             frame = step_table(columns, deployment).assign(**labels)
             steps.write_frame(frame)
-            self.plot_steps.append(frame.iloc[:: max(1, len(frame) // PLOT_ROWS_PER_CHUNK)])
+            self.plot_steps.append(memory_chart_rows(frame, PLOT_BUCKETS_PER_CHUNK))
 
         return write_chunk
 

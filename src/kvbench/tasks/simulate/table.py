@@ -6,15 +6,15 @@ Column definitions (formula, unit): ``docs/metrics.md``. Pure: pandas in, pandas
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict
 
 import numpy as np
 import pandas as pd
 
 from kvbench.allocators.base import USAGE_CATEGORIES
 from kvbench.core.specs import Deployment
-from kvbench.engine.records import REJECT_REASONS, SimulationResult
+from kvbench.engine.records import REJECT_REASONS, STEP_DTYPES, RequestRecord, SimulationResult
 from kvbench.engine.step_totals import StepTotals
+from kvbench.tables.record_columns import records_frame
 
 GB = 1e9
 
@@ -28,17 +28,27 @@ def step_table(
     columns: Mapping[str, Sequence[float | int | bool] | np.ndarray], deployment: Deployment
 ) -> pd.DataFrame:
     """``steps_frame`` of step records given column by column (a whole run, or a streamed
-    chunk of one)."""
-    steps = pd.DataFrame(columns)
+    chunk of one).
+
+    Each column becomes one typed array first (``STEP_DTYPES``, else int64: the dtypes pandas
+    infers from the engine's values): pandas inferring the type of every Python value of a
+    list costs ten times more.
+    """
+    arrays: dict[str, np.ndarray] = {
+        name: np.asarray(values, dtype=STEP_DTYPES.get(name, np.int64))
+        for name, values in columns.items()
+    }
+    bytes_per_slot = deployment.slots_to_bytes(1)
     for category in (*USAGE_CATEGORIES, "shared"):
-        slots = steps[f"{category}_slots"].astype("float64")
-        steps[f"{category}_gb"] = deployment.slots_to_bytes(slots) / GB
-    return steps
+        slots = arrays[f"{category}_slots"].astype(np.float64)
+        arrays[f"{category}_gb"] = slots * bytes_per_slot / GB
+    return pd.DataFrame(arrays, copy=False)
 
 
 def requests_frame(result: SimulationResult) -> pd.DataFrame:
-    """One row per request with its latencies (s) and normalized latency (s/token)."""
-    return add_request_latencies(pd.DataFrame([asdict(record) for record in result.requests]))
+    """One row per request with its latencies (s) and normalized latency (s/token); the columns
+    are ``RequestRecord``'s fields, read field by field (``records_frame``)."""
+    return add_request_latencies(records_frame(result.requests, RequestRecord))
 
 
 def add_request_latencies(requests: pd.DataFrame) -> pd.DataFrame:
