@@ -7,6 +7,7 @@ import json
 from importlib.resources import files
 
 import numpy as np
+import pandas as pd
 import pytest
 from omegaconf import OmegaConf
 
@@ -15,6 +16,8 @@ from kvbench.workloads import (
     build_workload,
     to_requests,
     validate_workload_config,
+    with_arrivals,
+    workload_rows,
 )
 from kvbench.workloads.config import UntimedTraceWarning, as_workload_config
 
@@ -260,3 +263,14 @@ def test_workload_has_unique_sorted_ids_and_arrivals():
                                              request_rate=3.4), max_model_len=200_000)
     assert np.all(np.diff(workload["arrival_s"]) >= 0)
     assert workload["request_id"].tolist() == list(range(300))
+
+
+@pytest.mark.parametrize("name", ["sharegpt", "azure_conv", "fixed"])
+def test_a_rate_sweep_builds_its_rows_once_and_gets_what_each_rate_would_build(name):
+    base = dataclasses.replace(_load_yaml(name), num_requests=150)
+    rows = workload_rows(base, max_model_len=2048)
+    for rate in (0.5, 4.0, 30.0):
+        at_rate = dataclasses.replace(base, request_rate=rate)
+        pd.testing.assert_frame_equal(with_arrivals(rows, at_rate),
+                                      build_workload(at_rate, max_model_len=2048))
+    assert "arrival_s" not in rows.columns or rows["arrival_s"].isna().all()  # rows untouched

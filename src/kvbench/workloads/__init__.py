@@ -16,10 +16,11 @@ checks and the typed canonical frame), ``tokenizer``, ``formats`` (one ``TraceSc
 format, its converter on it), ``trace_io`` (``load_trace``, ``save_trace``), ``generators``
 (seeding, arrival processes, synthetic workloads), ``transforms`` (filter, clip, sample;
 statistics), ``profiles`` (derive, ship, sample), ``prefix_reuse``, ``beam_ancestry``, ``config``
-(``WorkloadConfig``) and ``build`` (``build_workload``, ``to_requests``).
+(``WorkloadConfig``) and ``build`` (``build_workload`` = ``workload_rows`` then
+``with_arrivals``; ``to_requests``).
 """
 
-from kvbench.workloads.build import build_workload, to_requests
+from kvbench.workloads.build import build_workload, to_requests, with_arrivals, workload_rows
 from kvbench.workloads.config import WorkloadConfig, validate_workload_config
 from kvbench.workloads.generators import (
     burst_arrivals,
@@ -66,4 +67,6 @@ __all__ = [
     "to_requests",
     "trace_statistics",
     "validate_workload_config",
+    "with_arrivals",
+    "workload_rows",
 ]

@@ -156,7 +156,8 @@ def _arrival_times(cfg: WorkloadConfig, rows: pd.DataFrame) -> np.ndarray:
 
 
 def build_workload(cfg: WorkloadConfig | Any, max_model_len: int) -> pd.DataFrame:
-    """The requests a run replays, for a model of ``max_model_len`` tokens of context.
+    """The requests a run replays, for a model of ``max_model_len`` tokens of context:
+    ``with_arrivals(workload_rows(cfg, max_model_len), cfg)``.
 
     Steps: load (a shipped profile, a trace file, or a synthetic generator), filter
     (``cfg.filter``: the workload's definition, like vLLM's benchmark filter), clip outputs to
@@ -176,6 +177,16 @@ def build_workload(cfg: WorkloadConfig | Any, max_model_len: int) -> pd.DataFram
         TraceError: the trace file cannot be read.
     """
     cfg = as_workload_config(cfg)
+    return with_arrivals(workload_rows(cfg, max_model_len), cfg)
+
+
+def workload_rows(cfg: WorkloadConfig | Any, max_model_len: int) -> pd.DataFrame:
+    """The rows of ``build_workload`` before arrivals: loaded, filtered, clipped and chosen.
+
+    They do not depend on ``cfg.request_rate``, so a rate sweep builds them once and gives each
+    rate its arrivals with ``with_arrivals`` (reading a trace once, not once per rate).
+    """
+    cfg = as_workload_config(cfg)
     validate_workload_config(cfg)
     if isinstance(max_model_len, bool) or not isinstance(max_model_len, int) or max_model_len < 2:
         raise ValueError(f"max_model_len={max_model_len!r} is invalid; expected an integer >= 2")
@@ -186,14 +197,24 @@ def build_workload(cfg: WorkloadConfig | Any, max_model_len: int) -> pd.DataFram
     else:
         rows = _synthetic_rows(cfg, max_model_len)
     _check_some_request_fits(rows, cfg, max_model_len)
-    rows = rows.copy()
-    rows[ARRIVAL_S] = _arrival_times(cfg, rows)
-    workload = sort_and_renumber(rows)
+    rows.attrs["max_model_len"] = max_model_len
+    return rows
+
+
+def with_arrivals(rows: pd.DataFrame, cfg: WorkloadConfig | Any) -> pd.DataFrame:
+    """``workload_rows``' rows with ``cfg``'s arrivals (at its ``request_rate``), sorted by
+    arrival with ``request_id`` 0..N-1, and the samples and beam columns; ``rows`` is left as
+    it is."""
+    cfg = as_workload_config(cfg)
+    validate_workload_config(cfg)
+    timed = rows.copy()
+    timed[ARRIVAL_S] = _arrival_times(cfg, timed)
+    workload = sort_and_renumber(timed)
     if cfg.num_samples > 1:
         workload[NUM_SAMPLES] = cfg.num_samples
     if cfg.beam_width > 1:
         workload[BEAM_WIDTH] = cfg.beam_width
-    workload.attrs.update({"workload": cfg.name, "max_model_len": max_model_len})
+    workload.attrs["workload"] = cfg.name
     return workload
 
 

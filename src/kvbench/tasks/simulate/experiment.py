@@ -26,7 +26,7 @@ from kvbench.tasks.simulate.accounting import workload_accounting
 from kvbench.tasks.simulate.per_run_files import StreamedTables
 from kvbench.tasks.simulate.plot import plot_run
 from kvbench.tasks.simulate.table import requests_frame, steps_frame, summarize
-from kvbench.workloads import WorkloadConfig, build_workload, to_requests
+from kvbench.workloads import WorkloadConfig, to_requests, with_arrivals, workload_rows
 from kvbench.workloads.beam_ancestry import load_beam_ancestry
 from kvbench.workloads.prefix_reuse import has_prefix_identity, ideal_prefix_reuse
 
@@ -121,7 +121,9 @@ def run_experiment(
     checkpoint = _Checkpoint()
     workload_attrs: dict[str, dict] = {}
     for workload_label, workload_cfg in _runs(cfg):
-        workload = build_workload(workload_cfg, max_model_len)
+        if workload_label not in workload_attrs:  # its rates share the rows: read them once
+            rows = workload_rows(workload_cfg, max_model_len)
+        workload = with_arrivals(rows, workload_cfg)
         workload_attrs[workload_label] = dict(workload.attrs)
         requests = to_requests(workload)
         rate = workload_cfg.request_rate
