@@ -12,7 +12,14 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from kvbench.config import ConfigError, check_override_keys, validate_config
-from kvbench.tables.done_marker import config_fingerprint, is_done, job_dir_name, mark_done
+from kvbench.tables.atomic import file_error_text
+from kvbench.tables.done_marker import (
+    config_fingerprint,
+    is_done,
+    job_dir_name,
+    mark_done,
+    start_run,
+)
 
 EXIT_CONFIG_ERROR = 2
 EXIT_INPUT_ERROR = 3
@@ -53,13 +60,14 @@ def _app(cfg: DictConfig) -> None:
         return
     started_s = time.perf_counter()
     try:
+        start_run(output_dir)  # no DONE while the folder holds a mix; a killed run's temporaries go
         _task(typed_cfg.task)(typed_cfg, deployment, cfg, output_dir)
         mark_done(output_dir, fingerprint, time.perf_counter() - started_s)
     except ValueError as error:  # bad input data (a malformed trace, an impossible request)
         print(f"kvbench: input error: {error}", file=sys.stderr)
         sys.exit(EXIT_INPUT_ERROR)
     except OSError as error:  # a file missing, unreadable or unwritable, a full disk
-        print(f"kvbench: file error: {error}", file=sys.stderr)
+        print(f"kvbench: file error: {file_error_text(error)}", file=sys.stderr)
         sys.exit(EXIT_FILE_ERROR)
 
 

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
+
+from kvbench.tables.atomic import atomic_path
 
 METADATA_KEY = b"kvbench"
 
@@ -16,17 +17,16 @@ METADATA_KEY = b"kvbench"
 def write_table(frame: pd.DataFrame, path: Path, metadata: dict[str, str]) -> Path:
     """Write ``frame`` to ``path`` with ``metadata`` in the parquet footer.
 
-    The file is written beside its destination and renamed into place, so a killed run never
-    leaves a half-written parquet.
+    The file is written beside its destination, flushed and renamed into place
+    (``kvbench.tables.atomic``), so a killed run never leaves a half-written parquet and a failed
+    write (a full disk) leaves the previous file as it was.
     """
-    path.parent.mkdir(parents=True, exist_ok=True)
     table = pa.Table.from_pandas(frame, preserve_index=False)
     schema_metadata = dict(table.schema.metadata or {})
     schema_metadata[METADATA_KEY] = json.dumps(metadata).encode()
     table = table.replace_schema_metadata(schema_metadata)
-    tmp_path = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    pq.write_table(table, tmp_path)
-    os.replace(tmp_path, path)
+    with atomic_path(path) as tmp_path:
+        pq.write_table(table, tmp_path)
     return path
 
 
