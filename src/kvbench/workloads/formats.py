@@ -208,8 +208,9 @@ def from_sharegpt(raw: pd.DataFrame, locator: RowLocator, options: ReadOptions) 
             outputs.append(exchange[1])
             record_ids.append(index)
     if not record_ids:
-        raise TraceError(locator.path, locator.row(0), "no conversation has a human turn followed "
-                         "by a gpt turn", "ShareGPT records with conversations [{from, value}]")
+        raise TraceError(locator.path, locator.row(0), "no record's conversations hold a human "
+                         "turn followed by a gpt turn",
+                         "ShareGPT records with conversations [{from, value}]")
     frame = _tokenized_frame(prompts, outputs, np.array(record_ids), options)
     frame.attrs["num_skipped"] = len(raw) - len(record_ids)
     return frame
