@@ -27,6 +27,7 @@ _TOKEN_COUNT = "a non-negative integer token count"
 _MAX_COUNT_EXCLUSIVE = 2.0**63
 # A bad value is quoted in its error up to this length.
 _MAX_SHOWN_CHARS = 60
+_DATE_TIME = "a date-time such as 2023-11-16 18:15:46.6805900"
 
 # --- Value checks of the raw columns ---
 
@@ -147,9 +148,6 @@ def seconds_since_first(raw: pd.DataFrame, column: str, locator: RowLocator) -> 
                          f"{_DATE_TIME}, all within 292 years") from None
 
 
-_DATE_TIME = "a date-time such as 2023-11-16 18:15:46.6805900"
-
-
 def _date_times(values: pd.Series, column: str, locator: RowLocator) -> pd.Series:
     """``values`` parsed as date-times (NaT where not one); a TraceError names a row whose
     time zone differs from the others' (pandas cannot hold both in one column)."""
@@ -158,15 +156,18 @@ def _date_times(values: pd.Series, column: str, locator: RowLocator) -> pd.Serie
     except (TypeError, ValueError, OverflowError):  # mixed time zones, or objects it refuses
         pass
     parsed = [_date_time(value) for value in values]
-    for index, stamp in enumerate(parsed):
+    for row, stamp in enumerate(parsed):
         if stamp is pd.NaT:
-            raise TraceError(locator.path, locator.row(index),
-                             _describe(values, column, index, "not a date-time"), _DATE_TIME)
-    zones = [stamp.tzinfo for stamp in parsed]
-    index = next((i for i, zone in enumerate(zones) if str(zone) != str(zones[0])), 0)
-    raise TraceError(locator.path, locator.row(index),
-                     _describe(values, column, index, f"in another time zone than {column} on "
-                               f"{locator.row(0)}"), f"{_DATE_TIME}, all in one time zone")
+            raise TraceError(locator.path, locator.row(row),
+                             _describe(values, column, row, "not a date-time"), _DATE_TIME)
+    zones = [str(stamp.tzinfo) for stamp in parsed]
+    other_zone = next((i for i, zone in enumerate(zones) if zone != zones[0]), None)
+    if other_zone is None:  # each reads alone, not all together: name the column's first row
+        raise TraceError(locator.path, locator.row(0),
+                         f"{column} holds date-times pandas cannot read together", _DATE_TIME)
+    raise TraceError(locator.path, locator.row(other_zone),
+                     _describe(values, column, other_zone, f"in another time zone than {column} "
+                               f"on {locator.row(0)}"), f"{_DATE_TIME}, all in one time zone")
 
 
 def _date_time(value: object) -> pd.Timestamp:

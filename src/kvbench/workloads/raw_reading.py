@@ -188,7 +188,8 @@ def diagnose_unreadable(path: Path, container: str, cause: Exception) -> pd.Data
 def require_utf8(path: Path) -> None:
     """Raise a TraceError at the line and column of the first byte that is not UTF-8 text.
 
-    Decoded a megabyte at a time (~1 GB/s): the whole file is held only to locate an error.
+    Decoded a megabyte at a time (the 3 MB Mooncake trace: 1.4 ms); the whole file is held in
+    memory only to locate an error.
     """
     decoder = codecs.getincrementaldecoder("utf-8")()
     try:
