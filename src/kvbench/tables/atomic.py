@@ -20,6 +20,8 @@ from pathlib import Path
 from kvbench.tables.kill_points import kill_point
 
 TEMPORARY_INFIX = ".tmp-"
+# How deep below its output folder a run writes: <grid point>/steps/, operating/<point>/plots/.
+MAX_WRITE_DEPTH = 3
 # errno values that mean "no room for this file": the disk, a quota, or a file-size limit.
 DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EFBIG, errno.EDQUOT})
 
@@ -98,13 +100,16 @@ def file_error_text(error: OSError) -> str:
 
 
 def remove_stale_temporaries(folder: Path) -> list[Path]:
-    """Remove the temporary files that killed writers left under ``folder`` (any depth).
+    """Remove the temporary files that killed writers left in ``folder`` and the folders a run
+    writes below it (``MAX_WRITE_DEPTH`` levels: ``operating/<point>/steps/``; an output folder
+    set to a large tree is not walked whole).
 
     A temporary file of a process still running (a parallel job writing there) is kept.
     Returns the removed paths.
     """
     removed = []
-    for tmp_path in folder.rglob(f".*{TEMPORARY_INFIX}*"):
+    patterns = ("*/" * depth + f".*{TEMPORARY_INFIX}*" for depth in range(MAX_WRITE_DEPTH + 1))
+    for tmp_path in (path for pattern in patterns for path in folder.glob(pattern)):
         pid_text = tmp_path.name.rpartition(TEMPORARY_INFIX)[2]
         if not pid_text.isdigit() or not tmp_path.is_file() or _is_running(int(pid_text)):
             continue
