@@ -141,7 +141,8 @@ def test_a_write_that_runs_out_of_room_names_the_file_in_one_line(tmp_path):
     line = error_line(done, 4)
     assert line.startswith(f"kvbench: file error: {run_dir}/")
     assert ".parquet: " in line and "File too large" in line
-    assert "or another disk (hydra.run.dir=DIR)" in line
+    assert "write elsewhere with hydra.run.dir=DIR" in line  # the fix, and that a re-run is safe
+    assert "run the same command again" in line
     assert (run_dir / ".hydra" / "config.yaml").is_file()
 
 

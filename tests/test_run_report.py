@@ -13,9 +13,9 @@ from conftest import compose_config
 from omegaconf import OmegaConf
 from test_run_summary import summary_row
 
+from kvbench.tables.atomic import write_text_atomic
 from kvbench.tables.done_marker import mark_done
 from kvbench.tables.provenance import git_commit
-from kvbench.tables.text_file import write_text_atomic
 from kvbench.tasks.simulate.run import run_study
 from kvbench.tasks.simulate.run_report import (
     REPORT_NAME,

@@ -23,7 +23,14 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from kvbench.config import ConfigError, check_override_keys, validate_config
-from kvbench.tables.done_marker import config_fingerprint, is_done, job_dir_name, mark_done
+from kvbench.tables.atomic import file_error_text, is_disk_full
+from kvbench.tables.done_marker import (
+    config_fingerprint,
+    is_done,
+    job_dir_name,
+    mark_done,
+    start_run,
+)
 from kvbench.workloads.schema import TokenizerUnavailableError
 
 EXIT_CONFIG_ERROR = 2
@@ -133,6 +140,7 @@ def _app(cfg: DictConfig) -> None:
         return
     started_s = time.perf_counter()
     try:
+        start_run(output_dir)  # no DONE while the folder holds a mix; a killed run's temporaries go
         _task(typed_cfg.task)(typed_cfg, deployment, cfg, output_dir)
         mark_done(output_dir, fingerprint, time.perf_counter() - started_s)
     except ValueError as error:  # bad input data (a malformed trace, an impossible request)
@@ -144,6 +152,8 @@ def _app(cfg: DictConfig) -> None:
             raise
         if isinstance(error, TokenizerUnavailableError):
             _fail(EXIT_FILE_ERROR, "file", str(error))
+        if is_disk_full(error):  # the file, the cause, and that a re-run keeps what is complete
+            _fail(EXIT_FILE_ERROR, "file", file_error_text(error))
         _fail(EXIT_FILE_ERROR, "file", file_error_line(error, f"writing in {output_dir}"))
 
 

@@ -3,6 +3,7 @@ per allocator, the largest figure size, and how a figure is saved (PNG and SVG s
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import matplotlib
@@ -50,14 +51,27 @@ def save_figure(fig: Figure, out_dir: Path, name: str) -> None:
     Both files are cropped to the figure's tight box (``bbox_inches="tight"``), which is found
     once: ``savefig(bbox_inches="tight")`` draws the figure twice per file, running its layout
     engine each time, and laying out the text of every tick and label is most of a chart's cost.
+    Each file is drawn beside its place (``.NAME.tmp-PID``, as ``kvbench.tables.atomic`` names
+    it) and renamed into it: a killed run leaves no half-drawn chart, a failed write (a full disk)
+    the previous one; the error names the chart's file.
     """
     out_dir.mkdir(parents=True, exist_ok=True)
-    fig.set_dpi(DPI)
-    if fig.get_layout_engine() is not None:
-        fig.draw_without_rendering()  # runs the layout engine (constrained layout) at DPI
-        with plt.rc_context({"figure.autolayout": False, "figure.constrained_layout.use": False}):
-            fig.set_layout_engine(None)  # keep that layout: the files' draws need not redo it
-    tight_box = fig.get_tightbbox().padded(plt.rcParams["savefig.pad_inches"])
-    for suffix in ("png", "svg"):
-        fig.savefig(out_dir / f"{name}.{suffix}", dpi=DPI, bbox_inches=tight_box)
-    plt.close(fig)
+    try:
+        fig.set_dpi(DPI)
+        if fig.get_layout_engine() is not None:
+            fig.draw_without_rendering()  # runs the layout engine (constrained layout) at DPI
+            with plt.rc_context({"figure.autolayout": False,
+                                 "figure.constrained_layout.use": False}):  # fmt: skip
+                fig.set_layout_engine(None)  # keep that layout: the files' draws need not redo it
+        tight_box = fig.get_tightbbox().padded(plt.rcParams["savefig.pad_inches"])
+        for suffix in ("png", "svg"):
+            path = out_dir / f"{name}.{suffix}"
+            tmp_path = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+            try:
+                fig.savefig(tmp_path, format=suffix, dpi=DPI, bbox_inches=tight_box)
+                os.replace(tmp_path, path)
+            except OSError as error:
+                tmp_path.unlink(missing_ok=True)
+                raise OSError(error.errno, error.strerror or str(error), str(path)) from error
+    finally:
+        plt.close(fig)

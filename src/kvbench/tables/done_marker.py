@@ -4,17 +4,20 @@ A run writes its tables atomically as it goes (``kvbench.tables.parquet.write_ta
 everything is written, ``DONE``: a small JSON file with the fingerprint of the config that produced
 the folder. A job killed before the end has no DONE (and no half-written parquet), so a re-run
 redoes it; a folder whose DONE carries another fingerprint (the sweep changed) is redone too.
+A run that starts in a folder first removes its DONE (``start_run``): while it writes, the folder
+holds a mix of old and new tables, and nothing may call that mix complete.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import os
 import time
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
+
+from kvbench.tables.atomic import atomic_path, remove_stale_temporaries
 
 DONE_NAME = "DONE"
 # Longest sweep folder name kept as is (file systems cap a name at 255 bytes).
@@ -42,15 +45,21 @@ def is_done(output_dir: Path, fingerprint: str) -> bool:
 
 
 def mark_done(output_dir: Path, fingerprint: str, wall_s: float) -> Path:
-    """Write the DONE marker atomically (beside it, then renamed into place)."""
-    output_dir.mkdir(parents=True, exist_ok=True)
+    """Write the DONE marker atomically (beside it, flushed, then renamed into place)."""
     path = output_dir / DONE_NAME
     marker = {"config_sha256": fingerprint, "wall_s": round(wall_s, 3),
               "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}  # fmt: skip
-    tmp_path = path.with_name(f".{DONE_NAME}.tmp-{os.getpid()}")
-    tmp_path.write_text(json.dumps(marker) + "\n")
-    os.replace(tmp_path, path)
+    with atomic_path(path) as tmp_path:
+        tmp_path.write_text(json.dumps(marker) + "\n")
     return path
+
+
+def start_run(output_dir: Path) -> None:
+    """Before a run writes in ``output_dir``: remove its DONE marker (the folder is no longer
+    complete) and the temporary files a killed run left there."""
+    (output_dir / DONE_NAME).unlink(missing_ok=True)
+    if output_dir.is_dir():
+        remove_stale_temporaries(output_dir)
 
 
 def job_dir_name(override_dirname: str) -> str:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -11,14 +10,17 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from kvbench.tables.atomic import atomic_path
+
 METADATA_KEY = b"kvbench"
 
 
 def write_table(frame: pd.DataFrame, path: Path, metadata: dict[str, str]) -> Path:
     """Write ``frame`` to ``path`` with ``metadata`` in the parquet footer.
 
-    The file is written beside its destination and renamed into place, so a killed run never
-    leaves a half-written parquet.
+    The file is written beside its destination, flushed and renamed into place
+    (``kvbench.tables.atomic``), so a killed run never leaves a half-written parquet and a failed
+    write (a full disk) leaves the previous file as it was.
     """
     return _write_arrow(pa.Table.from_pandas(frame, preserve_index=False), path, metadata)
 
@@ -34,16 +36,11 @@ def write_frames(frames: Sequence[pd.DataFrame], path: Path, metadata: dict[str,
 
 
 def _write_arrow(table: pa.Table, path: Path, metadata: dict[str, str]) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
     schema_metadata = dict(table.schema.metadata or {})
     schema_metadata[METADATA_KEY] = json.dumps(metadata).encode()
     table = table.replace_schema_metadata(schema_metadata)
-    tmp_path = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
+    with atomic_path(path) as tmp_path:
         pq.write_table(table, tmp_path)
-    except OSError as error:  # pyarrow names no file (a full disk): say which one it was
-        raise OSError(error.errno, error.strerror or str(error), str(path)) from error
-    os.replace(tmp_path, path)
     return path
 
 

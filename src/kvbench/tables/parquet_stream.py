@@ -1,15 +1,17 @@
 """Parquet files written chunk by chunk while the engine runs (``simulate``'s sinks).
 
 For traces too long to keep every step (and every request) in memory: each chunk the engine hands
-over is appended to the file as a row group. The file is written beside its destination and renamed
-into place by ``close``, with the same provenance metadata as
-``kvbench.tables.parquet.write_table``.
+over is appended to the file as a row group. The file is written beside its destination (a
+temporary file of ``kvbench.tables.atomic``) and published by ``close`` (flushed, then renamed into
+place), with the same provenance metadata as ``kvbench.tables.parquet.write_table``: until then a
+reader finds no file, never one cut after some row groups. A failed write (a full disk) removes the
+temporary file.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
-import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -19,6 +21,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from kvbench.engine.records import RequestRecord
+from kvbench.tables.atomic import naming, publish, temporary_path
+from kvbench.tables.kill_points import kill_point
 from kvbench.tables.parquet import METADATA_KEY
 from kvbench.tables.record_columns import field_names, record_columns
 
@@ -33,7 +37,7 @@ class ParquetStream:
         self.path = path
         self.num_rows = 0
         self._metadata = {METADATA_KEY: json.dumps(metadata).encode()}
-        self._tmp_path = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+        self._tmp_path = temporary_path(path)
         self._writer: pq.ParquetWriter | None = None
 
     def write_columns(self, columns: Mapping[str, Sequence | np.ndarray]) -> None:
@@ -46,11 +50,16 @@ class ParquetStream:
             self._write(pa.Table.from_pandas(frame, preserve_index=False))
 
     def _write(self, table: pa.Table) -> None:
-        if self._writer is None:
-            schema = table.schema.with_metadata(self._metadata)
-            self._writer = pq.ParquetWriter(self._tmp_path, schema)
-        self._writer.write_table(table.cast(self._writer.schema))
+        try:
+            if self._writer is None:
+                schema = table.schema.with_metadata(self._metadata)
+                self._writer = pq.ParquetWriter(self._tmp_path, schema)
+            self._writer.write_table(table.cast(self._writer.schema))
+        except OSError as error:
+            self._discard()
+            raise naming(error, self.path) from error
         self.num_rows += table.num_rows
+        kill_point(self.path, "chunk")
 
     def write_records(self, records: list[RequestRecord]) -> None:
         """Append request records (a ``record_sink``)."""
@@ -58,8 +67,22 @@ class ParquetStream:
             self.write_columns(record_columns(records, RequestRecord))
 
     def close(self) -> Path:
-        """Finish the file and move it into place."""
+        """Finish the file and publish it (flushed, then renamed into place)."""
         if self._writer is not None:
-            self._writer.close()
-            os.replace(self._tmp_path, self.path)
+            try:
+                self._writer.close()
+                kill_point(self.path, "written")
+                publish(self._tmp_path, self.path)
+            except OSError as error:
+                self._discard()
+                raise naming(error, self.path) from error
+            kill_point(self.path, "published")
         return self.path
+
+    def _discard(self) -> None:
+        """Drop the temporary file after a failed write (the destination keeps what it held)."""
+        if self._writer is not None:
+            with contextlib.suppress(OSError):  # closing writes the footer: it may fail again
+                self._writer.close()
+            self._writer = None
+        self._tmp_path.unlink(missing_ok=True)

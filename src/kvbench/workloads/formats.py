@@ -20,12 +20,14 @@ from kvbench.workloads.frame import (
     require_columns,
     seconds,
     seconds_since_first,
+    shown,
     token_counts,
     trace_frame,
 )
 from kvbench.workloads.raw_reading import saved_hash_block_tokens
 from kvbench.workloads.schema import (
     ARRIVAL_S,
+    CSV,
     HASH_BLOCK_TOKENS_ATTR,
     MOONCAKE_HASH_BLOCK_TOKENS,
     OUTPUT_TOKENS,
@@ -122,12 +124,26 @@ def _lengths_frame(raw: pd.DataFrame, locator: RowLocator, hash_block_tokens: in
 # --- Raw-text formats (tokenized) ---
 
 
-def _texts(raw: pd.DataFrame, column: str, locator: RowLocator) -> list[str]:
+def _texts(
+    raw: pd.DataFrame, column: str, locator: RowLocator, missing_is_empty: bool = False
+) -> list[str]:
+    """``raw[column]`` as strings. Every CSV cell is text: an empty cell is the empty text (a CSV
+    cannot tell it from a missing one) and a cell its reader took for a number is that number's
+    text. Elsewhere a value that is not a string is an error, and so is a missing one unless
+    ``missing_is_empty`` (Alpaca's optional ``input``)."""
     texts = raw[column].tolist()
+    is_csv = locator.container == CSV
     for index, text in enumerate(texts):
-        if not isinstance(text, str):
-            raise TraceError(locator.path, locator.row(index),
-                             f"{column} is {'missing' if text is None else repr(text)}", "a string")
+        if isinstance(text, str):
+            continue
+        is_missing = text is None or (isinstance(text, float) and np.isnan(text))
+        if is_missing and (missing_is_empty or is_csv):
+            texts[index] = ""
+        elif is_csv and isinstance(text, bool | int | float | np.number):
+            texts[index] = str(text)
+        else:
+            problem = f"{column} is missing" if is_missing else f"{column} = {shown(text)}"
+            raise TraceError(locator.path, locator.row(index), problem, "a string")
     return texts
 
 
@@ -142,7 +158,8 @@ def from_alpaca(raw: pd.DataFrame, locator: RowLocator, options: ReadOptions) ->
     input is not empty), output = the output text; no template, no special tokens."""
     require_columns(raw, ALPACA_SCHEMA, locator)
     instructions = _texts(raw, "instruction", locator)
-    inputs = _texts(raw, "input", locator) if "input" in raw.columns else [""] * len(raw)
+    inputs = (_texts(raw, "input", locator, missing_is_empty=True) if "input" in raw.columns
+              else [""] * len(raw))  # fmt: skip
     outputs = _texts(raw, "output", locator)
     return _tokenized_frame(alpaca_prompts(instructions, inputs), outputs,
                             np.arange(len(raw)), options)
@@ -160,6 +177,23 @@ def first_exchange(turns: Iterable[dict[str, object]]) -> tuple[str, str] | None
     return None
 
 
+def _first_exchange_of_row(
+    turns: object, index: int, locator: RowLocator
+) -> tuple[str, str] | None:
+    """``first_exchange`` of one record's ``conversations`` (None when it has none: a missing
+    value skips the record like a conversation without a pair); a TraceError names a record whose
+    conversations are not a list of turn objects."""
+    if turns is None or (isinstance(turns, float) and np.isnan(turns)):
+        return None
+    if not isinstance(turns, list | tuple | np.ndarray) or not all(
+        isinstance(turn, dict) for turn in turns
+    ):
+        raise TraceError(locator.path, locator.row(index),
+                         f"conversations = {shown(turns)} is not a list of turns",
+                         'a list of turns such as {"from": "human", "value": "..."}')
+    return first_exchange(turns)
+
+
 def from_sharegpt(raw: pd.DataFrame, locator: RowLocator, options: ReadOptions) -> pd.DataFrame:
     """ShareGPT conversations: the first human turn is the prompt, the gpt turn that follows it
     the output (as vLLM's benchmark_serving does). Conversations without such a pair are skipped;
@@ -168,14 +202,15 @@ def from_sharegpt(raw: pd.DataFrame, locator: RowLocator, options: ReadOptions) 
     require_columns(raw, SHAREGPT_SCHEMA, locator)
     prompts, outputs, record_ids = [], [], []
     for index, turns in enumerate(raw["conversations"]):
-        exchange = first_exchange(turns) if turns is not None else None
+        exchange = _first_exchange_of_row(turns, index, locator)
         if exchange is not None:
             prompts.append(exchange[0])
             outputs.append(exchange[1])
             record_ids.append(index)
     if not record_ids:
-        raise TraceError(locator.path, locator.row(0), "no conversation has a human turn followed "
-                         "by a gpt turn", "ShareGPT records with conversations [{from, value}]")
+        raise TraceError(locator.path, locator.row(0), "no record's conversations hold a human "
+                         "turn followed by a gpt turn",
+                         "ShareGPT records with conversations [{from, value}]")
     frame = _tokenized_frame(prompts, outputs, np.array(record_ids), options)
     frame.attrs["num_skipped"] = len(raw) - len(record_ids)
     return frame

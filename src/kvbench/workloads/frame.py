@@ -23,6 +23,11 @@ from kvbench.workloads.schema import (
 )
 
 _TOKEN_COUNT = "a non-negative integer token count"
+# Token counts are int64: a count from 2**63 up cannot be held (and no request is that long).
+_MAX_COUNT_EXCLUSIVE = 2.0**63
+# A bad value is quoted in its error up to this length.
+_MAX_SHOWN_CHARS = 60
+_DATE_TIME = "a date-time such as 2023-11-16 18:15:46.6805900"
 
 # --- Value checks of the raw columns ---
 
@@ -45,28 +50,48 @@ def _is_blank(values: pd.Series) -> np.ndarray:
 
 
 def _as_float(values: pd.Series) -> np.ndarray:
-    if pd.api.types.is_numeric_dtype(values) and not pd.api.types.is_bool_dtype(values):
+    """``values`` as float64; what is not a number (text, a list, a boolean, a date) becomes NaN."""
+    if (pd.api.types.is_bool_dtype(values) or pd.api.types.is_datetime64_any_dtype(values)
+            or pd.api.types.is_timedelta64_dtype(values)):  # fmt: skip
+        return np.full(len(values), np.nan)
+    if pd.api.types.is_numeric_dtype(values):
         return values.to_numpy(dtype="float64", na_value=np.nan)
-    # Text (a file read leniently after a failed load): unparsable values become NaN.
+    # Text (a file read leniently after a failed load) or mixed objects: unparsable -> NaN.
+    if values.map(lambda value: isinstance(value, bool | list | dict | np.ndarray)).any():
+        return values.map(_number_or_nan).to_numpy(dtype="float64")
     try:
         numeric = pd.to_numeric(values, errors="coerce")
-    except TypeError:  # containers (a JSON list where a number belongs) defeat to_numeric
-        numeric = values.map(lambda value: value if isinstance(value, int | float) else np.nan)
-    return numeric.to_numpy(dtype="float64", na_value=np.nan)
+        return numeric.to_numpy(dtype="float64", na_value=np.nan)
+    except (TypeError, ValueError, OverflowError):  # objects to_numeric cannot take
+        return values.map(_number_or_nan).to_numpy(dtype="float64")
+
+
+def _number_or_nan(value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float | str | np.number):
+        return np.nan
+    try:
+        return float(value)
+    except (ValueError, OverflowError):
+        return np.nan
 
 
 def _describe(values: pd.Series, column: str, index: int, kind: str) -> str:
     if _is_blank(values.iloc[[index]])[0]:
         return f"{column} is empty"
-    raw_value = values.iloc[index]
-    shown = repr(raw_value) if isinstance(raw_value, str) else str(raw_value)
-    return f"{column} = {shown} is {kind}"
+    return f"{column} = {shown(values.iloc[index])} is {kind}"
+
+
+def shown(value: object) -> str:
+    """``value`` as an error message quotes it: text in quotes, anything else as printed, cut
+    after ``_MAX_SHOWN_CHARS`` (a whole text or list helps nobody)."""
+    text = repr(value) if isinstance(value, str) else str(value)
+    return text if len(text) <= _MAX_SHOWN_CHARS else text[: _MAX_SHOWN_CHARS - 3] + "..."
 
 
 def token_counts(raw: pd.DataFrame, column: str, locator: RowLocator) -> np.ndarray:
     """``raw[column]`` as int64 token counts; a TraceError names the first bad row."""
     values = raw[column]
-    if pd.api.types.is_integer_dtype(values) and not values.isna().any():
+    if pd.api.types.is_signed_integer_dtype(values) and not values.isna().any():
         counts = values.to_numpy(dtype="int64")
         negative_rows = np.flatnonzero(counts < 0)
         if negative_rows.size:
@@ -78,12 +103,16 @@ def token_counts(raw: pd.DataFrame, column: str, locator: RowLocator) -> np.ndar
     with np.errstate(invalid="ignore"):
         not_integer = ~np.isfinite(as_float) | (as_float != np.floor(as_float))
         negative = as_float < 0
-    bad = np.flatnonzero(not_integer | negative)
+        too_large = as_float >= _MAX_COUNT_EXCLUSIVE
+    bad = np.flatnonzero(not_integer | negative | too_large)
     if bad.size:
         index = int(bad[0])
-        kind = "not an integer" if not_integer[index] else "negative"
+        kind = ("not an integer" if not_integer[index] else "negative" if negative[index]
+                else "too large (2**63 tokens or more)")  # fmt: skip
         raise TraceError(locator.path, locator.row(index),
                          _describe(values, column, index, kind), _TOKEN_COUNT)
+    if pd.api.types.is_unsigned_integer_dtype(values):  # exact: float64 rounds past 2**53
+        return values.to_numpy(dtype="int64")
     return as_float.astype("int64")
 
 
@@ -104,24 +133,62 @@ def seconds(raw: pd.DataFrame, column: str, locator: RowLocator, unit_s: float =
 def seconds_since_first(raw: pd.DataFrame, column: str, locator: RowLocator) -> np.ndarray:
     """Date-times of ``raw[column]`` as float64 seconds after the earliest of them."""
     values = raw[column]
-    stamps = pd.to_datetime(values, format="ISO8601", errors="coerce")
+    stamps = _date_times(values, column, locator)
     bad = np.flatnonzero(stamps.isna().to_numpy())
     if bad.size:
         index = int(bad[0])
         raise TraceError(locator.path, locator.row(index),
-                         _describe(values, column, index, "not a date-time"),
-                         "a date-time such as 2023-11-16 18:15:46.6805900")
-    return (stamps - stamps.min()).dt.total_seconds().to_numpy(dtype="float64")
+                         _describe(values, column, index, "not a date-time"), _DATE_TIME)
+    try:
+        return (stamps - stamps.min()).dt.total_seconds().to_numpy(dtype="float64")
+    except (OverflowError, pd.errors.OutOfBoundsTimedelta):  # centuries apart: no ns timedelta
+        index = int(np.argmax(stamps.to_numpy()))
+        raise TraceError(locator.path, locator.row(index),
+                         _describe(values, column, index, "centuries after the first"),
+                         f"{_DATE_TIME}, all within 292 years") from None
+
+
+def _date_times(values: pd.Series, column: str, locator: RowLocator) -> pd.Series:
+    """``values`` parsed as date-times (NaT where not one); a TraceError names a row whose
+    time zone differs from the others' (pandas cannot hold both in one column)."""
+    try:
+        return pd.to_datetime(values, format="ISO8601", errors="coerce")
+    except (TypeError, ValueError, OverflowError):  # mixed time zones, or objects it refuses
+        pass
+    parsed = [_date_time(value) for value in values]
+    for row, stamp in enumerate(parsed):
+        if stamp is pd.NaT:
+            raise TraceError(locator.path, locator.row(row),
+                             _describe(values, column, row, "not a date-time"), _DATE_TIME)
+    zones = [str(stamp.tzinfo) for stamp in parsed]
+    other_zone = next((i for i, zone in enumerate(zones) if zone != zones[0]), None)
+    if other_zone is None:  # each reads alone, not all together: name the column's first row
+        raise TraceError(locator.path, locator.row(0),
+                         f"{column} holds date-times pandas cannot read together", _DATE_TIME)
+    raise TraceError(locator.path, locator.row(other_zone),
+                     _describe(values, column, other_zone, f"in another time zone than {column} "
+                               f"on {locator.row(0)}"), f"{_DATE_TIME}, all in one time zone")
+
+
+def _date_time(value: object) -> pd.Timestamp:
+    try:
+        stamp = pd.to_datetime(value, format="ISO8601")
+    except (TypeError, ValueError, OverflowError):
+        return pd.NaT
+    return stamp if isinstance(stamp, pd.Timestamp) else pd.NaT
 
 
 def block_hash_lists(raw: pd.DataFrame, column: str, locator: RowLocator) -> list[list[int]]:
     """Each row of ``raw[column]`` as a list of Python ints (Mooncake's ``hash_ids``)."""
     hash_lists = []
     for index, cell in enumerate(raw[column]):
-        hashes = np.asarray(cell if cell is not None else [None])
+        try:
+            hashes = np.asarray(cell if cell is not None else [None])
+        except ValueError:  # ragged nesting
+            hashes = np.asarray([None])
         if hashes.ndim != 1 or (hashes.size and hashes.dtype.kind not in "iu"):
             raise TraceError(locator.path, locator.row(index),
-                             f"{column} = {cell!r} is not a list of integers",
+                             _describe(raw[column], column, index, "not a list of integers"),
                              "a list of integer block hashes")
         hash_lists.append(hashes.tolist())
     return hash_lists

@@ -6,6 +6,8 @@
   which parses CSV/JSON/parquet with Arrow and caches the result (a 30k-row CSV: ~0.3 s the first
   time, ~0.01 s after). Its progress bars and error logging are silenced while kvbench calls it:
   a failed load is re-diagnosed and reported as one TraceError line instead;
+* :func:`require_utf8` checks that a text file is UTF-8 before any reader sees it (naming the
+  line and column of the first bad byte);
 * :func:`diagnose_unreadable` finds where a file is broken after the fast reader gave up on it.
   The fast path never pays for these scans; they run only when a load failed, and either raise a
   :class:`TraceError` naming the line, or return a slow but lenient DataFrame of the file so that
@@ -16,6 +18,7 @@
 
 from __future__ import annotations
 
+import codecs
 import contextlib
 import csv
 import json
@@ -45,6 +48,7 @@ from kvbench.workloads.schema import (
 _PARQUET_MAGIC = b"PAR1"
 _UTF8_BOM = b"\xef\xbb\xbf"
 _HEAD_BYTES = 4096
+_UTF8_CHUNK_BYTES = 1 << 20
 _BUILDER_BY_CONTAINER = {CSV: "csv", JSONL: "json", JSON_LIST: "json", PARQUET: "parquet"}
 # "TIMESTAMP, ContextTokens": pandas would keep the blank in the name and in values.
 _CSV_OPTIONS = {"skipinitialspace": True}
@@ -102,21 +106,44 @@ def read_local_frame(path: Path, container: str) -> pd.DataFrame:
     """All rows of the local file ``path`` with its own column names (stripped of blanks)."""
     import datasets
 
+    if container != PARQUET:
+        require_utf8(path)  # Arrow's JSON reader lets bad bytes through into its strings
     options = _CSV_OPTIONS if container == CSV else {}
     try:
         with _quiet_datasets():
             dataset = datasets.load_dataset(
                 _BUILDER_BY_CONTAINER[container], data_files=str(path), split="train", **options
             )
+            frame = dataset.to_pandas()
     except Exception as error:  # datasets wraps parse errors in several types; diagnose them all
         frame = diagnose_unreadable(path, container, error)
-    else:
-        frame = dataset.to_pandas()
     frame.columns = [str(name).strip() for name in frame.columns]
+    # pandas renames a CSV's repeated column (x, x.1): look at the header itself.
+    header = _csv_header(path) if container == CSV else list(frame.columns)
+    _require_unique_columns(path, container, header)
     if frame.empty:
         raise TraceError(path, "line 2" if container == CSV else "line 1",
                          "the file holds no data rows", "at least one request")
     return frame
+
+
+def _csv_header(path: Path) -> list[str]:
+    """The column names on the first non-blank line of a CSV, stripped."""
+    with path.open(encoding="utf-8-sig", errors="replace") as handle:
+        for number, text in enumerate(handle, start=1):
+            if text.strip():
+                return [name.strip() for name in _csv_fields(path, number, text)]
+    return []
+
+
+def _require_unique_columns(path: Path, container: str, columns: list[str]) -> None:
+    """A column name given twice would make every later look-up ambiguous: name it."""
+    seen: set[str] = set()
+    for name in filter(None, columns):  # unnamed columns (a trailing comma) are never looked up
+        if name in seen:
+            where = {CSV: "line 1", JSONL: "line 1", JSON_LIST: "record 1"}.get(container, "row 1")
+            raise TraceError(path, where, f"column {name!r} appears twice", "one column per name")
+        seen.add(name)
 
 
 def read_hub_frame(hub_id: str) -> pd.DataFrame:
@@ -146,7 +173,16 @@ def saved_hash_block_tokens(path: Path) -> int:
     metadata = pq.read_schema(path).metadata or {}
     if TRACE_METADATA_KEY not in metadata:
         return 0
-    return int(json.loads(metadata[TRACE_METADATA_KEY]).get(HASH_BLOCK_TOKENS_ATTR, 0))
+    try:
+        value = json.loads(metadata[TRACE_METADATA_KEY]).get(HASH_BLOCK_TOKENS_ATTR, 0)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(value)
+    except (ValueError, AttributeError):  # not JSON, not an object, not a count
+        raise TraceError(path, "row 1", f"unreadable {TRACE_METADATA_KEY.decode()} metadata "
+                         f"({metadata[TRACE_METADATA_KEY][:80]!r})",
+                         f'{{"{HASH_BLOCK_TOKENS_ATTR}": <tokens per block hash>}} as save_trace '
+                         "writes it") from None
+    return value
 
 
 # --- Diagnosis of a file the fast reader could not load ---
@@ -163,9 +199,49 @@ def diagnose_unreadable(path: Path, container: str, cause: Exception) -> pd.Data
     raise TraceError(path, "row 1", f"unreadable file ({cause})", "a parquet file (save_trace)")
 
 
+def require_utf8(path: Path) -> None:
+    """Raise a TraceError at the line and column of the first byte that is not UTF-8 text.
+
+    Decoded a megabyte at a time (the 3 MB Mooncake trace: 1.4 ms); the whole file is held in
+    memory only to locate an error.
+    """
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    try:
+        with path.open("rb") as handle:
+            while chunk := handle.read(_UTF8_CHUNK_BYTES):
+                decoder.decode(chunk)
+        decoder.decode(b"", final=True)
+    except UnicodeDecodeError:
+        _raise_at_first_non_utf8_byte(path)
+
+
+def _raise_at_first_non_utf8_byte(path: Path) -> None:
+    data = path.read_bytes()
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        # Lines end as the readers end them: \n, \r\n or a lone \r.
+        before = data[: error.start].decode("utf-8").replace("\r\n", "\n").replace("\r", "\n")
+        line = before.count("\n") + 1
+        column = len(before) - before.rfind("\n")
+        raise TraceError(path, f"line {line}",
+                         f"byte 0x{data[error.start]:02x} at column {column} is not UTF-8 text",
+                         "a UTF-8 text file (save it as UTF-8)") from None
+
+
 def _numbered_non_blank_lines(path: Path) -> list[tuple[int, str]]:
-    with path.open(encoding="utf-8", errors="replace") as handle:
+    # Lines as the readers count them: \n, \r\n and a lone \r all end one; a BOM is no text.
+    with path.open(encoding="utf-8-sig", errors="replace") as handle:
         return [(number, line) for number, line in enumerate(handle, start=1) if line.strip()]
+
+
+def _csv_fields(path: Path, line_number: int, text: str) -> list[str]:
+    try:
+        return next(csv.reader([text.rstrip("\r\n")], skipinitialspace=True), [])
+    except csv.Error as error:  # e.g. a quote in the middle of an unquoted field, in strict mode
+        raise TraceError(path, f"line {line_number}", f"unreadable CSV ({error})",
+                         "comma-separated values, text with commas or quotes in double quotes") \
+            from None
 
 
 def _diagnose_csv(path: Path) -> pd.DataFrame:
@@ -174,17 +250,18 @@ def _diagnose_csv(path: Path) -> pd.DataFrame:
     if len(lines) == 1:
         raise TraceError(path, f"line {header_line + 1}", "the file has a header but no data rows",
                          "one request per line after the header")
-    num_columns = len(next(csv.reader([header_text])))
+    header = [name.strip() for name in _csv_fields(path, header_line, header_text)]
+    _require_unique_columns(path, CSV, header)
+    rows = []
     for line_number, text in lines[1:]:
-        num_fields = len(next(csv.reader([text])))
-        if num_fields != num_columns:
+        fields = _csv_fields(path, line_number, text)
+        if len(fields) != len(header):
             raise TraceError(path, f"line {line_number}",
-                             f"{num_fields} fields where the header has {num_columns}",
+                             f"{len(fields)} fields where the header has {len(header)}",
                              "one value per header column")
-    # Values of mixed types: read everything as text and let the column checks name the row.
-    frame = pd.read_csv(path, dtype=str, keep_default_na=False, skipinitialspace=True)
-    frame.columns = [str(name).strip() for name in frame.columns]
-    return frame
+        rows.append(fields)
+    # Values of mixed types: keep everything as text and let the column checks name the row.
+    return pd.DataFrame(rows, columns=header, dtype=object)
 
 
 def _diagnose_json_lines(path: Path) -> pd.DataFrame:
@@ -196,9 +273,13 @@ def _diagnose_json_lines(path: Path) -> pd.DataFrame:
             raise TraceError(path, f"line {line_number}",
                              f"malformed JSON ({error.msg} at column {error.colno})",
                              "one JSON object per line") from None
+        except RecursionError:
+            raise TraceError(path, f"line {line_number}", "JSON nested too deeply",
+                             "one JSON object per line") from None
         if not isinstance(record, dict):
             raise TraceError(path, f"line {line_number}", f"a JSON {type(record).__name__}",
                              "one JSON object per line")
+        _require_unicode(path, f"line {line_number}", record)
         records.append(record)
     if not records:
         raise TraceError(path, "line 1", "the file holds no records", "one JSON object per line")
@@ -207,12 +288,15 @@ def _diagnose_json_lines(path: Path) -> pd.DataFrame:
 
 def _diagnose_json_list(path: Path) -> pd.DataFrame:
     try:
-        with path.open(encoding="utf-8") as handle:
+        with path.open(encoding="utf-8-sig") as handle:
             records = json.load(handle)
     except json.JSONDecodeError as error:
         raise TraceError(path, f"line {error.lineno}",
                          f"malformed JSON ({error.msg} at column {error.colno})",
                          "a JSON list of objects") from None
+    except RecursionError:
+        raise TraceError(path, "line 1", "JSON nested too deeply", "a JSON list of objects") \
+            from None
     if not isinstance(records, list) or not records:
         problem = "an empty JSON list" if records == [] else f"a JSON {type(records).__name__}"
         raise TraceError(path, "line 1", problem, "a JSON list of objects")
@@ -220,4 +304,26 @@ def _diagnose_json_list(path: Path) -> pd.DataFrame:
         if not isinstance(record, dict):
             raise TraceError(path, f"record {index + 1}", f"a JSON {type(record).__name__}",
                              "a JSON object")
+        _require_unicode(path, f"record {index + 1}", record)
     return pd.DataFrame.from_records(records)
+
+
+def _require_unicode(path: Path, location: str, record: dict) -> None:
+    """Raise a TraceError when a text of ``record`` holds half a surrogate pair (JSON's escape
+    ``\\ud83d`` without its ``\\ude00``): no Unicode text, and no reader or tokenizer takes it."""
+    pending: list[object] = [record]
+    while pending:  # iteratively: JSON nests as deep as the parser allowed
+        value = pending.pop()
+        if isinstance(value, dict):
+            pending.extend(value.keys())
+            pending.extend(value.values())
+        elif isinstance(value, list):
+            pending.extend(value)
+        elif isinstance(value, str):
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError as error:
+                escape = f"\\u{ord(value[error.start]):04x}"
+                raise TraceError(path, location, f"a text holds {escape}, half a surrogate pair",
+                                 "JSON text of valid Unicode (\\uXXXX escapes of surrogates in "
+                                 "pairs)") from None

@@ -128,5 +128,15 @@ def save_trace(df: pd.DataFrame, path: str | os.PathLike[str]) -> Path:
         {**(table.schema.metadata or {}), TRACE_METADATA_KEY: json.dumps(metadata).encode()}
     )
     target = Path(path)
-    pq.write_table(table, target)
+    # Written beside the target and renamed into place: a killed or failed write (a full disk)
+    # leaves the previous file, never half a trace.
+    tmp_path = target.with_name(f".{target.name}.tmp-{os.getpid()}")
+    try:
+        pq.write_table(table, tmp_path)
+        os.replace(tmp_path, target)
+    except OSError as error:
+        tmp_path.unlink(missing_ok=True)
+        if error.filename is None:
+            raise OSError(error.errno, error.strerror or str(error), str(target)) from error
+        raise
     return target

@@ -17,8 +17,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from kvbench.config import KvbenchConfig
 from kvbench.core.specs import Deployment
+from kvbench.tables.atomic import write_text_atomic
 from kvbench.tables.provenance import provenance
-from kvbench.tables.text_file import write_text_atomic
 from kvbench.tasks.simulate.run_report import REPORT_NAME, Link, RunReport, render_report
 from kvbench.tasks.simulate.run_summary import FileEntry, files_text, rate_text, summary_text
 

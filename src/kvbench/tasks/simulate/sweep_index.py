@@ -17,8 +17,8 @@ import pandas as pd
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
+from kvbench.tables.atomic import write_text_atomic
 from kvbench.tables.done_marker import DONE_NAME
-from kvbench.tables.text_file import write_text_atomic
 from kvbench.tasks.simulate.run import OPERATING_DIR
 from kvbench.tasks.simulate.run_outputs import output_files, report_provenance
 from kvbench.tasks.simulate.run_report import REPORT_NAME, Link, RunReport, render_report
