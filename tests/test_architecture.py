@@ -29,6 +29,8 @@ ALLOWED_IMPORTS = {
               "plots", "config"},
     "tools": {"core", "workloads", "allocators", "engine", "kernels", "tables", "analysis",
               "plots", "tasks", "config"},
+    # The vLLM referee: an edge beside tasks/ that only reads requests and specs.
+    "referee": {"core"},
 }  # fmt: skip
 # The pure middle (DESIGN.md: no file I/O, no torch, no plotting) and what it may import at all.
 PURE_STAGES = ("engine", "allocators")

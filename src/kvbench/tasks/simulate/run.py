@@ -24,6 +24,7 @@ from omegaconf import DictConfig, OmegaConf
 from kvbench.analysis.capacity import fleet_frame, with_fleet_memory
 from kvbench.analysis.curves import knee_ratios, knees_frame
 from kvbench.config import KvbenchConfig
+from kvbench.core.kv_capacity import deployment_startup_figures
 from kvbench.core.specs import Deployment
 from kvbench.tables.parquet import write_table
 from kvbench.tables.provenance import provenance
@@ -116,6 +117,11 @@ def run_study(
     cfg: KvbenchConfig, deployment: Deployment, raw: DictConfig | None, output_dir: Path
 ) -> pd.DataFrame:
     """Run the grid (or the single setting), then the analyses; returns every summary row."""
+    # The pool as vLLM would announce it at startup (docs/referee.md): the same blocks, its words.
+    figures = deployment_startup_figures(
+        deployment, cfg.allocator.block_size, cfg.allocator.num_gpu_blocks
+    )
+    print(f"kvbench: as vLLM v1 would log this pool: {figures.log_line()}")
     if is_grid(cfg):
         summaries = []
         for point in grid_points(cfg):
