@@ -105,6 +105,20 @@ def test_a_full_pool_preempts_the_last_running_request_and_recomputes_it() -> No
     assert resumed_tokens > 1  # recompute: the prompt and the tokens it had, again
 
 
+@peer
+def test_a_waiting_request_is_admitted_only_when_its_whole_prompt_fits() -> None:
+    # 9 usable blocks: the first 80-token prompt takes 5; the second's first chunk (20 tokens)
+    # would fit in the 4 left, its whole prompt (5 blocks) would not: vLLM 0.32 waits.
+    requests = [Request(0, 0.0, 80, 40), Request(1, 0.0, 80, 5)]
+    steps = run_referee(
+        requests, _limits(num_gpu_blocks=10, max_num_batched_tokens=100,
+                          enable_prefix_caching=False),
+    )  # fmt: skip
+    assert steps[0].scheduled_tokens == ((0, 80),)
+    first_step_of_1 = next(i for i, step in enumerate(steps) if 1 in dict(step.scheduled_tokens))
+    assert 0 in steps[first_step_of_1 - 1].finished_request_ids
+
+
 @st.composite
 def workloads(draw: st.DrawFn) -> tuple[list[Request], RefereeLimits]:
     block_size = draw(st.sampled_from([1, 2, 4, 16]))

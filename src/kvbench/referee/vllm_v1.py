@@ -328,6 +328,10 @@ def _check_effective_config(config: Any, limits: RefereeLimits) -> None:
         "enable_chunked_prefill": bool(config.scheduler_config.enable_chunked_prefill),
         "long_prefill_token_threshold": config.scheduler_config.long_prefill_token_threshold,
         "max_model_len": config.model_config.max_model_len,
+        # vLLM 0.32's admission rules kvbench's model follows (docs/referee.md): a waiting
+        # request is admitted only if its whole input fits, and no watermark is kept.
+        "scheduler_reserve_full_isl": bool(config.scheduler_config.scheduler_reserve_full_isl),
+        "watermark": config.scheduler_config.watermark,
     }
     wanted = {
         "block_size": limits.block_size,
@@ -338,6 +342,8 @@ def _check_effective_config(config: Any, limits: RefereeLimits) -> None:
         "enable_chunked_prefill": True,
         "long_prefill_token_threshold": 0,
         "max_model_len": limits.max_model_len,
+        "scheduler_reserve_full_isl": True,
+        "watermark": 0.0,
     }
     for key, value in wanted.items():
         if effective[key] != value:
