@@ -189,6 +189,14 @@ def test_the_effective_config_is_checked_against_the_limits() -> None:
 
 
 @peer
+def test_limits_vllm_refuses_are_one_line_errors() -> None:
+    with pytest.raises(RefereeConfigError) as error:
+        run_referee([Request(0, 0.0, 10, 2)], _limits(max_num_seqs=8, max_num_batched_tokens=4))
+    assert "\n" not in str(error.value)
+    assert "must be greater than or equal to max_num_seqs" in str(error.value)
+
+
+@peer
 def test_a_pool_too_small_for_any_waiting_request_is_an_error_not_a_hang() -> None:
     with pytest.raises(ValueError, match="raise num_gpu_blocks"):
         run_referee([Request(0, 0.0, 100, 5)], _limits(num_gpu_blocks=3))

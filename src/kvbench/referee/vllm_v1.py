@@ -294,7 +294,12 @@ def vllm_config(limits: RefereeLimits, tensor_parallel_size: int = 1, **model: A
 
 
 def _build_scheduler(vllm: Any, limits: RefereeLimits) -> Any:
-    config = vllm_config(limits)
+    try:
+        config = vllm_config(limits)
+    except ValueError as error:  # pydantic's ValidationError: several lines, vLLM's reason inside
+        errors = getattr(error, "errors", None)
+        reason = errors()[0]["msg"] if callable(errors) else str(error).splitlines()[0]
+        raise RefereeConfigError(f"vLLM refuses these limits: {reason}") from None
     _check_effective_config(config, limits)
     # The scheduler only counts blocks: a one-layer, one-head spec stands for any model.
     spec = vllm.FullAttentionSpec(
