@@ -196,15 +196,29 @@ class V1StepScheduler:
 
 
 def run_v1_steps(
-    requests: SequenceOf[Request], allocator: PagedAllocator, limits: V1Limits
+    requests: SequenceOf[Request],
+    allocator: PagedAllocator,
+    limits: V1Limits,
+    arrival_steps: SequenceOf[int] | None = None,
 ) -> list[V1Step]:
-    """Every request queued at step 0, stepped until all finish (the referee's setting)."""
+    """Step until every request finishes, as the referee does (``referee.run_referee``).
+
+    ``arrival_steps[i]`` is the step before which request ``i`` is queued (all at step 0 when
+    None): the referee's clock, in steps. ValueError when a step can run nothing although
+    requests wait (the pool never fits the first of them).
+    """
+    arrivals = [0] * len(requests) if arrival_steps is None else list(arrival_steps)
+    if len(arrivals) != len(requests):
+        raise ValueError(f"{len(arrivals)} arrival steps for {len(requests)} requests")
+    # Popped from the end: earliest arrival first, ties in request order.
+    pending = sorted(range(len(requests)), key=lambda i: (arrivals[i], i), reverse=True)
     scheduler = V1StepScheduler(allocator, limits)
-    for request in requests:
-        scheduler.add(request)
-    steps = []
-    while scheduler.has_unfinished:
-        steps.append(scheduler.step())
-        if not steps[-1].scheduled_tokens and not steps[-1].num_running:
-            raise ValueError(f"step {len(steps) - 1}: no waiting request fits the pool")
+    steps: list[V1Step] = []
+    while pending or scheduler.has_unfinished:
+        while pending and arrivals[pending[-1]] <= len(steps):
+            scheduler.add(requests[pending.pop()])
+        step = scheduler.step()
+        steps.append(step)
+        if not step.scheduled_tokens and not step.num_running and step.num_waiting:
+            raise ValueError(f"step {step.step_index}: no waiting request fits the pool")
     return steps
