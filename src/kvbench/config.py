@@ -21,6 +21,7 @@ from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationE
 
 from kvbench.allocators import ALLOCATOR_NAMES
 from kvbench.core.catalog import deployment_from
+from kvbench.core.kv_capacity import NUM_NULL_BLOCKS
 from kvbench.core.specs import DTYPE_BYTES, Deployment
 from kvbench.engine.scheduler import PREEMPTION_MODES
 from kvbench.tasks.equivalence import names as equivalence_names
@@ -76,6 +77,9 @@ class AllocatorConfig:
     """``allocator=NAME``: settings shared by the allocators a run compares."""
 
     block_size: int = MISSING
+    # Pool size in blocks, vLLM's num_gpu_blocks_override (its null block included: N - 1 blocks
+    # hold tokens); None: sized from the KV memory. kvbench.core.kv_capacity.pool_slots.
+    num_gpu_blocks: int | None = MISSING
 
 
 @dataclass
@@ -344,6 +348,7 @@ def _require(ok: bool, line: str) -> None:
 def _check_values(cfg: KvbenchConfig) -> None:
     _require(cfg.task in TASKS, f"task={cfg.task!r}: allowed tasks are {', '.join(TASKS)}")
     _check_block_size(f"allocator.block_size={cfg.allocator.block_size}", cfg.allocator.block_size)
+    _check_num_gpu_blocks(cfg.allocator.num_gpu_blocks)
     for block_size in cfg.block_sizes:
         _check_block_size(f"block_sizes contains {block_size}", block_size)
     for mode in cfg.preemption_modes:
@@ -399,6 +404,14 @@ def _check_workload_request_rates(cfg: KvbenchConfig) -> None:
                 f"workload_request_rates.{label} contains {rate}: rates are request/s and must "
                 "be > 0",
             )
+
+
+def _check_num_gpu_blocks(num_gpu_blocks: int | None) -> None:
+    _require(
+        num_gpu_blocks is None or num_gpu_blocks >= NUM_NULL_BLOCKS + 1,
+        f"allocator.num_gpu_blocks={num_gpu_blocks}: must be >= {NUM_NULL_BLOCKS + 1} (vLLM's "
+        "null block plus one that holds tokens), or null to size the pool from the KV memory",
+    )
 
 
 def _check_block_size(what: str, block_size: int) -> None:

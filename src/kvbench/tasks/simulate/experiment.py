@@ -17,6 +17,7 @@ from tqdm import tqdm
 
 from kvbench.allocators import make_allocator
 from kvbench.config import KvbenchConfig, run_workloads
+from kvbench.core.kv_capacity import pool_slots
 from kvbench.core.specs import GIB, Deployment
 from kvbench.engine import RooflineCostModel, Scheduler, SchedulerLimits, simulate
 from kvbench.plots.time_series import memory_chart_rows
@@ -113,6 +114,7 @@ def run_experiment(
     limits = scheduler_limits(cfg, deployment)
     costs = cost_model(cfg, deployment)
     metadata = provenance(raw_cfg)
+    num_slots = pool_slots(deployment, cfg.allocator.block_size, cfg.allocator.num_gpu_blocks)
     summaries: list[dict] = []
     all_steps: list[pd.DataFrame] = []
     all_requests: list[pd.DataFrame] = []
@@ -134,7 +136,7 @@ def run_experiment(
             if all_steps and checkpoint.is_due():
                 checkpoint.write(_write_large_tables, output_dir, all_steps, all_requests, metadata)
             allocator = make_allocator(
-                name, deployment.num_kv_slots, cfg.allocator.block_size, max_model_len
+                name, num_slots, cfg.allocator.block_size, max_model_len
             )
             labels = _run_labels(cfg, deployment, workload_label, name, rate)
             labels["n"] = workload_cfg.num_samples

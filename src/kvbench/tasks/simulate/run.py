@@ -24,6 +24,7 @@ from omegaconf import DictConfig, OmegaConf
 from kvbench.analysis.capacity import fleet_frame, with_fleet_memory
 from kvbench.analysis.curves import knee_ratios, knees_frame
 from kvbench.config import KvbenchConfig
+from kvbench.core.kv_capacity import deployment_startup_figures
 from kvbench.core.specs import Deployment
 from kvbench.tables.parquet import write_table
 from kvbench.tables.provenance import provenance
@@ -127,8 +128,14 @@ def run_study(
     """Run the grid (or the single setting), then the analyses; returns every summary row.
 
     Every run folder gets its ``report.md`` (a grid's root links its points'); then, unless
-    ``summary_table=false``, the summary table and the files written are printed.
+    ``summary_table=false``, the summary table and the files written are printed (and, first,
+    the pool as vLLM v1 would log it at startup: the same blocks in its words, docs/referee.md).
     """
+    if cfg.summary_table:
+        figures = deployment_startup_figures(
+            deployment, cfg.allocator.block_size, cfg.allocator.num_gpu_blocks
+        )
+        print(f"kvbench: as vLLM v1 would log this pool: {figures.log_line()}")
     command = hydra_command(output_dir)
     points: list[Path] = []
     if is_grid(cfg):

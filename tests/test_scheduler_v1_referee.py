@@ -1,0 +1,149 @@
+"""kvbench's model of vLLM v1's scheduler (``engine.scheduler_v1``) against the real one, step for
+step: same requests, same limits, the same pool (``num_gpu_blocks`` with vLLM's null block), prefix
+caching off. Every compared field of every step must be identical."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from referee_support import peer
+
+from kvbench.allocators.paged import PagedAllocator
+from kvbench.core.kv_capacity import NUM_NULL_BLOCKS
+from kvbench.core.request import Request
+from kvbench.engine.scheduler_v1 import V1Limits, V1Step, run_v1_steps
+
+
+def _kvbench_steps(
+    requests: list[Request],
+    block_size: int,
+    num_gpu_blocks: int,
+    limits: V1Limits,
+    arrival_steps: list[int] | None = None,
+) -> list[V1Step]:
+    num_slots = (num_gpu_blocks - NUM_NULL_BLOCKS) * block_size
+    allocator = PagedAllocator(num_slots, block_size, limits.max_model_len)
+    return run_v1_steps(requests, allocator, limits, arrival_steps)
+
+
+def test_chunked_prefill_running_first_without_vllm() -> None:
+    # The same case tests/test_referee.py pins on real vLLM.
+    requests = [Request(0, 0.0, 300, 3), Request(1, 0.0, 100, 3)]
+    steps = _kvbench_steps(requests, 16, 100, V1Limits(8, 128, 1024))
+    assert [step.scheduled_tokens for step in steps[:4]] == [
+        ((0, 128),), ((0, 128),), ((0, 44), (1, 84)), ((0, 1), (1, 16))
+    ]
+    assert [step.finished_request_ids for step in steps[4:]] == [(0,), (1,)]
+
+
+def test_a_full_pool_preempts_the_last_running_request_without_vllm() -> None:
+    requests = [Request(0, 0.0, 60, 20), Request(1, 0.0, 60, 20)]
+    steps = _kvbench_steps(requests, 16, 10, V1Limits(8, 256, 1024))
+    assert next(s.preempted_request_ids for s in steps if s.preempted_request_ids) == (1,)
+    assert max(step.num_blocks_in_use for step in steps) <= 9
+
+
+@st.composite
+def workloads(draw: st.DrawFn) -> tuple[list[Request], int, int, V1Limits, list[int] | None]:
+    block_size = draw(st.sampled_from([1, 2, 4, 8, 16]))
+    requests = [
+        Request(request_id, 0.0, draw(st.integers(1, 120)), draw(st.integers(1, 40)))
+        for request_id in range(draw(st.integers(1, 10)))
+    ]
+    largest_blocks = max(-(-request.total_tokens // block_size) for request in requests)
+    # From a pool that holds one request (preempting often) to one that never fills.
+    num_gpu_blocks = largest_blocks + NUM_NULL_BLOCKS + draw(st.integers(0, 60))
+    limits = V1Limits(
+        max_num_seqs=draw(st.integers(1, 8)),
+        max_num_batched_tokens=draw(st.integers(8, 160)),  # vLLM: >= max_num_seqs
+        max_model_len=256,
+    )
+    # All at once (a burst), or spread over the first steps.
+    arrival_steps = draw(st.one_of(st.none(), st.lists(st.integers(0, 30), min_size=len(requests),
+                                                       max_size=len(requests))))  # fmt: skip
+    return requests, block_size, num_gpu_blocks, limits, arrival_steps
+
+
+def _comparable(step) -> tuple:  # type: ignore[no-untyped-def]
+    return (step.step_index, step.scheduled_tokens, step.num_blocks_in_use,
+            step.preempted_request_ids, step.finished_request_ids, step.num_running,
+            step.num_waiting)  # fmt: skip
+
+
+def _agrees_with_vllm(
+    case: tuple[list[Request], int, int, V1Limits, list[int] | None],
+) -> int:
+    """Assert every step identical; the number of steps compared."""
+    from kvbench.referee.vllm_v1 import RefereeLimits, run_referee
+
+    requests, block_size, num_gpu_blocks, limits, arrival_steps = case
+    referee = run_referee(
+        requests,
+        RefereeLimits(block_size=block_size, num_gpu_blocks=num_gpu_blocks,
+                      max_num_seqs=limits.max_num_seqs,
+                      max_num_batched_tokens=limits.max_num_batched_tokens,
+                      max_model_len=limits.max_model_len, enable_prefix_caching=False),
+        arrival_steps,
+    )  # fmt: skip
+    ours = _kvbench_steps(requests, block_size, num_gpu_blocks, limits, arrival_steps)
+    for vllm_step, kvbench_step in zip(referee, ours, strict=False):
+        assert _comparable(kvbench_step) == _comparable(vllm_step)
+    assert len(ours) == len(referee)
+    return len(ours)
+
+
+@peer
+@settings(max_examples=60, deadline=None)
+@given(case=workloads())
+def test_kvbench_v1_agrees_with_vllm_step_for_step(case) -> None:
+    _agrees_with_vllm(case)
+
+
+@peer
+@pytest.mark.slow
+@settings(max_examples=2000, deadline=None)
+@given(case=workloads())
+def test_kvbench_v1_agrees_with_vllm_step_for_step_on_thousands_of_workloads(case) -> None:
+    _agrees_with_vllm(case)
+
+
+# Slices of the shared traces: their real length mixes (ShareGPT first turns, multi-turn
+# histories, Azure's production conversation hour with its arrival times, Mooncake's long prompts,
+# arXiv summaries) on an 8K-context engine whose pool preempts.
+TRACE_SLICES = [
+    "sharegpt/sharegpt_val_10k_llama2.csv",
+    "sharegpt/sharegpt_8k_filtered_stats_llama2_tokenizer.csv",
+    "azure2023/AzureLLMInferenceTrace_conv.csv",
+    "mooncake/conversation_trace.jsonl",
+    "arxiv/arxiv_summarization_stats_llama2_tokenizer_filtered_v2.csv",
+]
+SLICE_LIMITS = V1Limits(max_num_seqs=64, max_num_batched_tokens=2048, max_model_len=8192)
+STEPS_PER_S = 20  # the referee has no clock: a trace second is this many steps
+
+
+@peer
+@pytest.mark.parametrize("trace", TRACE_SLICES)
+def test_kvbench_v1_agrees_with_vllm_on_trace_slices(shared_traces, trace) -> None:
+    from kvbench.workloads import load_trace, to_requests
+
+    frame = load_trace(shared_traces / trace).head(400)
+    fits = (frame["prompt_tokens"] >= 1) & (frame["output_tokens"] >= 1)
+    fits &= frame["prompt_tokens"] + frame["output_tokens"] <= SLICE_LIMITS.max_model_len
+    frame = frame[fits].head(80)
+    timed = not frame["arrival_s"].isna().any()
+    if not timed:  # no timestamps in the trace: a burst
+        frame = frame.assign(arrival_s=0.0)
+    requests = [
+        dataclasses.replace(request, request_id=index)
+        for index, request in enumerate(to_requests(frame))
+    ]
+    arrivals = None
+    if timed:
+        first_s = min(request.arrival_s for request in requests)
+        arrivals = [int((r.arrival_s - first_s) * STEPS_PER_S) for r in requests]
+    # 1,200 blocks of 16: 19,184 slots, about 2.3 of the longest requests: the pool preempts.
+    num_steps = _agrees_with_vllm((requests, 16, 1200, SLICE_LIMITS, arrivals))
+    assert num_steps > 80
