@@ -324,3 +324,42 @@ def test_a_long_rate_sweep_shows_evenly_spaced_panels_and_says_so(tmp_path, monk
     # Panels i x 14/11 of 0..14, rounded: rates 1, 2, 4, 5, 6, 7, 9, 10, 11, 12, 14, 15.
     assert "sharegpt @ 3 req/s" not in svg and "sharegpt @ 8 req/s" not in svg
     assert "sharegpt @ 2 req/s" in svg and "sharegpt @ 14 req/s" in svg
+
+
+def _drawn_by(module, draw, table, tmp_path) -> Drawn:
+    drawn: dict[str, Drawn] = {}
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        def capture(fig, out_dir: Path, name: str) -> None:
+            drawn[name] = Drawn(fig)
+            figure.save_figure(fig, out_dir, name)
+
+        monkeypatch.setattr(module, "save_figure", capture)
+        draw(table, tmp_path)
+    (chart,) = drawn.values()
+    return chart
+
+
+def test_the_kernel_and_equivalence_charts_read_at_a_glance_too(tmp_path):
+    """The two task charts outside a simulate run, on tables of their real shape."""
+    from kvbench.tasks.equivalence import plot as equivalence_plot
+    from kvbench.tasks.kernel_overhead import plot as kernel_plot
+
+    kernels = pd.DataFrame([
+        {"block_size": block, "context_len": context, "overhead_pct": 40 / block + context / 900,
+         "achieved_gb_per_s": 30 + block + context / 300, "device": "cpu", "backend": "torch"}
+        for block in (8, 16, 32, 64) for context in (256, 512, 1024, 2048, 4096, 8192)
+    ])  # fmt: skip
+    equivalence = pd.DataFrame([
+        {"allocator": allocator, "backend": backend, "step": step, "max_rel_diff": 1e-7 * step,
+         "model": "smollm2-135m"}
+        for allocator in ("paged", "paged_prefix") for backend in ("torch", "gather", "triton")
+        for step in range(12)
+    ])  # fmt: skip
+    for module, draw, table in (
+        (kernel_plot, kernel_plot.plot_kernel_overhead, kernels),
+        (equivalence_plot, equivalence_plot.plot_equivalence, equivalence),
+    ):
+        chart = _drawn_by(module, draw, table, tmp_path)
+        assert chart.problems == [], draw.__name__
+        assert chart.size_in[0] <= figure.MAX_FIGURE_INCHES[0], draw.__name__
+        assert chart.size_in[1] <= figure.MAX_FIGURE_INCHES[1], draw.__name__
