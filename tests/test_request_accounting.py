@@ -12,9 +12,9 @@ from kvbench.allocators import make_allocator
 from kvbench.engine import Scheduler, simulate
 from kvbench.engine.records import REJECT_REASONS
 from kvbench.tasks.simulate.accounting import workload_accounting
-from kvbench.tasks.simulate.experiment import cost_model, scheduler_limits
+from kvbench.tasks.simulate.experiment import cost_model, run_experiment, scheduler_limits
 from kvbench.tasks.simulate.table import requests_frame, summarize
-from kvbench.workloads import build_workload, to_requests
+from kvbench.workloads import build_workload, save_trace, to_requests
 
 LLAMA_70B_TP4 = ("model=llama-2-70b", "hardware=a100-80gb", "hardware.num_gpus=4")
 # (prompt, output) of a user's trace on a 4,096-token model: what each row must become.
@@ -112,3 +112,27 @@ def test_a_workload_with_no_prompt_that_fits_is_one_clear_error():
     cfg, _, _ = compose_config("workload=fixed", "workload.prompt_tokens=5000")
     with pytest.raises(ValueError, match=r"none of its 1000 prompts fits the model .*longest 5000"):
         build_workload(cfg.workload, 4096)
+
+
+def test_the_ideal_prefix_hit_rate_counts_only_the_requests_the_engine_can_serve(tmp_path):
+    """An unbounded prefix cache reaches its ideal exactly, even with prompts beyond the context
+    in the input: those are rejected on arrival, never cached and never hit, so the ideal leaves
+    them out too."""
+    prompts = [600, 5_000, 700, 600, 6_000, 650, 800, 600]  # two beyond Llama-2's 4,096
+    trace = pd.DataFrame({
+        "request_id": range(len(prompts)), "arrival_s": [0.5 * i for i in range(len(prompts))],
+        "prompt_tokens": prompts, "output_tokens": [20] * len(prompts),
+        "prefix_group": pd.array([0] * len(prompts), dtype="Int64"),
+        "prefix_tokens": [512] * len(prompts),
+    })  # fmt: skip
+    path = save_trace(trace, tmp_path / "shared_prefix.parquet")
+    cfg, deployment, raw = compose_config(
+        "workload=trace", f"workload.path={path}", *LLAMA_70B_TP4, "allocators=[paged_prefix]",
+        "progress=false", "plots=false", "summary_table=false",
+    )  # fmt: skip
+    summary = run_experiment(cfg, deployment, raw, tmp_path / "run").iloc[0]
+    assert summary["num_rejected_prompt_exceeds_max_model_len"] == 2
+    # 5 of the 6 served requests find the 512-token prefix (blocks of 16: all 32 blocks).
+    served_prompt_tokens = 600 + 700 + 600 + 650 + 800 + 600
+    assert summary["ideal_prefix_hit_rate"] == pytest.approx(5 * 512 / served_prompt_tokens)
+    assert summary["prefix_hit_rate"] == pytest.approx(summary["ideal_prefix_hit_rate"])

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from kvbench.allocators.base import Allocator
+from kvbench.core.request import Request
 from kvbench.engine.records import (
     EMPTY_PROMPT,
     EXCEEDS_MAX_MODEL_LEN,
@@ -83,6 +84,22 @@ def _cached_prefix_tokens(allocator: Allocator, seq_id: int) -> int:
     return prefix_cache.cached_prefix_tokens(seq_id) if prefix_cache is not None else 0
 
 
+def rejection_reason(request: Request, limits: SchedulerLimits) -> str:
+    """Why ``request`` can never run under ``limits`` (one of ``records.REJECT_REASONS``), or ''
+    if it can: the checks made when it arrives. The pool's limit (``EXCEEDS_POOL``) is found at
+    admission, not here."""
+    max_model_len = limits.max_model_len
+    if request.prompt_tokens == 0:
+        return EMPTY_PROMPT
+    if request.prompt_tokens >= max_model_len:  # no room left for one output token
+        return PROMPT_EXCEEDS_MAX_MODEL_LEN
+    if request.total_tokens > max_model_len:
+        return EXCEEDS_MAX_MODEL_LEN
+    if request.prompt_tokens + 1 > limits.max_num_batched_tokens:
+        return PROMPT_EXCEEDS_MAX_NUM_BATCHED_TOKENS
+    return ""
+
+
 class Scheduler:
     """FCFS continuous-batching scheduler over one allocator.
 
@@ -110,17 +127,7 @@ class Scheduler:
     def rejection_reason(self, seq: Sequence) -> str:
         """Why a request can never run here (one of ``records.REJECT_REASONS``), or '' if it
         can. The pool's limit (``EXCEEDS_POOL``) is found at admission, not here."""
-        request = seq.request
-        max_model_len = self.limits.max_model_len
-        if request.prompt_tokens == 0:
-            return EMPTY_PROMPT
-        if request.prompt_tokens >= max_model_len:  # no room left for one output token
-            return PROMPT_EXCEEDS_MAX_MODEL_LEN
-        if request.total_tokens > max_model_len:
-            return EXCEEDS_MAX_MODEL_LEN
-        if request.prompt_tokens + 1 > self.limits.max_num_batched_tokens:
-            return PROMPT_EXCEEDS_MAX_NUM_BATCHED_TOKENS
-        return ""
+        return rejection_reason(seq.request, self.limits)
 
     def add(self, seq: Sequence) -> None:
         """Queue an arrived request."""

@@ -18,8 +18,10 @@ from tqdm import tqdm
 from kvbench.allocators import make_allocator
 from kvbench.config import KvbenchConfig, run_workloads
 from kvbench.core.kv_capacity import pool_slots
+from kvbench.core.request import Request
 from kvbench.core.specs import GIB, Deployment
 from kvbench.engine import RooflineCostModel, Scheduler, SchedulerLimits, simulate
+from kvbench.engine.scheduler import rejection_reason
 from kvbench.plots.time_series import memory_chart_rows
 from kvbench.tables.parquet import write_frames, write_table
 from kvbench.tables.provenance import provenance
@@ -130,7 +132,7 @@ def run_experiment(
         requests = to_requests(workload)
         rate = workload_cfg.request_rate
         beams = load_beam_ancestry() if workload_cfg.beam_width > 1 else None
-        ideal = _ideal_prefix_columns(requests, cfg.allocator.block_size)
+        ideal = _ideal_prefix_columns(requests, limits, cfg.allocator.block_size)
         for name in cfg.allocators:
             # Checkpoint before a run, not after: the last run's tables are written once.
             if all_steps and checkpoint.is_due():
@@ -179,13 +181,17 @@ def run_experiment(
     return summary_table
 
 
-def _ideal_prefix_columns(requests: list, block_size: int) -> dict[str, float]:
-    """The hit rates an unbounded prefix cache would reach on exactly these requests (NaN when
-    no request names its prefix): the ceiling of ``prefix_hit_rate`` and
-    ``prefix_block_hit_rate``."""
-    if not has_prefix_identity(requests):
+def _ideal_prefix_columns(
+    requests: list[Request], limits: SchedulerLimits, block_size: int
+) -> dict[str, float]:
+    """The hit rates an unbounded prefix cache would reach on exactly the requests the engine can
+    serve (NaN when no request names its prefix): the ceiling of ``prefix_hit_rate`` and
+    ``prefix_block_hit_rate``, which count admitted requests only. A request rejected on arrival
+    (a prompt beyond the context) is never cached and never hits, so it is left out here too."""
+    servable = [request for request in requests if not rejection_reason(request, limits)]
+    if not has_prefix_identity(servable):
         return {"ideal_prefix_hit_rate": float("nan"), "ideal_prefix_block_hit_rate": float("nan")}
-    ideal = ideal_prefix_reuse(requests, block_size)
+    ideal = ideal_prefix_reuse(servable, block_size)
     return {"ideal_prefix_hit_rate": ideal.token_hit_rate,
             "ideal_prefix_block_hit_rate": ideal.block_hit_rate}  # fmt: skip
 
