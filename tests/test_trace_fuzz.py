@@ -364,6 +364,12 @@ FOUND = [
     ("json", b'[{"instruction": "0\\ud800\\udc00", "output": "0"}, {"instruction": "0", '
      b'"output": "\\u00b2\\ud9f5\\udea9\\udbda,ude5f\\u0086", "input": ""}]', "record 2",
      "a text holds \\udbda, half a surrogate pair"),  # UnicodeEncodeError in pandas
+    # ISO 8601 reads "-3" as the year 4 BC: a number in the wrong column passed as an arrival
+    # (the slow run found it: the row after it was blamed instead).
+    ("csv", b"TIMESTAMP,ContextTokens,GeneratedTokens\n-3,1,2\n2023-01-01 00:00:00,1,2\n",
+     "line 2", "TIMESTAMP = '-3' is not a date-time"),
+    ("jsonl", b'{"TIMESTAMP": "2023", "ContextTokens": 1, "GeneratedTokens": 2}\n', "line 1",
+     "TIMESTAMP = '2023' is not a date-time"),  # a bare year
 ]  # fmt: skip
 
 

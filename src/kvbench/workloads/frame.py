@@ -3,6 +3,8 @@ on failure), built into the DataFrame ``load_trace`` returns, and put in arrival
 
 from __future__ import annotations
 
+import datetime
+import re
 import warnings
 from collections.abc import Sequence
 
@@ -28,6 +30,7 @@ _MAX_COUNT_EXCLUSIVE = 2.0**63
 # A bad value is quoted in its error up to this length.
 _MAX_SHOWN_CHARS = 60
 _DATE_TIME = "a date-time such as 2023-11-16 18:15:46.6805900"
+_FULL_DATE = re.compile(r"\s*[0-9]{4}-[0-9]{2}-[0-9]{2}")
 
 # --- Value checks of the raw columns ---
 
@@ -152,9 +155,11 @@ def _date_times(values: pd.Series, column: str, locator: RowLocator) -> pd.Serie
     """``values`` parsed as date-times (NaT where not one); a TraceError names a row whose
     time zone differs from the others' (pandas cannot hold both in one column)."""
     try:
-        return pd.to_datetime(values, format="ISO8601", errors="coerce")
+        stamps = pd.to_datetime(values, format="ISO8601", errors="coerce")
     except (TypeError, ValueError, OverflowError):  # mixed time zones, or objects it refuses
         pass
+    else:
+        return stamps.where(_has_full_date(values))
     parsed = [_date_time(value) for value in values]
     for row, stamp in enumerate(parsed):
         if stamp is pd.NaT:
@@ -170,7 +175,24 @@ def _date_times(values: pd.Series, column: str, locator: RowLocator) -> pd.Serie
                                f"on {locator.row(0)}"), f"{_DATE_TIME}, all in one time zone")
 
 
+def _has_full_date(values: pd.Series) -> pd.Series:
+    """Which values name a calendar date: date-time values, or text that starts with
+    ``YYYY-MM-DD``. ISO 8601 also reads a bare year ("2023") or a signed one ("-3", the year 4 BC)
+    as a time, but in a trace such a cell is a number in the wrong column, not an arrival."""
+    if pd.api.types.is_datetime64_any_dtype(values):
+        return pd.Series(True, index=values.index)
+    return values.map(_names_a_date)
+
+
+def _names_a_date(value: object) -> bool:
+    if isinstance(value, str):
+        return _FULL_DATE.match(value) is not None
+    return isinstance(value, datetime.datetime)
+
+
 def _date_time(value: object) -> pd.Timestamp:
+    if not _has_full_date(pd.Series([value], dtype=object)).iloc[0]:
+        return pd.NaT
     try:
         stamp = pd.to_datetime(value, format="ISO8601")
     except (TypeError, ValueError, OverflowError):
