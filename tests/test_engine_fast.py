@@ -355,12 +355,6 @@ def test_config_engine_fast_false_gives_the_same_summary(tmp_path):
     assert fast[columns].equals(reference[columns])
 
 
-def test_record_dataclass_fields_are_what_the_stream_writes():
-    from kvbench.tables.parquet_stream import _RECORD_FIELDS
-
-    assert tuple(f.name for f in dataclasses.fields(records_module.RequestRecord)) == _RECORD_FIELDS
-
-
 @pytest.mark.parametrize("allocator_name", ALLOCATOR_NAMES)
 def test_try_append_round_is_one_round_of_single_appends_or_nothing(allocator_name):
     single = make_allocator(allocator_name, 20_000, 4, MAX_LEN)

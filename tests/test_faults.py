@@ -236,7 +236,8 @@ def test_a_full_disk_ends_in_one_line_and_keeps_the_earlier_results(tmp_path):
     assert full.returncode == 4, full.stderr
     lines = full.stderr.splitlines()
     assert len(lines) == 1, full.stderr
-    assert lines[0].startswith(f"kvbench: file error: {out / 'steps.parquet'}: no space left")
+    assert lines[0].startswith(f"kvbench: file error: {out / 'steps.parquet'}: File too large; ")
+    assert "run the same command again" in lines[0]
     assert "hydra.run.dir=DIR" in lines[0]
     # Each file is the first run's, byte for byte, or whole and the second run's (the summary,
     # written after each of its runs); the steps table it could not write is the first run's;

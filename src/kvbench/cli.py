@@ -23,7 +23,6 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from kvbench.config import ConfigError, check_override_keys, validate_config
-from kvbench.tables.atomic import file_error_text, is_disk_full
 from kvbench.tables.done_marker import (
     config_fingerprint,
     is_done,
@@ -39,12 +38,16 @@ EXIT_FILE_ERROR = 4
 FULL_ERROR_ENV = "HYDRA_FULL_ERROR"
 OUTPUT_DIR_FIX = "set hydra.run.dir=DIR (hydra.sweep.dir=DIR with -m) to a folder kvbench may write"
 # What to do about an OSError, by its errno (the message already says what happened).
+# Every table is written atomically (tables/atomic.py), so after a failed write the same command
+# redoes only what is missing.
+_RERUN_KEEPS = ", then run the same command again (complete files already written are kept)"
 _FILE_FIXES = {
-    errno.ENOSPC: "expected room on its disk: free space or write elsewhere (hydra.run.dir=DIR)",
-    errno.EDQUOT: "expected room in the disk quota: free space or write elsewhere "
-                  "(hydra.run.dir=DIR)",
+    errno.ENOSPC: "expected room on its disk: free space or write elsewhere with "
+                  f"hydra.run.dir=DIR{_RERUN_KEEPS}",
+    errno.EDQUOT: "expected room in the disk quota: free space or write elsewhere with "
+                  f"hydra.run.dir=DIR{_RERUN_KEEPS}",
     errno.EFBIG: "expected a smaller file (the file-size limit, ulimit -f, or the file system "
-                 "caps it) or another disk (hydra.run.dir=DIR)",
+                 f"caps it): raise it or write elsewhere with hydra.run.dir=DIR{_RERUN_KEEPS}",
     errno.EACCES: "expected a path kvbench may read (input) or write (output): fix its "
                   "permissions or choose another",
     errno.EPERM: "expected a path kvbench may read (input) or write (output): fix its "
@@ -101,7 +104,8 @@ def file_error_line(error: OSError, where: str, fix: str | None = None) -> str:
     if error.errno is None:  # raised by kvbench itself with a complete message
         return _one_line(str(error))
     path = error.filename if error.filename is not None else where
-    reason = error.strerror or str(error)
+    # The errno's own words: pyarrow wraps them ("Error writing bytes to file. Detail: ...").
+    reason = os.strerror(error.errno)
     fix = fix or _FILE_FIXES.get(error.errno)
     return _one_line((f"{path}: " if path else "") + reason + (f"; {fix}" if fix else ""))
 
@@ -152,8 +156,6 @@ def _app(cfg: DictConfig) -> None:
             raise
         if isinstance(error, TokenizerUnavailableError):
             _fail(EXIT_FILE_ERROR, "file", str(error))
-        if is_disk_full(error):  # the file, the cause, and that a re-run keeps what is complete
-            _fail(EXIT_FILE_ERROR, "file", file_error_text(error))
         _fail(EXIT_FILE_ERROR, "file", file_error_line(error, f"writing in {output_dir}"))
 
 

@@ -1,4 +1,4 @@
-"""Files published whole or not at all, and what a full disk says.
+"""Files published whole or not at all; a failed write names its file.
 
 Every file kvbench's tables write goes through :func:`atomic_path` (or, streamed,
 ``ParquetStream``, which follows the same steps): it is written to a temporary file beside its
@@ -12,7 +12,6 @@ A write that fails (a full disk) removes its temporary file and leaves the desti
 from __future__ import annotations
 
 import contextlib
-import errno
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,8 +21,6 @@ from kvbench.tables.kill_points import kill_point
 TEMPORARY_INFIX = ".tmp-"
 # How deep below its output folder a run writes: <grid point>/steps/, operating/<point>/plots/.
 MAX_WRITE_DEPTH = 3
-# errno values that mean "no room for this file": the disk, a quota, or a file-size limit.
-DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EFBIG, errno.EDQUOT})
 
 
 def temporary_path(path: Path) -> Path:
@@ -81,22 +78,6 @@ def naming(error: OSError, path: Path) -> OSError:
     if error.filename is not None:
         return error
     return OSError(error.errno, error.strerror or str(error), str(path))
-
-
-def is_disk_full(error: OSError) -> bool:
-    """Whether ``error`` says there is no room left for the file."""
-    return error.errno in DISK_FULL_ERRNOS
-
-
-def file_error_text(error: OSError) -> str:
-    """One line for a file error; for a full disk: the file, the cause and the fix."""
-    if not is_disk_full(error):
-        return str(error)
-    where = error.filename if error.filename is not None else "a file"
-    cause = os.strerror(error.errno) if error.errno is not None else str(error)
-    return (f"{where}: no space left to write it ({cause}: the disk, a quota or a file-size limit "
-            "is full); free space there or write elsewhere with hydra.run.dir=DIR, then run the "
-            "same command again (complete files already written are kept)")
 
 
 def remove_stale_temporaries(folder: Path) -> list[Path]:

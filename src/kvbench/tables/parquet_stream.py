@@ -24,9 +24,7 @@ from kvbench.engine.records import RequestRecord
 from kvbench.tables.atomic import naming, publish, temporary_path
 from kvbench.tables.kill_points import kill_point
 from kvbench.tables.parquet import METADATA_KEY
-from kvbench.tables.record_columns import field_names, record_columns
-
-_RECORD_FIELDS = field_names(RequestRecord)  # the columns write_records writes, in order
+from kvbench.tables.record_columns import record_columns
 
 
 class ParquetStream:
