@@ -29,7 +29,9 @@ from kvbench.analysis.kv_budget import (
 )
 from kvbench.core.catalog import get_deployment
 from kvbench.plots import (
+    DEFAULT_CHART_FORMATS,
     capacity_chart,
+    chart_formats,
     figure,
     headline_chart,
     kv_budget_chart,
@@ -74,7 +76,8 @@ def _capture_into(drawn: dict[str, Drawn], monkeypatch: pytest.MonkeyPatch) -> N
 
 def _run(out: Path, *overrides: str) -> dict[str, Drawn]:
     drawn: dict[str, Drawn] = {}
-    with pytest.MonkeyPatch.context() as monkeypatch:
+    # SVG beside the PNG: its text is where these tests read the charts' labels.
+    with pytest.MonkeyPatch.context() as monkeypatch, chart_formats(("png", "svg")):
         _capture_into(drawn, monkeypatch)
         cfg, deployment, raw = compose_config(*overrides, "progress=false")
         run_study(cfg, deployment, raw, out)
@@ -317,7 +320,8 @@ def test_a_long_rate_sweep_shows_evenly_spaced_panels_and_says_so(tmp_path, monk
         {"allocator": name, "workload": "sharegpt", "request_rate": rate, **shares}
         for rate in rates for name in ("naive_max", "paged")
     ])  # fmt: skip
-    run_charts.plot_breakdown(summary, tmp_path)
+    with chart_formats(("png", "svg")):
+        run_charts.plot_breakdown(summary, tmp_path)
     assert titles == ["KV cache usage breakdown per allocator (12 of 15 rates, evenly spaced)"]
     svg = (tmp_path / "usage_breakdown.svg").read_text()
     assert "sharegpt @ 1 req/s" in svg and "sharegpt @ 15 req/s" in svg
@@ -363,3 +367,21 @@ def test_the_kernel_and_equivalence_charts_read_at_a_glance_too(tmp_path):
         assert chart.problems == [], draw.__name__
         assert chart.size_in[0] <= figure.MAX_FIGURE_INCHES[0], draw.__name__
         assert chart.size_in[1] <= figure.MAX_FIGURE_INCHES[1], draw.__name__
+
+
+def test_charts_are_saved_in_the_formats_asked_for_png_alone_by_default(tmp_path):
+    def draw(out_dir: Path) -> list[str]:
+        fig, axes = plt.subplots()
+        axes.plot([1, 2, 3])
+        figure.save_figure(fig, out_dir, "chart")
+        return sorted(path.name for path in out_dir.iterdir())
+
+    assert draw(tmp_path / "default") == ["chart.png"]
+    with chart_formats(("svg", "pdf")):
+        assert draw(tmp_path / "asked") == ["chart.pdf", "chart.svg"]
+    assert draw(tmp_path / "after") == ["chart.png"]  # the choice ends with its block
+    cfg, _, _ = compose_config()
+    assert tuple(cfg.plot_formats) == DEFAULT_CHART_FORMATS  # the yaml's default is the module's
+    for bad in ((), ("png", "jpg")):
+        with pytest.raises(ValueError, match="expected one or more of png, svg, pdf"):
+            chart_formats(bad).__enter__()

@@ -31,7 +31,7 @@ def run_kvbench(*overrides, cwd=None):
 
 def test_small_run_writes_tables_plots_and_provenance(tmp_path):
     out = tmp_path / "run"
-    done = run_kvbench(*SMALL_RUN, f"hydra.run.dir={out}")
+    done = run_kvbench(*SMALL_RUN, f"hydra.run.dir={out}", "plot_formats=[png,pdf]")
     assert done.returncode == 0, done.stderr
     summary = pd.read_parquet(out / "summary.parquet")
     assert sorted(summary["allocator"]) == sorted(
@@ -46,7 +46,8 @@ def test_small_run_writes_tables_plots_and_provenance(tmp_path):
     assert set(requests["peak_slots"][requests["allocator"] == "naive_max"]) == {2048}
     for name in ("usage_breakdown", "memory_over_time", "batch_size"):
         assert (out / "plots" / f"{name}.png").stat().st_size > 0
-        assert (out / "plots" / f"{name}.svg").stat().st_size > 0
+        assert (out / "plots" / f"{name}.pdf").read_bytes().startswith(b"%PDF")
+    assert not list(out.glob("plots/*.svg"))  # only the formats asked for
     metadata = read_metadata(out / "summary.parquet")
     assert metadata["git_commit"]
     assert "prompt_tokens: 100" in metadata["config_yaml"]

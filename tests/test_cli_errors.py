@@ -73,6 +73,12 @@ def test_a_bad_override_or_option_is_one_line_and_exit_2(override, expected, tmp
     assert not (tmp_path / "run").exists()
 
 
+def test_an_unknown_chart_format_is_one_line_and_exit_2(tmp_path):
+    done = run_kvbench(*FIXED, "plot_formats=[png,jpg]", f"hydra.run.dir={tmp_path / 'run'}")
+    assert error_line(done, 2) == ("kvbench: config error: plot_formats=['png', 'jpg']: name one "
+                                   "or more of png, svg, pdf (plots=false draws no charts)")
+
+
 def test_hydra_full_error_shows_the_traceback_instead():
     done = run_kvbench(*FIXED, "model=gpt-5", env={"HYDRA_FULL_ERROR": "1"})
     assert done.returncode != 0

@@ -14,6 +14,7 @@ import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 
+from kvbench.plots import chart_formats
 from kvbench.plots import figure as figure_module
 from kvbench.tables import parquet as parquet_module
 from kvbench.tables.atomic import (
@@ -88,7 +89,8 @@ def test_a_closed_stream_is_whole(tmp_path):
 def test_a_chart_that_cannot_be_saved_keeps_the_old_one(tmp_path, monkeypatch):
     fig, axes = plt.subplots()
     axes.plot([1, 2, 3])
-    figure_module.save_figure(fig, tmp_path, "chart")
+    with chart_formats(("png", "svg")):
+        figure_module.save_figure(fig, tmp_path, "chart")
     before = (tmp_path / "chart.svg").read_bytes()
 
     def full(self, path, **kwargs):
@@ -98,7 +100,7 @@ def test_a_chart_that_cannot_be_saved_keeps_the_old_one(tmp_path, monkeypatch):
 
     monkeypatch.setattr(figure_module.Figure, "savefig", full)
     fig, axes = plt.subplots()
-    with pytest.raises(OSError) as caught:
+    with pytest.raises(OSError) as caught, chart_formats(("png", "svg")):
         figure_module.save_figure(fig, tmp_path, "chart")
     assert caught.value.filename == str(tmp_path / "chart.png")
     assert (tmp_path / "chart.svg").read_bytes() == before

@@ -23,6 +23,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from kvbench.config import ConfigError, check_override_keys, validate_config
+from kvbench.plots import chart_formats
 from kvbench.tables.done_marker import (
     config_fingerprint,
     is_done,
@@ -145,7 +146,8 @@ def _app(cfg: DictConfig) -> None:
     started_s = time.perf_counter()
     try:
         start_run(output_dir)  # no DONE while the folder holds a mix; a killed run's temporaries go
-        _task(typed_cfg.task)(typed_cfg, deployment, cfg, output_dir)
+        with chart_formats(typed_cfg.plot_formats):
+            _task(typed_cfg.task)(typed_cfg, deployment, cfg, output_dir)
         mark_done(output_dir, fingerprint, time.perf_counter() - started_s)
     except ValueError as error:  # bad input data (a malformed trace, an impossible request)
         if _show_tracebacks:

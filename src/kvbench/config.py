@@ -24,6 +24,7 @@ from kvbench.core.catalog import deployment_from
 from kvbench.core.kv_capacity import NUM_NULL_BLOCKS
 from kvbench.core.specs import DTYPE_BYTES, Deployment
 from kvbench.engine.scheduler import PREEMPTION_MODES
+from kvbench.plots import CHART_FORMATS
 from kvbench.tasks.equivalence import names as equivalence_names
 from kvbench.workloads import WorkloadConfig, validate_workload_config
 
@@ -219,8 +220,10 @@ class KvbenchConfig:
     capacity: CapacityConfig = field(default_factory=CapacityConfig)
     # A run whose output folder holds a DONE marker of the same config is skipped (sweep re-runs).
     skip_done: bool = MISSING
-    # Draw the charts (PNG and SVG); a large sweep's jobs may leave them to `kvbench.tasks.report`.
+    # Draw the charts; a large sweep's jobs may leave them to `kvbench.tasks.report`.
     plots: bool = MISSING
+    # The files each chart is saved as: png (default), svg, pdf (kvbench.plots.CHART_FORMATS).
+    plot_formats: list[str] = MISSING
     seed: int = MISSING
     # Progress bars while the engine runs (stderr); false hides them and nothing else.
     progress: bool = MISSING
@@ -357,6 +360,7 @@ def _check_values(cfg: KvbenchConfig) -> None:
             f"preemption_modes contains {mode!r}: allowed are {', '.join(PREEMPTION_MODES)}",
         )
     _check_knee_and_capacity(cfg)
+    _check_plot_formats(cfg.plot_formats)
     for name in cfg.allocators:
         _require(
             name in ALLOCATOR_NAMES,
@@ -404,6 +408,14 @@ def _check_workload_request_rates(cfg: KvbenchConfig) -> None:
                 f"workload_request_rates.{label} contains {rate}: rates are request/s and must "
                 "be > 0",
             )
+
+
+def _check_plot_formats(formats: list[str]) -> None:
+    _require(
+        len(formats) > 0 and all(name in CHART_FORMATS for name in formats),
+        f"plot_formats={formats}: name one or more of {', '.join(CHART_FORMATS)} (plots=false "
+        "draws no charts)",
+    )
 
 
 def _check_num_gpu_blocks(num_gpu_blocks: int | None) -> None:

@@ -1,5 +1,6 @@
 """What every chart of kvbench shares: the non-interactive backend, one colour (and line style)
-per allocator, the largest figure size, and how a figure is saved (PNG and SVG side by side)."""
+per allocator, the largest figure size, and how a figure is saved (PNG, and SVG or PDF beside it
+when ``kvbench.plots.chart_formats`` asks)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ matplotlib.use("Agg")  # files only: no display on servers and CI
 
 import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
+
+from kvbench.plots import saved_formats
 
 # One colour per allocator in every chart of the project (tests/test_charts.py checks each chart).
 ALLOCATOR_COLORS = {
@@ -46,9 +49,10 @@ def figure_size(width_in: float, height_in: float) -> tuple[float, float]:
 
 
 def save_figure(fig: Figure, out_dir: Path, name: str) -> None:
-    """Write ``out_dir/name.png`` and ``.svg`` (creating the folder) and close the figure.
+    """Write ``out_dir/name.png`` (and ``.svg``, ``.pdf``: ``kvbench.plots.saved_formats``),
+    creating the folder, and close the figure.
 
-    Both files are cropped to the figure's tight box (``bbox_inches="tight"``), which is found
+    Every file is cropped to the figure's tight box (``bbox_inches="tight"``), which is found
     once: ``savefig(bbox_inches="tight")`` draws the figure twice per file, running its layout
     engine each time, and laying out the text of every tick and label is most of a chart's cost.
     Each file is drawn beside its place (``.NAME.tmp-PID``, as ``kvbench.tables.atomic`` names
@@ -64,7 +68,7 @@ def save_figure(fig: Figure, out_dir: Path, name: str) -> None:
                                  "figure.constrained_layout.use": False}):  # fmt: skip
                 fig.set_layout_engine(None)  # keep that layout: the files' draws need not redo it
         tight_box = fig.get_tightbbox().padded(plt.rcParams["savefig.pad_inches"])
-        for suffix in ("png", "svg"):
+        for suffix in saved_formats():
             path = out_dir / f"{name}.{suffix}"
             tmp_path = path.with_name(f".{path.name}.tmp-{os.getpid()}")
             try:

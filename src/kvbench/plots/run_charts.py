@@ -1,4 +1,4 @@
-"""Charts of a run (PNG and SVG), as small multiples (one panel per workload and rate, legends
+"""Charts of a run, as small multiples (one panel per workload and rate, legends
 outside the data, colours per allocator from ``figure``): Fig. 2 breakdown, memory over time,
 Fig. 13 batch sizes."""
 

@@ -1,4 +1,4 @@
-"""Charts of sweeps (PNG and SVG): latency vs rate with knees (Fig. 12), vs block size (Fig. 18b),
+"""Charts of sweeps: latency vs rate with knees (Fig. 12), vs block size (Fig. 18b),
 recompute vs swap (Fig. 19).
 
 Each takes a summary table (one run's or many aggregated) and draws one panel per curve group.

@@ -17,7 +17,7 @@ _DASHES = ("-", "--", ":", "-.")
 
 def plot_equivalence(table: pd.DataFrame, out_dir: Path) -> None:
     """``max_rel_diff`` per step (the max over prompts and samples), one line per
-    (allocator, backend), log scale, with the fp32 tolerance; PNG and SVG."""
+    (allocator, backend), log scale, with the fp32 tolerance."""
     fig, ax = plt.subplots(figsize=(8, 4.5), layout="constrained")
     for index, ((allocator, backend), rows) in enumerate(
         table.groupby(["allocator", "backend"])

@@ -47,7 +47,7 @@ def run_logit_equivalence(
     cfg: Any, deployment: Any, raw_cfg: Any, output_dir: Path
 ) -> pd.DataFrame:
     """Decode the prompts with the stock cache, then through every (allocator, backend) pair;
-    write ``equivalence.parquet`` (after each pair), ``plots/equivalence.png|svg`` and
+    write ``equivalence.parquet`` (after each pair), ``plots/equivalence.png`` and
     ``report.md``, print the verdicts (and, unless ``summary_table=false``, the files).
     ``deployment`` is not used (the model is ``equivalence.model``)."""
     settings = cfg.equivalence

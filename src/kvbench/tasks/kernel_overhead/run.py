@@ -5,7 +5,7 @@ busiest iteration after ``kernel_bench.warmup_steps`` (most KV blocks in its dec
 snapshotted, its block tables are dealt into batches of each context length
 (``kvbench.kernels.deal_block_tables``), random K/V is written into both layouts, and the paged
 and contiguous kernels are timed on the same logical data: Triton on a GPU, the torch backend on
-one CPU thread otherwise. Writes ``kernels.parquet`` and ``plots/kernel_overhead.png|svg``.
+one CPU thread otherwise. Writes ``kernels.parquet`` and ``plots/kernel_overhead.png``.
 Method and reading: ``docs/kernels.md``; columns: ``docs/metrics.md``.
 """
 

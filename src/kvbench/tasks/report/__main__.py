@@ -1,4 +1,5 @@
-"""Command line: ``python -m kvbench.tasks.report RESULTS_DIR... [--out DIR] [--docs MD]``."""
+"""Command line: ``python -m kvbench.tasks.report RESULTS_DIR... [--out DIR] [--docs MD]
+[--formats png svg]``."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from kvbench.plots import CHART_FORMATS, DEFAULT_CHART_FORMATS, chart_formats
 from kvbench.tasks.report.run import write_report
 
 
@@ -18,12 +20,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--docs", type=Path, default=None,
                         help="a markdown file whose kvbench.tasks.report blocks to refresh "
                              "(e.g. docs/reproduction.md)")  # fmt: skip
+    parser.add_argument("--formats", nargs="+", choices=CHART_FORMATS,
+                        default=list(DEFAULT_CHART_FORMATS),
+                        help="the files of each chart (default: png)")  # fmt: skip
     args = parser.parse_args(argv)
     missing = [str(path) for path in args.results if not path.exists()]
     if missing:
         print(f"kvbench.tasks.report: no such folder: {', '.join(missing)}", file=sys.stderr)
         return 2
-    tables = write_report(args.results, args.out, args.docs)
+    with chart_formats(args.formats):
+        tables = write_report(args.results, args.out, args.docs)
     if tables.summary.empty:
         print("kvbench.tasks.report: no summary.parquet under the folders given", file=sys.stderr)
         return 3

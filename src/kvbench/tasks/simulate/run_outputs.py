@@ -52,8 +52,8 @@ def output_files(folder: Path, expanded: Sequence[str] = (PLOTS_DIR,)) -> list[F
 
 
 def chart_paths(folder: Path) -> list[str]:
-    """The PNG charts in ``folder/plots``, relative to ``folder`` (their SVG twins are beside
-    them)."""
+    """The PNG charts in ``folder/plots``, relative to ``folder`` (SVG or PDF twins, where
+    ``plot_formats`` asked for them, are beside them)."""
     plots = folder / PLOTS_DIR
     if not plots.is_dir():
         return []
