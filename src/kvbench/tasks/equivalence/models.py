@@ -74,14 +74,20 @@ def smollm2_model_cache_dir() -> Path:
     return kvbench_cache_dir() / "models" / f"{gguf_path.stem}-{gguf_path.stat().st_size}b"
 
 
-def _load_smollm2(dtype: torch.dtype) -> Any:
-    from transformers import AutoModelForCausalLM
-
+def smollm2_model_dir() -> Path:
+    """The SmolLM2 Hugging Face folder (config.json, fp32 safetensors), converted from the GGUF the
+    first time; what other engines (vLLM) load too."""
     cache_dir = smollm2_model_cache_dir()
     if not (cache_dir / "config.json").is_file():
         _convert_smollm2(cache_dir)
+    return cache_dir
+
+
+def _load_smollm2(dtype: torch.dtype) -> Any:
+    from transformers import AutoModelForCausalLM
+
     return AutoModelForCausalLM.from_pretrained(
-        str(cache_dir), dtype=dtype, attn_implementation="sdpa"
+        str(smollm2_model_dir()), dtype=dtype, attn_implementation="sdpa"
     )
 
 

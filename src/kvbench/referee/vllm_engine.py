@@ -1,0 +1,260 @@
+"""Real vLLM serving a real model on this machine: the timed referee of kvbench's executors.
+
+``serve_on_vllm(requests, settings)`` starts vLLM's own engine (``vllm.LLM``, in this process:
+``VLLM_ENABLE_V1_MULTIPROCESSING=0``, eager mode) on a local Hugging Face model folder (SmolLM2-135M
+as ``task=logit_equivalence`` converts it, or any other), sizes its KV pool in blocks exactly as
+kvbench's ``allocator.num_gpu_blocks`` does (vLLM's ``num_gpu_blocks_override``), and replays the
+requests on the wall clock: each is added when its ``arrival_s`` has passed, with its prompt as
+token ids (``referee.token_ids``: shared prefixes stay shared, so prefix caching sees kvbench's
+prefix identity), greedy, EOS ignored, ``max_tokens`` = its output tokens. Each engine step is
+timed and its schedule read from vLLM's scheduler (one ``schedule()`` per step: the CPU platform
+schedules synchronously), so a profile can be fitted on vLLM's own step times and kvbench's
+predictions compared request by request (issue 16).
+
+Installing: the referee's requirements plus ``requirements/referee-engine.txt`` (the packages
+vLLM's model loader imports on top of its scheduler's; docs/referee.md).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kvbench.core.request import Request
+from kvbench.referee.token_ids import prompt_token_ids
+from kvbench.referee.vllm_v1 import _import_vllm
+
+# vLLM's CPU attention backend takes blocks in multiples of 32 tokens (it refuses 16).
+CPU_BLOCK_MULTIPLE = 32
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """How the real engine is started.
+
+    Attributes:
+        model_dir: a local Hugging Face model folder (config.json and weights; no tokenizer needed).
+        num_gpu_blocks: KV blocks in the pool, vLLM's ``num_gpu_blocks_override`` (null block
+            included, as kvbench's ``allocator.num_gpu_blocks``).
+        block_size: tokens per block (a multiple of 32 on vLLM's CPU backend).
+        max_num_seqs: most requests running at once.
+        max_num_batched_tokens: token budget of one step (chunked prefill).
+        max_model_len: longest prompt + output.
+        enable_prefix_caching: vLLM's automatic prefix caching.
+        dtype: the model's compute dtype (``float32`` or ``bfloat16``).
+        memory_fraction: share of the machine's memory vLLM's CPU backend may claim (its
+            ``gpu_memory_utilization``); it must be free at start, and the pool is
+            ``num_gpu_blocks`` whatever it is.
+    """
+
+    model_dir: Path
+    num_gpu_blocks: int
+    block_size: int = CPU_BLOCK_MULTIPLE
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 2048
+    max_model_len: int = 2048
+    enable_prefix_caching: bool = False
+    dtype: str = "float32"
+    memory_fraction: float = 0.2
+
+
+@dataclass(frozen=True)
+class EngineStep:
+    """One engine step as it ran.
+
+    Attributes:
+        start_s: when ``LLMEngine.step()`` began, seconds after the replay's start.
+        duration_s: its wall time (schedule, forward pass, sampling, outputs).
+        scheduled_tokens: (request id, tokens computed) of the step, in vLLM's order.
+        num_prefill_tokens: of those, tokens of prompts (chunks included).
+        num_decode_tokens: of those, generated tokens fed back (one per decoding request).
+    """
+
+    start_s: float
+    duration_s: float
+    scheduled_tokens: tuple[tuple[int, int], ...]
+    num_prefill_tokens: int
+    num_decode_tokens: int
+
+
+@dataclass(frozen=True)
+class EngineRequest:
+    """One request's times, in seconds after the replay's start.
+
+    Attributes:
+        request_id: the kvbench request's id.
+        arrival_s: when it was handed to the engine (its trace arrival, or later if a step
+            was running then).
+        first_token_s: when the step that produced its first token ended.
+        finish_s: when the step that produced its last token ended.
+        num_output_tokens: tokens generated (its ``output_tokens``).
+    """
+
+    request_id: int
+    arrival_s: float
+    first_token_s: float
+    finish_s: float
+    num_output_tokens: int
+
+
+@dataclass(frozen=True)
+class EngineRun:
+    """A replay through the real engine: its steps, its requests and its start-up time."""
+
+    steps: tuple[EngineStep, ...]
+    requests: tuple[EngineRequest, ...]
+    startup_s: float
+
+
+def serve_on_vllm(
+    requests: Sequence[Request],
+    settings: EngineSettings,
+    clock: Callable[[], float] = time.perf_counter,
+    sleep: Callable[[float], None] = time.sleep,
+) -> EngineRun:
+    """Replay ``requests`` (by ``arrival_s``) through vLLM's engine; every request runs to its
+    ``output_tokens``. Raises ``RefereeUnavailable`` (one line) where vLLM is not installed and
+    ``ValueError`` for a request the engine would refuse."""
+    _check(requests, settings)
+    started_s = clock()
+    llm = _start_engine(settings)
+    startup_s = clock() - started_s
+    vocab_size = llm.llm_engine.model_config.get_vocab_size()
+    scheduled = _record_schedules(llm)
+    engine = llm.llm_engine
+    pending = sorted(range(len(requests)), key=lambda index: requests[index].arrival_s)
+    arrived: dict[int, float] = {}
+    first_token: dict[int, float] = {}
+    finished: dict[int, tuple[float, int]] = {}
+    steps: list[EngineStep] = []
+    replay_start_s = clock()
+    while pending or engine.has_unfinished_requests():
+        now_s = clock() - replay_start_s
+        while pending and requests[pending[0]].arrival_s <= now_s:
+            index = pending.pop(0)
+            _add(engine, requests[index], index, vocab_size)
+            arrived[requests[index].request_id] = now_s
+        if not engine.has_unfinished_requests():
+            sleep(max(0.0, requests[pending[0]].arrival_s - now_s))
+            continue
+        step_start_s = clock() - replay_start_s
+        outputs = engine.step()
+        step_end_s = clock() - replay_start_s
+        steps.append(_step_record(step_start_s, step_end_s, scheduled.pop()))
+        for output in outputs:
+            request_id = _kvbench_id(output.request_id)
+            if output.outputs and output.outputs[0].token_ids:
+                first_token.setdefault(request_id, step_end_s)
+            if output.finished:
+                finished[request_id] = (step_end_s, len(output.outputs[0].token_ids))
+    return EngineRun(
+        steps=tuple(steps),
+        requests=tuple(
+            EngineRequest(request_id, arrived[request_id], first_token[request_id],
+                          *finished[request_id])
+            for request_id in sorted(arrived)
+        ),
+        startup_s=startup_s,
+    )
+
+
+def _check(requests: Sequence[Request], settings: EngineSettings) -> None:
+    if settings.block_size % CPU_BLOCK_MULTIPLE:
+        raise ValueError(f"block_size={settings.block_size}: vLLM's CPU attention takes multiples "
+                         f"of {CPU_BLOCK_MULTIPLE} tokens")  # fmt: skip
+    pool_tokens = (settings.num_gpu_blocks - 1) * settings.block_size  # less the null block
+    if pool_tokens < settings.max_model_len:
+        raise ValueError(f"num_gpu_blocks={settings.num_gpu_blocks}: {pool_tokens} tokens cannot "
+                         f"hold one request of max_model_len={settings.max_model_len}, which vLLM "
+                         "refuses at start; lower max_model_len or give more blocks")  # fmt: skip
+    for request in requests:
+        if request.prompt_tokens < 1 or request.output_tokens < 1:
+            raise ValueError(f"request {request.request_id}: the engine needs a prompt and at "
+                             "least one output token")  # fmt: skip
+        if request.prompt_tokens + request.output_tokens > settings.max_model_len:
+            raise ValueError(f"request {request.request_id}: {request.prompt_tokens} + "
+                             f"{request.output_tokens} tokens exceed max_model_len="
+                             f"{settings.max_model_len}")  # fmt: skip
+
+
+def _start_engine(settings: EngineSettings) -> Any:
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine core in this process
+    _import_vllm()  # one line naming the install command where vLLM is missing
+    from vllm import LLM
+
+    return LLM(
+        model=str(settings.model_dir),
+        skip_tokenizer_init=True,
+        enforce_eager=True,
+        dtype=settings.dtype,
+        block_size=settings.block_size,
+        num_gpu_blocks_override=settings.num_gpu_blocks,
+        max_num_seqs=settings.max_num_seqs,
+        max_num_batched_tokens=settings.max_num_batched_tokens,
+        max_model_len=settings.max_model_len,
+        enable_prefix_caching=settings.enable_prefix_caching,
+        gpu_memory_utilization=settings.memory_fraction,
+        seed=0,
+    )
+
+
+def _record_schedules(llm: Any) -> list[tuple[tuple[int, int, int], ...]]:
+    """A list the engine's scheduler appends each step's (request id, prefill tokens, decode
+    tokens) to, in its order (the last entry is the step that just ran).
+
+    A scheduled token is a decode token when it is the one token a request sampled last step
+    (its computed tokens reach all but that one, past its prompt); every other one is a prefill
+    token: prompt chunks, and a preempted request's recomputed input.
+    """
+    scheduler = llm.llm_engine.engine_core.engine_core.scheduler
+    schedule = scheduler.schedule
+    recorded: list[tuple[tuple[int, int, int], ...]] = []
+
+    def recording_schedule(*args: Any, **kwargs: Any) -> Any:
+        before = {request_id: (state.num_computed_tokens, state.num_tokens,
+                               state.num_prompt_tokens)
+                  for request_id, state in scheduler.requests.items()}
+        output = schedule(*args, **kwargs)
+        step = []
+        for request_id, tokens in output.num_scheduled_tokens.items():
+            computed, num_tokens, num_prompt = before.get(request_id, (0, 0, 0))
+            decode = int(computed == num_tokens - 1 and num_tokens > num_prompt)
+            step.append((_kvbench_id(request_id), tokens - decode, decode))
+        recorded.append(tuple(step))
+        return output
+
+    scheduler.schedule = recording_schedule
+    return recorded
+
+
+def _kvbench_id(vllm_request_id: str) -> int:
+    """The kvbench request id in vLLM's (vLLM appends ``-<random suffix>`` to the one given)."""
+    return int(vllm_request_id.split("-", 1)[0])
+
+
+def _add(engine: Any, request: Request, index: int, vocab_size: int) -> None:
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    # kvbench's ids name prefix identity; the model needs ids of its vocabulary (a collision of
+    # whole blocks after the modulo is as unlikely as one of vLLM's block hashes).
+    token_ids = [token_id % vocab_size for token_id in prompt_token_ids(request, index)]
+    params = SamplingParams(max_tokens=request.output_tokens, ignore_eos=True, temperature=0.0,
+                            detokenize=False)  # fmt: skip
+    engine.add_request(str(request.request_id), TokensPrompt(prompt_token_ids=token_ids), params)
+
+
+def _step_record(start_s: float, end_s: float,
+                 scheduled: tuple[tuple[int, int, int], ...]) -> EngineStep:  # fmt: skip
+    return EngineStep(
+        start_s=start_s,
+        duration_s=end_s - start_s,
+        scheduled_tokens=tuple((request_id, prefill + decode)
+                               for request_id, prefill, decode in scheduled),
+        num_prefill_tokens=sum(prefill for _, prefill, _ in scheduled),
+        num_decode_tokens=sum(decode for _, _, decode in scheduled),
+    )
