@@ -80,6 +80,8 @@ class AllocatorConfig:
     # Pool size in blocks, vLLM's num_gpu_blocks_override (its null block included: N - 1 blocks
     # hold tokens); None: sized from the KV memory. kvbench.core.kv_capacity.pool_slots.
     num_gpu_blocks: int | None = MISSING
+    # Tokens per page of the radix allocator (SGLang's page_size; 1 matches token by token).
+    radix_page_tokens: int = MISSING
 
 
 @dataclass
@@ -349,6 +351,10 @@ def _check_values(cfg: KvbenchConfig) -> None:
     _require(cfg.task in TASKS, f"task={cfg.task!r}: allowed tasks are {', '.join(TASKS)}")
     _check_block_size(f"allocator.block_size={cfg.allocator.block_size}", cfg.allocator.block_size)
     _check_num_gpu_blocks(cfg.allocator.num_gpu_blocks)
+    _check_block_size(
+        f"allocator.radix_page_tokens={cfg.allocator.radix_page_tokens}",
+        cfg.allocator.radix_page_tokens,
+    )
     for block_size in cfg.block_sizes:
         _check_block_size(f"block_sizes contains {block_size}", block_size)
     for mode in cfg.preemption_modes:

@@ -51,6 +51,11 @@ class PrefixCache:
             hits.append(block_id)
         return hits
 
+    def match_tokens(self, request: Request, num_tokens: int) -> int:
+        """Leading tokens of a sequence of ``num_tokens`` tokens of ``request`` whose blocks the
+        pool holds now (``lookup``'s hits), without changing anything."""
+        return len(self.lookup(request, num_tokens)) * self.block_size
+
     def admitted(
         self, seq_id: int, request: Request, hits: list[int], blocks: list[int], num_tokens: int
     ) -> None:

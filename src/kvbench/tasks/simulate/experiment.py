@@ -132,15 +132,23 @@ def run_experiment(
         requests = to_requests(workload)
         rate = workload_cfg.request_rate
         beams = load_beam_ancestry() if workload_cfg.beam_width > 1 else None
-        ideal = _ideal_prefix_columns(requests, limits, cfg.allocator.block_size)
+        ideal_by_block_size: dict[int, dict[str, float]] = {}
         for name in cfg.allocators:
             # Checkpoint before a run, not after: the last run's tables are written once.
             if all_steps and checkpoint.is_due():
                 checkpoint.write(_write_large_tables, output_dir, all_steps, all_requests, metadata)
             allocator = make_allocator(
-                name, num_slots, cfg.allocator.block_size, max_model_len
+                name, num_slots, cfg.allocator.block_size, max_model_len,
+                radix_page_tokens=cfg.allocator.radix_page_tokens,
             )
             labels = _run_labels(cfg, deployment, workload_label, name, rate)
+            if name == "radix":  # its block-table entry is a page: hit rates count pages
+                labels["block_size"] = allocator.block_size
+            if labels["block_size"] not in ideal_by_block_size:
+                ideal_by_block_size[labels["block_size"]] = _ideal_prefix_columns(
+                    requests, limits, labels["block_size"]
+                )
+            ideal = ideal_by_block_size[labels["block_size"]]
             labels["n"] = workload_cfg.num_samples
             labels["beam_width"] = workload_cfg.beam_width
             step_sink = streamed.start_run(labels, deployment) if streamed else None
