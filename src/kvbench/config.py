@@ -23,7 +23,7 @@ from kvbench.allocators import ALLOCATOR_NAMES
 from kvbench.core.catalog import deployment_from
 from kvbench.core.kv_capacity import NUM_NULL_BLOCKS
 from kvbench.core.specs import DTYPE_BYTES, Deployment
-from kvbench.engine.scheduler import PREEMPTION_MODES
+from kvbench.engine.scheduler import POLICIES, PREEMPTION_MODES
 from kvbench.tasks.equivalence import names as equivalence_names
 from kvbench.workloads import WorkloadConfig, validate_workload_config
 
@@ -93,6 +93,9 @@ class SchedulerConfig:
     max_num_batched_tokens: int | None = MISSING
     preemption: str = MISSING
     swap_space_gib: float = MISSING
+    # Admission order of the waiting queue: fcfs, or lpm (longest prefix match first, SGLang's;
+    # for the prefix-caching allocators: it is fcfs for the others).
+    policy: str = MISSING
 
 
 @dataclass
@@ -545,6 +548,11 @@ def _check_scheduler(scheduler: SchedulerConfig) -> None:
     _require(
         scheduler.preemption in PREEMPTION_MODES,
         f"scheduler.preemption={scheduler.preemption!r}: allowed are {', '.join(PREEMPTION_MODES)}",
+    )
+    _require(
+        scheduler.policy in POLICIES,
+        f"scheduler.policy={scheduler.policy!r}: allowed are {', '.join(POLICIES)} (lpm: "
+        "longest prefix match first, for paged_prefix and radix)",
     )
     _require(
         scheduler.swap_space_gib >= 0,

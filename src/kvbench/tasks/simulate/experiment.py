@@ -52,6 +52,7 @@ def scheduler_limits(cfg: KvbenchConfig, deployment: Deployment) -> SchedulerLim
         max_num_batched_tokens=max_num_batched_tokens,
         preemption=cfg.scheduler.preemption,
         swap_capacity_tokens=int(swap_bytes // deployment.kv_bytes_per_token),
+        policy=cfg.scheduler.policy,
     )
 
 
@@ -85,6 +86,7 @@ def _run_labels(
         "num_gpus": deployment.num_gpus,
         "block_size": cfg.allocator.block_size,
         "preemption": cfg.scheduler.preemption,
+        "policy": cfg.scheduler.policy,
     }
 
 
