@@ -29,6 +29,7 @@ from kvbench.workloads import WorkloadConfig, validate_workload_config
 
 MAX_BLOCK_SIZE = 256  # the largest block size the vLLM paper swept (Fig. 18b)
 EXECUTOR_KINDS = ("roofline",)
+PREFIX_CACHING_ALLOCATORS = ("paged_prefix", "radix")  # what a CPU tier offloads for
 TASKS = ("simulate", "kernel_overhead", "logit_equivalence")
 
 
@@ -82,6 +83,9 @@ class AllocatorConfig:
     num_gpu_blocks: int | None = MISSING
     # Tokens per page of the radix allocator (SGLang's page_size; 1 matches token by token).
     radix_page_tokens: int = MISSING
+    # CPU memory (GiB, over all GPUs of the deployment) holding the prefix blocks the GPU cache
+    # evicts, for paged_prefix and radix (vLLM's CPU offloading, LMCache); 0: no CPU tier.
+    cpu_cache_gib: float = MISSING
 
 
 @dataclass
@@ -358,6 +362,7 @@ def _check_values(cfg: KvbenchConfig) -> None:
         f"allocator.radix_page_tokens={cfg.allocator.radix_page_tokens}",
         cfg.allocator.radix_page_tokens,
     )
+    _check_cpu_cache(cfg)
     for block_size in cfg.block_sizes:
         _check_block_size(f"block_sizes contains {block_size}", block_size)
     for mode in cfg.preemption_modes:
@@ -413,6 +418,19 @@ def _check_workload_request_rates(cfg: KvbenchConfig) -> None:
                 f"workload_request_rates.{label} contains {rate}: rates are request/s and must "
                 "be > 0",
             )
+
+
+def _check_cpu_cache(cfg: KvbenchConfig) -> None:
+    cpu_cache_gib = cfg.allocator.cpu_cache_gib
+    _require(
+        cpu_cache_gib >= 0,
+        f"allocator.cpu_cache_gib={cpu_cache_gib}: must be >= 0 GiB (0: no CPU tier)",
+    )
+    _require(
+        cpu_cache_gib == 0 or bool(set(cfg.allocators) & set(PREFIX_CACHING_ALLOCATORS)),
+        f"allocator.cpu_cache_gib={cpu_cache_gib}: a CPU tier holds evicted prefix blocks, and "
+        f"none of allocators={cfg.allocators} caches prefixes: add paged_prefix or radix",
+    )
 
 
 def _check_num_gpu_blocks(num_gpu_blocks: int | None) -> None:

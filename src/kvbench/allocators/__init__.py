@@ -53,18 +53,25 @@ def make_allocator(
     max_model_len: int,
     *,
     radix_page_tokens: int = 1,
+    cpu_cache_slots: int = 0,
 ) -> Allocator:
     """A fresh allocator of kind ``name`` over ``num_slots`` token slots.
 
     ``block_size`` (tokens per block) applies to the paged allocators; the contiguous ones always
-    use 1; ``radix`` uses ``radix_page_tokens``. ValueError names the allowed names when ``name``
-    is unknown.
+    use 1; ``radix`` uses ``radix_page_tokens``. ``cpu_cache_slots`` > 0 gives the
+    prefix-caching allocators (``paged_prefix``, ``radix``) a CPU tier of that many token slots
+    (whole blocks or pages); the others have no cache to offload. ValueError names the allowed
+    names when ``name`` is unknown.
     """
     factory = _FACTORIES.get(name)
     if factory is None:
         raise ValueError(f"unknown allocator {name!r}; allowed: {', '.join(ALLOCATOR_NAMES)}")
     if name == RadixAllocator.name:
-        return RadixAllocator(num_slots, max_model_len, page_tokens=radix_page_tokens)
+        return RadixAllocator(num_slots, max_model_len, page_tokens=radix_page_tokens,
+                              cpu_cache_pages=cpu_cache_slots // radix_page_tokens)  # fmt: skip
+    if name == "paged_prefix" and cpu_cache_slots:
+        return PagedAllocator(num_slots, block_size, max_model_len, enable_prefix_caching=True,
+                              cpu_cache_blocks=cpu_cache_slots // block_size)  # fmt: skip
     return factory(num_slots, block_size, max_model_len)
 
 

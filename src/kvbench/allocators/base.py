@@ -91,6 +91,11 @@ class PrefixCacheView(Protocol):
         now (what an admission would hit), without changing anything."""
         ...
 
+    def loaded_prefix_tokens(self, seq_id: int) -> int:
+        """Of ``cached_prefix_tokens``, those loaded from the CPU tier (0 without one): the
+        engine prices their copy over PCIe."""
+        ...
+
 
 @runtime_checkable
 class Allocator(Protocol):

@@ -16,6 +16,13 @@ default, matches token by token; more matches whole pages only, like SGLang's pa
 - Eviction frees least recently used leaves that no running sequence references, one at a time,
   so a parent goes only after its children (LRU leaf eviction).
 
+With a CPU tier (``cpu_cache_pages`` > 0, SGLang's HiCache host tier, vLLM's CPU offloading), an
+evicted leaf of known tokens moves to CPU memory instead of leaving the tree (its node stays, with
+no GPU pages); the CPU tier drops its own least recently used leaves when full. An admission whose
+GPU match ends where CPU nodes continue it loads them back into fresh pages (they leave the CPU
+tier: the tiers are exclusive), and the engine prices the copy over PCIe
+(``loaded_prefix_tokens``).
+
 Cached pages nobody references count as free in ``usage()`` (the pool takes them back on
 demand), as ``paged_prefix`` counts its cached free blocks. Forks copy the parent's own pages
 (the tree path is shared), like a contiguous allocator's fork.
@@ -119,6 +126,8 @@ class _Node:
     ref_count: int = 0  # running sequences whose path goes through this node
     last_access: int = 0  # the allocator's clock when a sequence last took or left it
     in_tree: bool = True
+    on_cpu: bool = False  # in the CPU tier: no GPU pages (its children are on the CPU too)
+    matchable: bool = True  # False for a finished sequence's own tokens: nothing can hit them
 
 
 @dataclass(slots=True, eq=False)  # identity: the cohort finds members by it
@@ -132,6 +141,7 @@ class _RadixSequence:
     path_tokens: int  # tokens its path covers (a multiple of page_tokens)
     cached_tokens: int  # of those, tokens it found in the tree at admission
     blocks: list[int]  # its own pages (the cohort appends here)
+    loaded_tokens: int = 0  # of the cached ones, those loaded from the CPU tier
     cohort_offset: int | None = None
 
 
@@ -141,14 +151,19 @@ class RadixAllocator:
     Attributes:
         num_hit_tokens: known prompt tokens admissions found in the tree.
         num_evicted_pages: cached pages the pool took back for other content.
+        num_cpu_hit_tokens: of the hit tokens, those loaded back from the CPU tier.
     """
 
     name = "radix"
     forks_share_blocks = False  # a fork copies the parent's own pages (it may fail)
 
-    def __init__(self, num_slots: int, max_model_len: int, *, page_tokens: int = 1) -> None:
+    def __init__(
+        self, num_slots: int, max_model_len: int, *, page_tokens: int = 1, cpu_cache_pages: int = 0
+    ) -> None:
         if page_tokens < 1:
             raise ValueError(f"page_tokens={page_tokens}: must be >= 1")
+        if cpu_cache_pages < 0:
+            raise ValueError(f"cpu_cache_pages={cpu_cache_pages}: must be >= 0")
         if num_slots < 0:
             raise ValueError(f"num_slots={num_slots}: must be >= 0")
         self.num_slots = num_slots
@@ -157,6 +172,10 @@ class RadixAllocator:
         self.num_pages = num_slots // page_tokens
         self.num_hit_tokens = 0
         self.num_evicted_pages = 0
+        self.cpu_cache_pages = cpu_cache_pages
+        self.num_cpu_hit_tokens = 0
+        self._num_cpu_pages = 0
+        self._cpu_leaves: list[tuple[int, int, _Node]] = []  # (last access, tie, node)
         self._root = _Node(runs=[], num_tokens=0, pages=[], parent=None)
         self._root.ref_count = 1  # never evicted
         self._free_pages = list(range(self.num_pages - 1, -1, -1))  # popped from the end
@@ -190,11 +209,18 @@ class RadixAllocator:
         """Leading tokens the sequence found in the tree at admission (0 for a fork)."""
         return self._sequences[seq_id].cached_tokens
 
+    def loaded_prefix_tokens(self, seq_id: int) -> int:
+        """Of ``cached_prefix_tokens``, those loaded from the CPU tier at admission."""
+        return self._sequences[seq_id].loaded_tokens
+
     def match_tokens(self, request: Request, num_tokens: int) -> int:
         """Leading tokens of a sequence of ``num_tokens`` tokens of ``request`` the tree holds
         now (whole pages), without changing anything."""
         runs = self._runs(request)
-        _, _, _, matched = self._match(runs, self._insert_limit(runs, num_tokens))
+        limit = self._insert_limit(runs, num_tokens)
+        node, child, _, matched = self._match(runs, limit)
+        if child is None:
+            matched = self._match_cpu(node, runs, matched, limit)[3]
         return matched
 
     # --- Allocator ---------------------------------------------------------------------------
@@ -220,11 +246,26 @@ class RadixAllocator:
         num_new_pages = self._pages_for(num_tokens - matched)
         if num_new_pages > self._available_pages(node, child, child_tokens):
             return False
+        cpu_nodes: list[_Node] = []
+        gpu_matched = matched
         if child is not None:
             node = self._split(child, child_tokens)
+        elif self._num_cpu_pages:
+            cpu_nodes, cpu_child, cpu_child_tokens, matched = self._match_cpu(
+                node, runs, matched, limit
+            )
+            if cpu_child is not None:
+                cpu_nodes.append(self._split(cpu_child, cpu_child_tokens))
         now = next(self._clock)
         self._reference_path(node, now)  # before allocating, so eviction cannot take it
+        for cpu_node in cpu_nodes:  # nor drop the CPU nodes it loads
+            self._reference(cpu_node)
+            cpu_node.last_access = now
         pages = self._allocate_pages(num_new_pages)
+        num_loaded_pages = self._load_from_cpu(cpu_nodes, pages)
+        if cpu_nodes:
+            node = cpu_nodes[-1]
+        pages = pages[num_loaded_pages:]
         num_tree_pages = (limit - matched) // self.block_size
         if num_tree_pages:
             node = self._add_child(node, slice_runs(runs, matched, limit), pages[:num_tree_pages])
@@ -240,10 +281,12 @@ class RadixAllocator:
             path_tokens=limit if num_tree_pages else matched,
             cached_tokens=matched,
             blocks=own_pages,
+            loaded_tokens=matched - gpu_matched,
         )
         self._sequences[seq_id] = seq
         self._num_logical_pages += seq.path_tokens // self.block_size + len(own_pages)
         self.num_hit_tokens += matched
+        self.num_cpu_hit_tokens += matched - gpu_matched
         self._track_last_page(seq)
         return True
 
@@ -339,6 +382,7 @@ class RadixAllocator:
             unique_run: Run = ((next(self._unique_streams),), 0, num_full_pages * self.block_size)
             leaf = self._add_child(seq.node, [unique_run], seq.blocks[:num_full_pages])
             leaf.last_access = now
+            leaf.matchable = False
             self._push_if_evictable(leaf)
         self._free_pages.extend(reversed(seq.blocks[num_full_pages:]))
 
@@ -383,15 +427,19 @@ class RadixAllocator:
         leaves = sorted(
             (last_access, tie, node.pages)
             for last_access, tie, node in self._evictable_leaves
-            if node.in_tree and node.ref_count == 0 and not node.children
-            and node.last_access == last_access
+            if self._is_gpu_leaf(node) and node.last_access == last_access
         )
         evictable = tuple(page for _, _, pages in leaves for page in pages)
         return tuple(reversed(self._free_pages)) + evictable
 
     def cached_tokens(self) -> int:
-        """Tokens the tree holds (referenced or not), own pages of running sequences aside."""
+        """Tokens the tree holds in GPU pages (referenced or not), own pages of running
+        sequences aside."""
         return (self._num_held_tree_pages + self._num_evictable_pages) * self.block_size
+
+    def cpu_cached_tokens(self) -> int:
+        """Tokens the CPU tier holds."""
+        return self._num_cpu_pages * self.block_size
 
     def take_copy_on_writes(self) -> list[tuple[int, int]]:
         """(src_page, dst_page) copies forks made since the last call."""
@@ -487,7 +535,7 @@ class RadixAllocator:
         position = 0
         while position + page_tokens <= limit:
             child = node.children.get(_page_key(runs, position, page_tokens))
-            if child is None:
+            if child is None or child.on_cpu:
                 break
             common = common_prefix_tokens(child.runs, slice_runs(runs, position, limit))
             common = common // page_tokens * page_tokens
@@ -496,6 +544,40 @@ class RadixAllocator:
             node = child
             position += common
         return node, None, 0, position
+
+    def _match_cpu(
+        self, node: _Node, runs: list[Run], position: int, limit: int
+    ) -> tuple[list[_Node], _Node | None, int, int]:
+        """Continue a GPU match that ended at the end of ``node``, ``position`` tokens in,
+        through CPU nodes: (CPU nodes matched whole, the CPU child matched partly or None, its
+        matched tokens, tokens matched in all)."""
+        page_tokens = self.block_size
+        matched_whole: list[_Node] = []
+        while position + page_tokens <= limit:
+            child = node.children.get(_page_key(runs, position, page_tokens))
+            if child is None or not child.on_cpu:
+                break
+            common = common_prefix_tokens(child.runs, slice_runs(runs, position, limit))
+            common = common // page_tokens * page_tokens
+            if common < child.num_tokens:
+                return matched_whole, child, common, position + common
+            matched_whole.append(child)
+            node = child
+            position += common
+        return matched_whole, None, 0, position
+
+    def _load_from_cpu(self, cpu_nodes: list[_Node], pages: list[int]) -> int:
+        """Give the (referenced) CPU nodes the leading ``pages``, in path order: they are back
+        on the GPU. Returns the pages they took."""
+        num_taken = 0
+        for node in cpu_nodes:
+            num_pages = node.num_tokens // self.block_size
+            node.pages = pages[num_taken : num_taken + num_pages]
+            node.on_cpu = False
+            num_taken += num_pages
+            self._num_cpu_pages -= num_pages
+            self._num_held_tree_pages += num_pages  # referenced by the admission
+        return num_taken
 
     def _available_pages(self, node: _Node, child: _Node | None, child_tokens: int) -> int:
         """Pages an admission matching up to ``node`` (and ``child_tokens`` into ``child``) can
@@ -522,6 +604,7 @@ class RadixAllocator:
             parent=parent,
             ref_count=child.ref_count,
             last_access=child.last_access,
+            on_cpu=child.on_cpu,
         )
         parent.children[_page_key(child.runs, 0, self.block_size)] = upper
         child.runs = slice_runs(child.runs, num_tokens, child.num_tokens)
@@ -565,8 +648,16 @@ class RadixAllocator:
             self._num_evictable_pages += num_pages
             self._push_if_evictable(node)
 
+    def _is_gpu_leaf(self, node: _Node) -> bool:
+        """Whether the GPU may evict the node now: in the tree, on the GPU, unreferenced, and
+        no child on the GPU."""
+        return (
+            node.in_tree and not node.on_cpu and node.ref_count == 0
+            and not any(not child.on_cpu for child in node.children.values())
+        )
+
     def _push_if_evictable(self, node: _Node) -> None:
-        if node.ref_count == 0 and not node.children and node.parent is not None:
+        if node.parent is not None and self._is_gpu_leaf(node):
             heapq.heappush(self._evictable_leaves, (node.last_access, next(self._tie), node))
 
     def _allocate_pages(self, num_pages: int) -> list[int]:
@@ -585,24 +676,52 @@ class RadixAllocator:
         return pages
 
     def _evict_one_leaf(self) -> None:
+        """Free the GPU pages of the least recently used GPU leaf: it moves to the CPU tier
+        (known tokens, with a tier) or leaves the tree."""
         while True:
             last_access, _, node = heapq.heappop(self._evictable_leaves)
-            if (node.in_tree and node.ref_count == 0 and not node.children
-                    and node.last_access == last_access):  # fmt: skip
+            if self._is_gpu_leaf(node) and node.last_access == last_access:
                 break
         parent = node.parent
         assert parent is not None
-        del parent.children[_page_key(node.runs, 0, self.block_size)]
-        node.in_tree = False
-        self._num_evictable_pages -= len(node.pages)
-        self.num_evicted_pages += len(node.pages)
+        num_pages = len(node.pages)
+        self._num_evictable_pages -= num_pages
+        self.num_evicted_pages += num_pages
         self._free_pages.extend(reversed(node.pages))
-        self._evicted(node)
+        node.pages = []
+        if self.cpu_cache_pages and node.matchable:
+            node.on_cpu = True
+            self._num_cpu_pages += num_pages
+            self._push_if_cpu_leaf(node)
+            while self._num_cpu_pages > self.cpu_cache_pages:
+                self._drop_cpu_leaf()
+        else:
+            self._remove(node)
         if parent is not self._root:
             self._push_if_evictable(parent)
 
-    def _evicted(self, node: _Node) -> None:
-        """Hook: a leaf left the GPU (the CPU tier keeps it, when there is one)."""
+    def _push_if_cpu_leaf(self, node: _Node) -> None:
+        if node.in_tree and node.on_cpu and node.ref_count == 0 and not node.children:
+            heapq.heappush(self._cpu_leaves, (node.last_access, next(self._tie), node))
+
+    def _drop_cpu_leaf(self) -> None:
+        """The CPU tier is full: forget its least recently used leaf."""
+        while True:
+            last_access, _, node = heapq.heappop(self._cpu_leaves)
+            if (node.in_tree and node.on_cpu and node.ref_count == 0 and not node.children
+                    and node.last_access == last_access):  # fmt: skip
+                break
+        self._num_cpu_pages -= node.num_tokens // self.block_size
+        parent = node.parent
+        self._remove(node)
+        if parent is not None:
+            self._push_if_cpu_leaf(parent)
+
+    def _remove(self, node: _Node) -> None:
+        parent = node.parent
+        assert parent is not None and not node.children
+        del parent.children[_page_key(node.runs, 0, self.block_size)]
+        node.in_tree = False
 
     # --- own pages -----------------------------------------------------------------------------
 

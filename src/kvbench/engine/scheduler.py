@@ -69,6 +69,7 @@ class Batch:
     num_preempted: int = 0
     num_swap_out_tokens: int = 0
     num_swap_in_tokens: int = 0
+    num_cpu_load_tokens: int = 0  # cached prefix tokens admissions load from the CPU tier
     memory_blocked: bool = False
 
     @property
@@ -286,6 +287,10 @@ class Scheduler:
             if allocator.admit(seq.seq_id, seq.request, num_prefill_tokens + 1):
                 self._waiting.popleft()
                 seq.num_cached_tokens = _cached_prefix_tokens(allocator, seq.seq_id)
+                if allocator.prefix_cache is not None:  # its CPU-tier hits load over PCIe
+                    num_loaded = allocator.prefix_cache.loaded_prefix_tokens(seq.seq_id)
+                    batch.num_cpu_load_tokens += num_loaded
+                    seq.record.mark_cpu_hit(num_loaded)
                 token_budget -= num_prefill_tokens
                 batch.prefill.append(seq)
                 continue

@@ -87,6 +87,7 @@ def _run_labels(
         "block_size": cfg.allocator.block_size,
         "preemption": cfg.scheduler.preemption,
         "policy": cfg.scheduler.policy,
+        "cpu_cache_gib": cfg.allocator.cpu_cache_gib,
     }
 
 
@@ -142,6 +143,8 @@ def run_experiment(
             allocator = make_allocator(
                 name, num_slots, cfg.allocator.block_size, max_model_len,
                 radix_page_tokens=cfg.allocator.radix_page_tokens,
+                cpu_cache_slots=int(cfg.allocator.cpu_cache_gib * GIB
+                                    // deployment.kv_bytes_per_token),
             )
             labels = _run_labels(cfg, deployment, workload_label, name, rate)
             if name == "radix":  # its block-table entry is a page: hit rates count pages
