@@ -278,3 +278,20 @@ def test_fast_and_step_by_step_runs_agree_under_eviction() -> None:
         assert allocator.num_evicted_pages > 0
     assert results[0].steps.columns == results[1].steps.columns
     assert results[0].requests == results[1].requests
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    page_tokens=st.sampled_from([1, 2, 4, 16]),
+    requests=st.lists(st.tuples(st.integers(1, 60), _identities), min_size=1, max_size=25),
+)
+def test_the_unbounded_tree_reaches_the_workloads_ideal(page_tokens: int, requests: list) -> None:
+    """Two computations of an unbounded cache's hits (block contents vs the radix tree's runs)
+    agree at every block size."""
+    from kvbench.allocators.radix import unbounded_radix_hits
+    from kvbench.workloads.prefix_reuse import ideal_prefix_reuse
+
+    ordered = [Request(i, float(i), prompt, 8, **identity)
+               for i, (prompt, identity) in enumerate(requests)]  # fmt: skip
+    ideal = ideal_prefix_reuse(ordered, page_tokens)
+    assert unbounded_radix_hits(ordered, page_tokens) == ideal.hit_tokens

@@ -178,7 +178,10 @@ class RadixAllocator:
         self._cpu_leaves: list[tuple[int, int, _Node]] = []  # (last access, tie, node)
         self._root = _Node(runs=[], num_tokens=0, pages=[], parent=None)
         self._root.ref_count = 1  # never evicted
-        self._free_pages = list(range(self.num_pages - 1, -1, -1))  # popped from the end
+        # Freed pages, reused last in first out; then pages never used, by id (a counter: an
+        # unbounded pool costs nothing until used).
+        self._free_pages: list[int] = []
+        self._next_fresh_page = 0
         self._num_evictable_pages = 0  # pages of cached nodes no sequence references
         self._num_held_tree_pages = 0  # pages of nodes some running sequence references
         self._num_shared_tree_pages = 0  # of those, referenced by more than one
@@ -430,7 +433,8 @@ class RadixAllocator:
             if self._is_gpu_leaf(node) and node.last_access == last_access
         )
         evictable = tuple(page for _, _, pages in leaves for page in pages)
-        return tuple(reversed(self._free_pages)) + evictable
+        fresh = tuple(range(self._next_fresh_page, self.num_pages))
+        return tuple(reversed(self._free_pages)) + fresh + evictable
 
     def cached_tokens(self) -> int:
         """Tokens the tree holds in GPU pages (referenced or not), own pages of running
@@ -512,7 +516,10 @@ class RadixAllocator:
 
     def num_free_blocks(self) -> int:
         """Pages free for new allocations: free ones and cached ones nobody references."""
-        return len(self._free_pages) + self._num_evictable_pages
+        return self._num_unused_pages() + self._num_evictable_pages
+
+    def _num_unused_pages(self) -> int:
+        return len(self._free_pages) + self.num_pages - self._next_fresh_page
 
     # --- the tree ------------------------------------------------------------------------------
 
@@ -669,6 +676,11 @@ class RadixAllocator:
         # allocations would (the fast path's rounds take them in one call).
         while len(pages) < num_pages:
             if not free_pages:
+                num_fresh = min(self.num_pages - self._next_fresh_page, num_pages - len(pages))
+                if num_fresh:
+                    pages += range(self._next_fresh_page, self._next_fresh_page + num_fresh)
+                    self._next_fresh_page += num_fresh
+                    continue
                 self._evict_one_leaf()
             num_taken = min(len(free_pages), num_pages - len(pages))
             pages += reversed(free_pages[-num_taken:])
@@ -749,3 +761,22 @@ class RadixAllocator:
         filled_slots, usable_slots = self._partial_pages.pop(page, (0, 0))
         self._partial_filled_slots -= filled_slots
         self._partial_usable_slots -= usable_slots
+
+
+def unbounded_radix_hits(requests: list[Request], page_tokens: int) -> int:
+    """Hit tokens of a radix cache that never evicts, given ``requests`` in arrival order, each
+    admitted with its prompt: the longest known prefix each shares with an earlier request, in
+    whole pages (the ideal a bounded cache reaches at best). The tree alone, without pages:
+    page 1 costs what page 16 does."""
+    tree = RadixAllocator(0, 1, page_tokens=page_tokens)
+    hit_tokens = 0
+    for request in requests:
+        runs = known_token_runs(request)
+        limit = tree._insert_limit(runs, request.prompt_tokens)
+        node, child, child_tokens, matched = tree._match(runs, limit)
+        hit_tokens += matched
+        if child is not None:
+            node = tree._split(child, child_tokens)
+        if limit > matched:
+            tree._add_child(node, slice_runs(runs, matched, limit), [])
+    return hit_tokens
