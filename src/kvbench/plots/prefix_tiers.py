@@ -25,6 +25,12 @@ def _designs(rows: pd.DataFrame) -> list[Design]:
     return sorted((str(name), int(size)) for name, size in pairs)
 
 
+def _hatch(design: Design, designs: list[Design]) -> str | None:
+    """Designs of one allocator share its colour: the second and later get a hatch."""
+    same_allocator = [other for other in designs if other[0] == design[0]]
+    return (None, "..", "xx", "++")[min(same_allocator.index(design), 3)]
+
+
 def _label(design: Design) -> str:
     name, size = design
     return f"{name} ({'page' if name == 'radix' else 'block'} {size})"
@@ -52,7 +58,8 @@ def page_size_chart(summary: pd.DataFrame, out_dir: Path) -> bool:
             x = index * width
             measured = 100 * float(row["prefix_hit_rate"].iloc[0])
             ideal = 100 * float(row["ideal_prefix_hit_rate"].iloc[0])
-            ax.bar(x, measured, width * 0.9, color=allocator_color(name), label=_label(design))
+            ax.bar(x, measured, width * 0.9, color=allocator_color(name), label=_label(design),
+                   hatch=_hatch(design, designs), edgecolor="white")  # fmt: skip
             ax.plot([x - width * 0.45, x + width * 0.45], [ideal, ideal], color=OTHER_COLOR,
                     linestyle="--", label="unbounded ideal" if index == 0 else None)  # fmt: skip
             ax.text(x, measured, f"{measured:.1f}", ha="center", va="bottom", fontsize=8)
@@ -86,7 +93,8 @@ def cpu_tier_chart(summary: pd.DataFrame, out_dir: Path, workload: str) -> bool:
         x = positions + (index - (len(designs) - 1) / 2) * width
         gpu = 100 * by_tier["prefix_gpu_hit_rate"].to_numpy(dtype=float)
         cpu = 100 * by_tier["prefix_cpu_hit_rate"].to_numpy(dtype=float)
-        hits_ax.bar(x, gpu, width * 0.9, color=color, label=_label(design))
+        hits_ax.bar(x, gpu, width * 0.9, color=color, label=_label(design),
+                    hatch=_hatch(design, designs), edgecolor="white")  # fmt: skip
         hits_ax.bar(x, cpu, width * 0.9, bottom=gpu, color=color, alpha=0.45,
                     hatch=CPU_TIER_HATCH, edgecolor="white")  # fmt: skip
         linestyle = "--" if index % 2 else "-"

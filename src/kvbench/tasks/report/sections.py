@@ -533,7 +533,8 @@ def radix_offload_section(summary: pd.DataFrame) -> str:
     design_header = ["workload", "allocator", "block / page", "policy", "hit rate (%)",
                      "unbounded ideal (%)", "req/s", "TTFT p50 (s)"]  # fmt: skip
     tier_rows = []
-    for _, row in rows[rows["policy"] == "fcfs"].iterrows():
+    hit_on_cpu = rows.groupby("workload")["prefix_cpu_hit_rate"].transform("max") > 0
+    for _, row in rows[(rows["policy"] == "fcfs") & hit_on_cpu].iterrows():
         tier_rows.append([row["workload"], row["allocator"], int(row["block_size"]),
                           f"{row['cpu_cache_gib']:g}", 100 * row["prefix_gpu_hit_rate"],
                           100 * row["prefix_cpu_hit_rate"], 100 * row["prefix_hit_rate"],
@@ -548,7 +549,8 @@ def radix_offload_section(summary: pd.DataFrame) -> str:
         "next to an unbounded, never-evicting cache at the same block or page size "
         "(`ideal_prefix_hit_rate`). Without a CPU tier:\n\n"
         + markdown_table(design_header, design_rows, digits=2)
-        + "\n\nBy tier (`prefix_gpu_hit_rate`, `prefix_cpu_hit_rate`), fcfs:\n\n"
+        + "\n\nBy tier (`prefix_gpu_hit_rate`, `prefix_cpu_hit_rate`), fcfs, on the workloads "
+        "whose CPU tier is ever hit:\n\n"
         + markdown_table(tier_header, tier_rows, digits=2)
         + "\n"
     )
