@@ -14,7 +14,9 @@ from kvbench.allocators import (
 
 
 def test_names_in_report_order() -> None:
-    assert ALLOCATOR_NAMES == ("naive_max", "naive_pow2", "naive_oracle", "paged", "paged_prefix")
+    assert ALLOCATOR_NAMES == (
+        "naive_max", "naive_pow2", "naive_oracle", "paged", "paged_prefix", "radix"
+    )
 
 
 @pytest.mark.parametrize("name", ALLOCATOR_NAMES)
@@ -32,7 +34,7 @@ def test_each_declares_its_abilities(name: str) -> None:
     """The engine reads abilities from these declarations, never by probing attributes."""
     allocator = make_allocator(name, 1000, 16, 256)
     is_paged = name.startswith("paged")
-    assert (allocator.prefix_cache is not None) == (name == "paged_prefix")
+    assert (allocator.prefix_cache is not None) == (name in ("paged_prefix", "radix"))
     assert allocator.forks_share_blocks == is_paged
     assert isinstance(allocator, CopyOnWriteCounter) == is_paged
     assert isinstance(allocator, CohortAllocator)

@@ -197,7 +197,7 @@ def test_engine_defaults_match_the_yaml():
         assert cost_defaults[key] == executor[key], key
     scheduler = read_option("scheduler", "vllm")
     limit_defaults = {spec.name: spec.default for spec in fields(SchedulerLimits)}
-    for key in ("max_num_seqs", "preemption"):
+    for key in ("max_num_seqs", "preemption", "policy"):
         assert limit_defaults[key] == scheduler[key], key
 
 

@@ -23,13 +23,14 @@ from kvbench.allocators import ALLOCATOR_NAMES
 from kvbench.core.catalog import deployment_from
 from kvbench.core.kv_capacity import NUM_NULL_BLOCKS
 from kvbench.core.specs import DTYPE_BYTES, Deployment
-from kvbench.engine.scheduler import PREEMPTION_MODES
+from kvbench.engine.scheduler import POLICIES, PREEMPTION_MODES
 from kvbench.plots import CHART_FORMATS
 from kvbench.tasks.equivalence import names as equivalence_names
 from kvbench.workloads import WorkloadConfig, validate_workload_config
 
 MAX_BLOCK_SIZE = 256  # the largest block size the vLLM paper swept (Fig. 18b)
 EXECUTOR_KINDS = ("roofline",)
+PREFIX_CACHING_ALLOCATORS = ("paged_prefix", "radix")  # what a CPU tier offloads for
 TASKS = ("simulate", "kernel_overhead", "logit_equivalence")
 
 
@@ -81,6 +82,11 @@ class AllocatorConfig:
     # Pool size in blocks, vLLM's num_gpu_blocks_override (its null block included: N - 1 blocks
     # hold tokens); None: sized from the KV memory. kvbench.core.kv_capacity.pool_slots.
     num_gpu_blocks: int | None = MISSING
+    # Tokens per page of the radix allocator (SGLang's page_size; 1 matches token by token).
+    radix_page_tokens: int = MISSING
+    # CPU memory (GiB, over all GPUs of the deployment) holding the prefix blocks the GPU cache
+    # evicts, for paged_prefix and radix (vLLM's CPU offloading, LMCache); 0: no CPU tier.
+    cpu_cache_gib: float = MISSING
 
 
 @dataclass
@@ -92,6 +98,9 @@ class SchedulerConfig:
     max_num_batched_tokens: int | None = MISSING
     preemption: str = MISSING
     swap_space_gib: float = MISSING
+    # Admission order of the waiting queue: fcfs, or lpm (longest prefix match first, SGLang's;
+    # for the prefix-caching allocators: it is fcfs for the others).
+    policy: str = MISSING
 
 
 @dataclass
@@ -352,6 +361,11 @@ def _check_values(cfg: KvbenchConfig) -> None:
     _require(cfg.task in TASKS, f"task={cfg.task!r}: allowed tasks are {', '.join(TASKS)}")
     _check_block_size(f"allocator.block_size={cfg.allocator.block_size}", cfg.allocator.block_size)
     _check_num_gpu_blocks(cfg.allocator.num_gpu_blocks)
+    _check_block_size(
+        f"allocator.radix_page_tokens={cfg.allocator.radix_page_tokens}",
+        cfg.allocator.radix_page_tokens,
+    )
+    _check_cpu_cache(cfg)
     for block_size in cfg.block_sizes:
         _check_block_size(f"block_sizes contains {block_size}", block_size)
     for mode in cfg.preemption_modes:
@@ -415,6 +429,19 @@ def _check_plot_formats(formats: list[str]) -> None:
         len(formats) > 0 and all(name in CHART_FORMATS for name in formats),
         f"plot_formats={formats}: name one or more of {', '.join(CHART_FORMATS)} (plots=false "
         "draws no charts)",
+    )
+
+
+def _check_cpu_cache(cfg: KvbenchConfig) -> None:
+    cpu_cache_gib = cfg.allocator.cpu_cache_gib
+    _require(
+        cpu_cache_gib >= 0,
+        f"allocator.cpu_cache_gib={cpu_cache_gib}: must be >= 0 GiB (0: no CPU tier)",
+    )
+    _require(
+        cpu_cache_gib == 0 or bool(set(cfg.allocators) & set(PREFIX_CACHING_ALLOCATORS)),
+        f"allocator.cpu_cache_gib={cpu_cache_gib}: a CPU tier holds evicted prefix blocks, and "
+        f"none of allocators={cfg.allocators} caches prefixes: add paged_prefix or radix",
     )
 
 
@@ -551,6 +578,11 @@ def _check_scheduler(scheduler: SchedulerConfig) -> None:
     _require(
         scheduler.preemption in PREEMPTION_MODES,
         f"scheduler.preemption={scheduler.preemption!r}: allowed are {', '.join(PREEMPTION_MODES)}",
+    )
+    _require(
+        scheduler.policy in POLICIES,
+        f"scheduler.policy={scheduler.policy!r}: allowed are {', '.join(POLICIES)} (lpm: "
+        "longest prefix match first, for paged_prefix and radix)",
     )
     _require(
         scheduler.swap_space_gib >= 0,

@@ -3,7 +3,7 @@
 ``base`` holds the contract (the ``Allocator`` protocol, the optional abilities an allocator
 declares, ``MemoryUsage``); ``contiguous`` the Orca baselines over a ``buddy`` arena; ``paged``
 the block tables over a ``block_pool``, advanced lazily by a ``cohort``, and optionally given a
-``prefix_cache`` (keyed by ``prefix_hashes``).
+``prefix_cache`` (keyed by ``prefix_hashes``); ``radix`` SGLang's radix tree of prefixes.
 
 ``make_allocator(name, ...)`` builds one by its registry name; ``ALLOCATOR_NAMES`` lists them in
 the order reports show them. ``paged_prefix`` is the ``paged`` allocator with a prefix cache.
@@ -27,6 +27,7 @@ from kvbench.allocators.contiguous import (
 )
 from kvbench.allocators.paged import PagedAllocator
 from kvbench.allocators.prefix_cache import PrefixCache
+from kvbench.allocators.radix import RadixAllocator
 
 # name -> factory(num_slots, block_size, max_model_len); contiguous allocators ignore block_size.
 _FACTORIES: dict[str, Callable[[int, int, int], Allocator]] = {
@@ -38,20 +39,39 @@ _FACTORIES: dict[str, Callable[[int, int, int], Allocator]] = {
     "paged_prefix": lambda slots, block_size, max_len: PagedAllocator(
         slots, block_size, max_len, enable_prefix_caching=True
     ),
+    # SGLang's RadixAttention cache (its page size is radix_page_tokens, not block_size).
+    RadixAllocator.name: lambda slots, _, max_len: RadixAllocator(slots, max_len),
 }
 
 ALLOCATOR_NAMES: tuple[str, ...] = tuple(_FACTORIES)
 
 
-def make_allocator(name: str, num_slots: int, block_size: int, max_model_len: int) -> Allocator:
+def make_allocator(
+    name: str,
+    num_slots: int,
+    block_size: int,
+    max_model_len: int,
+    *,
+    radix_page_tokens: int = 1,
+    cpu_cache_slots: int = 0,
+) -> Allocator:
     """A fresh allocator of kind ``name`` over ``num_slots`` token slots.
 
     ``block_size`` (tokens per block) applies to the paged allocators; the contiguous ones always
-    use 1. ValueError names the allowed names when ``name`` is unknown.
+    use 1; ``radix`` uses ``radix_page_tokens``. ``cpu_cache_slots`` > 0 gives the
+    prefix-caching allocators (``paged_prefix``, ``radix``) a CPU tier of that many token slots
+    (whole blocks or pages); the others have no cache to offload. ValueError names the allowed
+    names when ``name`` is unknown.
     """
     factory = _FACTORIES.get(name)
     if factory is None:
         raise ValueError(f"unknown allocator {name!r}; allowed: {', '.join(ALLOCATOR_NAMES)}")
+    if name == RadixAllocator.name:
+        return RadixAllocator(num_slots, max_model_len, page_tokens=radix_page_tokens,
+                              cpu_cache_pages=cpu_cache_slots // radix_page_tokens)  # fmt: skip
+    if name == "paged_prefix" and cpu_cache_slots:
+        return PagedAllocator(num_slots, block_size, max_model_len, enable_prefix_caching=True,
+                              cpu_cache_blocks=cpu_cache_slots // block_size)  # fmt: skip
     return factory(num_slots, block_size, max_model_len)
 
 
@@ -66,5 +86,6 @@ __all__ = [
     "NaivePow2Allocator",
     "PagedAllocator",
     "PrefixCache",
+    "RadixAllocator",
     "make_allocator",
 ]

@@ -16,7 +16,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Protocol, runtime_checkable
 
-from kvbench.allocators.prefix_cache import PrefixCache
 from kvbench.core.request import Request
 
 # The paper's categories that partition a pool (MemoryUsage's first five counts), in table order.
@@ -79,6 +78,25 @@ def check_token_count(num_tokens: int) -> None:
         raise ValueError(f"num_tokens={num_tokens}: must be >= 0")
 
 
+class PrefixCacheView(Protocol):
+    """What the engine reads of an allocator's prefix cache (``PrefixCache`` of the paged
+    allocator, or the radix tree of ``RadixAllocator``)."""
+
+    def cached_prefix_tokens(self, seq_id: int) -> int:
+        """Leading tokens whose KV the sequence found cached at its admission."""
+        ...
+
+    def match_tokens(self, request: Request, num_tokens: int) -> int:
+        """Leading tokens of a sequence of ``num_tokens`` tokens of ``request`` the cache holds
+        now (what an admission would hit), without changing anything."""
+        ...
+
+    def loaded_prefix_tokens(self, seq_id: int) -> int:
+        """Of ``cached_prefix_tokens``, those loaded from the CPU tier (0 without one): the
+        engine prices their copy over PCIe."""
+        ...
+
+
 @runtime_checkable
 class Allocator(Protocol):
     """What the scheduler needs from every KV-cache allocator.
@@ -93,7 +111,7 @@ class Allocator(Protocol):
     block_size: int  # token slots per block-table entry (1 for the contiguous allocators)
 
     @property
-    def prefix_cache(self) -> PrefixCache | None:
+    def prefix_cache(self) -> PrefixCacheView | None:
         """The prefix cache the allocator consults at admission, or None when it has none."""
         ...
 

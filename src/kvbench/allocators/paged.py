@@ -35,7 +35,8 @@ class PagedAllocator:
 
     ``enable_prefix_caching`` gives it a ``PrefixCache`` (``prefix_cache``; None without): an
     admission then references the pool's blocks of its prompt prefix instead of allocating them,
-    and freed prompt blocks stay cached until the pool reuses them.
+    and freed prompt blocks stay cached until the pool reuses them; ``cpu_cache_blocks`` > 0
+    gives that cache a CPU tier of as many blocks for the blocks the pool evicts.
     """
 
     forks_share_blocks = True  # a fork references the parent's blocks: no new block, no failure
@@ -47,6 +48,7 @@ class PagedAllocator:
         max_model_len: int,
         *,
         enable_prefix_caching: bool = False,
+        cpu_cache_blocks: int = 0,
     ) -> None:
         if block_size < 1:
             raise ValueError(f"block_size={block_size}: must be >= 1")
@@ -57,7 +59,9 @@ class PagedAllocator:
         self.max_model_len = max_model_len
         self.name = "paged_prefix" if enable_prefix_caching else "paged"
         self.num_copy_on_writes = 0
-        self.prefix_cache = PrefixCache(block_size) if enable_prefix_caching else None
+        self.prefix_cache = (
+            PrefixCache(block_size, cpu_cache_blocks) if enable_prefix_caching else None
+        )
         # A prefix hit revives a cached free block: only then does the pool need the queue that
         # blocks can leave from the middle.
         self._pool = BlockPool(num_slots // block_size, revivable=enable_prefix_caching)
@@ -89,12 +93,18 @@ class PagedAllocator:
         hits = self._prefix_hits(request, num_tokens)
         if self._admit_blocks_needed(num_tokens, hits) > self._pool.num_free_blocks:
             return False
+        num_cpu_blocks = 0
+        if self.prefix_cache is not None:  # the CPU tier's blocks load into fresh blocks
+            num_cpu_blocks = self.prefix_cache.cpu_hits(request, num_tokens, len(hits))
+            self.prefix_cache.take_from_cpu(request, len(hits), num_cpu_blocks)
         # Reference the hits before allocating, so that allocation cannot evict them.
         for block_id in hits:
             self._pool.incref(block_id)
         seq = self._add_sequence(seq_id, request, num_tokens, hits)
         if self.prefix_cache is not None:
-            self.prefix_cache.admitted(seq_id, request, hits, seq.blocks, num_tokens)
+            self.prefix_cache.admitted(
+                seq_id, request, hits, seq.blocks, num_tokens, num_cpu_blocks
+            )
         return True
 
     def can_append(self, seq_id: int, num_tokens: int = 1) -> bool:

@@ -33,7 +33,8 @@ def record_step(
     num_decode_tokens = batch.num_decode_tokens
     shape = iteration_shape(batch.prefill, num_decode_tokens, decode_context_tokens)
     duration_s = cost_model.iteration_time_s(shape)
-    swap_tokens = batch.num_swap_in_tokens + batch.num_swap_out_tokens
+    # Swaps and the CPU tier's prefix loads cross PCIe before the iteration computes.
+    swap_tokens = batch.num_swap_in_tokens + batch.num_swap_out_tokens + batch.num_cpu_load_tokens
     if swap_tokens:
         duration_s += cost_model.swap_time_s(swap_tokens)
     steps.append(

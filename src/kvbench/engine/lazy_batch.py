@@ -27,16 +27,17 @@ from kvbench.engine.cost_model import CostModel, DecodeTimeFn
 from kvbench.engine.iteration import end_iteration, finish_sequence, record_step
 from kvbench.engine.records import EXCEEDS_POOL, StepRecords
 from kvbench.engine.samples import SampleGroups
-from kvbench.engine.scheduler import Scheduler
+from kvbench.engine.scheduler import FCFS, Scheduler
 from kvbench.engine.sequence import Sequence
 
 
 class LazyBatch:
     """The running batch of one ``simulate`` run, advanced lazily while it can be.
 
-    ``enabled`` is False for an allocator without cohort rounds (the engine then runs step by
-    step). While ``active``, ``Sequence.num_generated`` of running sequences and the allocator's
-    token counts are stale: ``deactivate`` writes them back.
+    ``enabled`` is False for an allocator without cohort rounds, and for the ``lpm`` policy
+    (the engine then runs step by step). While ``active``, ``Sequence.num_generated`` of
+    running sequences and the allocator's token counts are stale: ``deactivate`` writes them
+    back.
     """
 
     def __init__(
@@ -48,7 +49,9 @@ class LazyBatch:
         steps: StepRecords,
         samples: SampleGroups,
     ) -> None:
-        self.enabled = isinstance(allocator, CohortAllocator)
+        # lpm reorders the queue as the cache changes, which a stretch's blocked head assumes
+        # it does not: lpm runs step by step (the same records the step loop gives).
+        self.enabled = isinstance(allocator, CohortAllocator) and scheduler.limits.policy == FCFS
         self.active = False
         self._arrivals = arrivals
         self._scheduler = scheduler

@@ -213,6 +213,7 @@ class RequestRecord:
     first_token_s: float = float("nan")
     finish_s: float = float("nan")
     cached_prompt_tokens: int = 0
+    cpu_cached_prompt_tokens: int = 0  # of those, loaded from the CPU tier
     num_preemptions: int = 0
     num_swaps: int = 0
     peak_slots: int = 0
@@ -227,6 +228,12 @@ class RequestRecord:
         if self.admit_s != self.admit_s:  # NaN: first admission
             self.admit_s = now_s
             self.cached_prompt_tokens = cached_prompt_tokens
+
+    def mark_cpu_hit(self, num_tokens: int) -> None:
+        """Note the cached prompt tokens its admission loads from the CPU tier; only the first
+        admission counts (called before ``mark_admitted``)."""
+        if self.admit_s != self.admit_s:  # NaN: first admission
+            self.cpu_cached_prompt_tokens = num_tokens
 
     def mark_first_token(self, end_s: float) -> None:
         """Note that the request's first output token came out at ``end_s``."""

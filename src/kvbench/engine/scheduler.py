@@ -1,4 +1,5 @@
-"""Iteration-level continuous batching (Orca, vLLM): FCFS admission, preemption of the latest.
+"""Iteration-level continuous batching (Orca, vLLM): FCFS admission (or SGLang's longest prefix
+match first, ``policy="lpm"``), preemption of the latest.
 
 Each iteration the scheduler (1) gives every running sequence a slot for its next token, earliest
 arrival first, preempting the latest-arrived running sequence while one cannot grow; (2) if nothing
@@ -28,6 +29,12 @@ from kvbench.engine.records import (
 from kvbench.engine.sequence import Sequence
 
 PREEMPTION_MODES = ("recompute", "swap")
+# Admission order of the waiting queue: first come, first served, or longest prefix match first
+# (SGLang's lpm: the request whose prompt the prefix cache holds most of goes first; ties and
+# allocators without a prefix cache keep arrival order).
+FCFS = "fcfs"
+LPM = "lpm"
+POLICIES = (FCFS, LPM)
 
 
 @dataclass(frozen=True)
@@ -41,6 +48,7 @@ class SchedulerLimits:
         preemption: ``recompute`` (drop the KV, prefill again later) or ``swap`` (copy it to a CPU
             pool over PCIe and back).
         swap_capacity_tokens: size of the CPU swap pool, in tokens.
+        policy: the waiting queue's admission order, one of ``POLICIES``.
     """
 
     max_model_len: int
@@ -48,6 +56,7 @@ class SchedulerLimits:
     max_num_batched_tokens: int = 2048
     preemption: str = "recompute"
     swap_capacity_tokens: int = 0
+    policy: str = FCFS
 
 
 @dataclass
@@ -60,6 +69,7 @@ class Batch:
     num_preempted: int = 0
     num_swap_out_tokens: int = 0
     num_swap_in_tokens: int = 0
+    num_cpu_load_tokens: int = 0  # cached prefix tokens admissions load from the CPU tier
     memory_blocked: bool = False
 
     @property
@@ -110,6 +120,8 @@ class Scheduler:
     def __init__(self, limits: SchedulerLimits) -> None:
         if limits.preemption not in PREEMPTION_MODES:
             raise ValueError(f"preemption={limits.preemption!r}: allowed {PREEMPTION_MODES}")
+        if limits.policy not in POLICIES:
+            raise ValueError(f"policy={limits.policy!r}: allowed {POLICIES}")
         self.limits = limits
         self._waiting: deque[Sequence] = deque()
         self._running: list[Sequence] = []  # in arrival order: the last one is preempted first
@@ -264,6 +276,8 @@ class Scheduler:
         good. The admitted ones join the running sequences with ``run_admitted``."""
         rejected: list[Sequence] = []
         token_budget = self.limits.max_num_batched_tokens - len(batch.decode)
+        if self.limits.policy == LPM and len(self._waiting) > 1:
+            self._sort_by_prefix_match(allocator)
         while self._waiting and self._has_seat(batch):
             seq = self._waiting[0]
             num_prefill_tokens = seq.num_kv_tokens  # prompt, plus generated tokens on recompute
@@ -273,6 +287,10 @@ class Scheduler:
             if allocator.admit(seq.seq_id, seq.request, num_prefill_tokens + 1):
                 self._waiting.popleft()
                 seq.num_cached_tokens = _cached_prefix_tokens(allocator, seq.seq_id)
+                if allocator.prefix_cache is not None:  # its CPU-tier hits load over PCIe
+                    num_loaded = allocator.prefix_cache.loaded_prefix_tokens(seq.seq_id)
+                    batch.num_cpu_load_tokens += num_loaded
+                    seq.record.mark_cpu_hit(num_loaded)
                 token_budget -= num_prefill_tokens
                 batch.prefill.append(seq)
                 continue
@@ -284,3 +302,17 @@ class Scheduler:
             batch.memory_blocked = True
             break
         return rejected
+
+    def _sort_by_prefix_match(self, allocator: Allocator) -> None:
+        """Longest prefix match first (SGLang's ``lpm``): the waiting sequences in decreasing
+        order of the tokens the prefix cache holds of them now; a stable sort, so ties keep
+        their order (arrival, preempted ones first)."""
+        prefix_cache = allocator.prefix_cache
+        if prefix_cache is None:
+            return
+        ordered = sorted(
+            self._waiting,
+            key=lambda seq: -prefix_cache.match_tokens(seq.request, seq.num_kv_tokens + 1),
+        )
+        self._waiting.clear()
+        self._waiting.extend(ordered)

@@ -46,6 +46,7 @@ from kvbench.workloads.schema import (
 from kvbench.workloads.trace_io import load_trace
 from kvbench.workloads.transforms import (
     clip_to_max_len,
+    conversation_prefixes,
     filter_vllm,
     sample_requests,
     sort_and_renumber,
@@ -97,6 +98,8 @@ def _trace_rows(cfg: WorkloadConfig, max_model_len: int) -> pd.DataFrame:
     N rows sampled at random (other arrivals; with replacement when N exceeds the rows)."""
     assert cfg.path is not None  # validate_workload_config requires it for traces
     loaded = load_trace(cfg.path, cfg.format, tokenizer=cfg.tokenizer)
+    if cfg.conversations:  # before filtering: a conversation is read from consecutive rows
+        loaded = conversation_prefixes(loaded)
     trace = _shape(loaded, cfg, max_model_len)
     trace.attrs[NUM_READ_ROWS_ATTR] = len(loaded)
     trace.attrs[NUM_FILTERED_ROWS_ATTR] = len(loaded) - len(trace)

@@ -63,6 +63,9 @@ class WorkloadConfig:
         num_samples: parallel samples (n) each request generates from its one prompt.
         beam_width: beam search width (k) of each request: 1 (no beam search) or a width the
             shipped beam ancestry records (2, 4, 6); not together with num_samples > 1.
+        conversations: source ``trace`` only: the rows are the turns of conversations in order,
+            each prompt the whole history (``transforms.conversation_prefixes`` names the
+            history consecutive turns share, for prefix caching).
     """
 
     name: str = "sharegpt"
@@ -88,6 +91,7 @@ class WorkloadConfig:
     seed: int = 0
     num_samples: int = 1
     beam_width: int = 1
+    conversations: bool = False
 
 
 def as_workload_config(cfg: Any) -> WorkloadConfig:
@@ -233,6 +237,9 @@ def validate_workload_config(cfg: WorkloadConfig) -> None:
             ``workload.request_rate=-1.0 is invalid; expected a number > 0 (.inf allowed)``.
     """
     _validate_source(cfg)
+    if cfg.conversations and cfg.source != "trace":
+        _fail("conversations", cfg.conversations, "false unless workload.source=trace (the "
+              "turns of conversations, in order, in a trace file)")
     _validate_size(cfg)
     _validate_arrivals(cfg)
     _validate_filter(cfg)

@@ -16,6 +16,8 @@ from kvbench.workloads.schema import (
     ARRIVAL_S,
     OUTPUT_TOKENS,
     PREFIX_BLOCK_HASHES,
+    PREFIX_GROUP,
+    PREFIX_TOKENS,
     PROMPT_TOKENS,
     REQUEST_ID,
     REQUESTED_OUTPUT_TOKENS,
@@ -98,6 +100,26 @@ def sample_requests(
     rng = as_generator(seed)
     positions = rng.choice(len(df), size=num_requests, replace=with_replacement)
     return _with_attrs(df.iloc[positions].reset_index(drop=True), df)
+
+
+def conversation_prefixes(df: pd.DataFrame) -> pd.DataFrame:
+    """Name the history that consecutive turns of a conversation share, for a trace whose rows
+    are the turns of conversations in order, each prompt the whole history so far (ShareGPT
+    multi-turn as Sarathi-Serve processed it: no conversation ids).
+
+    A row whose prompt holds at least the previous row's prompt and output continues that row's
+    conversation; any other row starts one. Every row gets ``prefix_group`` = its conversation's
+    index and ``prefix_tokens`` = its prompt, so a turn's prompt agrees with the next turn's on
+    every position it has (the output between them is not named: kvbench caches prompts only).
+    """
+    prompt_tokens = df[PROMPT_TOKENS].to_numpy()
+    output_tokens = df[OUTPUT_TOKENS].to_numpy()
+    continues = np.zeros(len(df), dtype=bool)
+    continues[1:] = prompt_tokens[1:] >= prompt_tokens[:-1] + output_tokens[:-1]
+    result = df.copy()
+    result[PREFIX_GROUP] = np.cumsum(~continues) - 1
+    result[PREFIX_TOKENS] = prompt_tokens.astype("int64")
+    return _with_attrs(result, df)
 
 
 def sort_and_renumber(df: pd.DataFrame) -> pd.DataFrame:

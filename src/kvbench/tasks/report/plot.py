@@ -8,9 +8,10 @@ import pandas as pd
 
 from kvbench.analysis.curves import curve_keys
 from kvbench.plots.capacity_chart import plot_capacity
+from kvbench.plots.prefix_tiers import cpu_tier_chart, page_size_chart
 from kvbench.plots.run_charts import plot_batch_sizes, plot_breakdown
 from kvbench.plots.sweep_charts import plot_latency_vs_block_size, plot_latency_vs_rate
-from kvbench.tasks.report.sections import block_sweep_rows
+from kvbench.tasks.report.sections import block_sweep_rows, radix_offload_rows
 
 
 def curves_with_knees(summary: pd.DataFrame, knees: pd.DataFrame) -> pd.DataFrame:
@@ -52,6 +53,10 @@ def draw_report_figures(
         plot_latency_vs_block_size(preemption, out_dir, "recompute_vs_swap")
     if not capacity.empty:
         plot_capacity(capacity.drop_duplicates("allocator", keep="last"), out_dir)
+    radix_offload = radix_offload_rows(summary)
+    if not radix_offload.empty:
+        page_size_chart(radix_offload[radix_offload["policy"] == "fcfs"], out_dir)
+        cpu_tier_chart(radix_offload[radix_offload["policy"] == "fcfs"], out_dir, "mooncake")
     fig2 = paper_comparison_rows(summary)
     if not fig2.empty:
         plot_breakdown(fig2[fig2["workload"] == "sharegpt"], out_dir, with_paper=True)

@@ -60,6 +60,7 @@ def section_bodies(tables: ReportTables) -> dict[str, str]:
         "fig19": sections.fig19_section(tables.summary),
         "fig15": sections.fig15_section(tables.summary, tables.knees),
         "prefix_caching": sections.prefix_caching_section(tables.summary),
+        "radix_offload": sections.radix_offload_section(tables.summary),
         "capacity": sections.capacity_section(tables.capacity),
         "runs": sections.runs_section(tables.summary, done),
     }

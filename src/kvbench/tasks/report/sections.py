@@ -41,6 +41,7 @@ TABLE1 = {
 PAPER_OUTPUT_TOKENS = {"sharegpt": 337.99, "alpaca": 58.45}
 PAPER_FIG13_RATES = {"sharegpt": 2.0, "alpaca": 30.0}
 PREFIX_CACHING_EXPERIMENT = "prefix_caching"
+RADIX_OFFLOAD_EXPERIMENT = "radix_offload"
 
 
 def _opt13b(summary: pd.DataFrame) -> pd.DataFrame:
@@ -503,6 +504,54 @@ def prefix_caching_section(summary: pd.DataFrame) -> str:
         + markdown_table(hit_header, hit_rows, digits=1)
         + f"\n\nWhat the cache does to batch and throughput (block {block}):\n\n"
         + markdown_table(effect_header, effect_rows)
+        + "\n"
+    )
+
+
+def radix_offload_rows(summary: pd.DataFrame) -> pd.DataFrame:
+    """The ``radix_offload`` experiment's rows, the last of each setting."""
+    if summary.empty or "cpu_cache_gib" not in summary.columns:
+        return summary.iloc[0:0]
+    rows = summary[summary["experiment"] == RADIX_OFFLOAD_EXPERIMENT]
+    keys = ["workload", "allocator", "block_size", "cpu_cache_gib", "policy"]
+    return rows.drop_duplicates(keys, keep="last")
+
+
+def radix_offload_section(summary: pd.DataFrame) -> str:
+    """Radix vs block-hash hit rates by page size next to the unbounded ideal, lpm vs fcfs, and
+    hit rate by tier, TTFT and throughput vs the CPU tier's size."""
+    rows = radix_offload_rows(summary)
+    if rows.empty:
+        return ""
+    rows = rows.sort_values(["workload", "allocator", "block_size", "cpu_cache_gib"])
+    design_rows = []
+    for _, row in rows[rows["cpu_cache_gib"] == 0].iterrows():
+        design_rows.append([row["workload"], row["allocator"], int(row["block_size"]),
+                            row["policy"], 100 * row["prefix_hit_rate"],
+                            100 * row["ideal_prefix_hit_rate"], row["request_throughput"],
+                            row["ttft_p50_s"]])  # fmt: skip
+    design_header = ["workload", "allocator", "block / page", "policy", "hit rate (%)",
+                     "unbounded ideal (%)", "req/s", "TTFT p50 (s)"]  # fmt: skip
+    tier_rows = []
+    hit_on_cpu = rows.groupby("workload")["prefix_cpu_hit_rate"].transform("max") > 0
+    for _, row in rows[(rows["policy"] == "fcfs") & hit_on_cpu].iterrows():
+        tier_rows.append([row["workload"], row["allocator"], int(row["block_size"]),
+                          f"{row['cpu_cache_gib']:g}", 100 * row["prefix_gpu_hit_rate"],
+                          100 * row["prefix_cpu_hit_rate"], 100 * row["prefix_hit_rate"],
+                          row["request_throughput"], row["ttft_p50_s"]])  # fmt: skip
+    tier_header = ["workload", "allocator", "block / page", "CPU tier (GiB)", "GPU hits (%)",
+                   "CPU hits (%)", "all hits (%)", "req/s", "TTFT p50 (s)"]  # fmt: skip
+    first = rows.iloc[0]
+    return (
+        f"## Radix vs block-hash prefix caching, and a CPU tier: {first['model']} on "
+        f"{first['num_gpus']}x {first['hardware']}\n\n"
+        "Hit rate = prompt tokens found cached at admission / prompt tokens (`prefix_hit_rate`), "
+        "next to an unbounded, never-evicting cache at the same block or page size "
+        "(`ideal_prefix_hit_rate`). Without a CPU tier:\n\n"
+        + markdown_table(design_header, design_rows, digits=2)
+        + "\n\nBy tier (`prefix_gpu_hit_rate`, `prefix_cpu_hit_rate`), fcfs, on the workloads "
+        "whose CPU tier is ever hit:\n\n"
+        + markdown_table(tier_header, tier_rows, digits=2)
         + "\n"
     )
 

@@ -16,6 +16,7 @@ from omegaconf import DictConfig
 from tqdm import tqdm
 
 from kvbench.allocators import make_allocator
+from kvbench.allocators.radix import unbounded_radix_hits
 from kvbench.config import KvbenchConfig, run_workloads
 from kvbench.core.kv_capacity import pool_slots
 from kvbench.core.request import Request
@@ -52,6 +53,7 @@ def scheduler_limits(cfg: KvbenchConfig, deployment: Deployment) -> SchedulerLim
         max_num_batched_tokens=max_num_batched_tokens,
         preemption=cfg.scheduler.preemption,
         swap_capacity_tokens=int(swap_bytes // deployment.kv_bytes_per_token),
+        policy=cfg.scheduler.policy,
     )
 
 
@@ -85,6 +87,8 @@ def _run_labels(
         "num_gpus": deployment.num_gpus,
         "block_size": cfg.allocator.block_size,
         "preemption": cfg.scheduler.preemption,
+        "policy": cfg.scheduler.policy,
+        "cpu_cache_gib": cfg.allocator.cpu_cache_gib,
     }
 
 
@@ -132,15 +136,26 @@ def run_experiment(
         requests = to_requests(workload)
         rate = workload_cfg.request_rate
         beams = load_beam_ancestry() if workload_cfg.beam_width > 1 else None
-        ideal = _ideal_prefix_columns(requests, limits, cfg.allocator.block_size)
+        ideal_by_design: dict[tuple[bool, int], dict[str, float]] = {}
         for name in cfg.allocators:
             # Checkpoint before a run, not after: the last run's tables are written once.
             if all_steps and checkpoint.is_due():
                 checkpoint.write(_write_large_tables, output_dir, all_steps, all_requests, metadata)
             allocator = make_allocator(
-                name, num_slots, cfg.allocator.block_size, max_model_len
+                name, num_slots, cfg.allocator.block_size, max_model_len,
+                radix_page_tokens=cfg.allocator.radix_page_tokens,
+                cpu_cache_slots=int(cfg.allocator.cpu_cache_gib * GIB
+                                    // deployment.kv_bytes_per_token),
             )
             labels = _run_labels(cfg, deployment, workload_label, name, rate)
+            if name == "radix":  # its block-table entry is a page: hit rates count pages
+                labels["block_size"] = allocator.block_size
+            ideal_key = (name == "radix", labels["block_size"])
+            if ideal_key not in ideal_by_design:
+                ideal_by_design[ideal_key] = _ideal_prefix_columns(
+                    requests, limits, labels["block_size"], by_radix_tree=ideal_key[0]
+                )
+            ideal = ideal_by_design[ideal_key]
             labels["n"] = workload_cfg.num_samples
             labels["beam_width"] = workload_cfg.beam_width
             step_sink = streamed.start_run(labels, deployment) if streamed else None
@@ -182,15 +197,24 @@ def run_experiment(
 
 
 def _ideal_prefix_columns(
-    requests: list[Request], limits: SchedulerLimits, block_size: int
+    requests: list[Request], limits: SchedulerLimits, block_size: int, by_radix_tree: bool = False
 ) -> dict[str, float]:
     """The hit rates an unbounded prefix cache would reach on exactly the requests the engine can
     serve (NaN when no request names its prefix): the ceiling of ``prefix_hit_rate`` and
     ``prefix_block_hit_rate``, which count admitted requests only. A request rejected on arrival
-    (a prompt beyond the context) is never cached and never hits, so it is left out here too."""
+    (a prompt beyond the context) is never cached and never hits, so it is left out here too.
+    ``by_radix_tree`` computes it with ``unbounded_radix_hits`` (the radix allocator's rows:
+    the same figure, fast at page size 1)."""
     servable = [request for request in requests if not rejection_reason(request, limits)]
     if not has_prefix_identity(servable):
         return {"ideal_prefix_hit_rate": float("nan"), "ideal_prefix_block_hit_rate": float("nan")}
+    if by_radix_tree:  # the same ideal, on runs of tokens: fast at page 1 too
+        ordered = sorted(servable, key=lambda request: (request.arrival_s, request.request_id))
+        hit_tokens = unbounded_radix_hits(ordered, block_size)
+        prompt_tokens = sum(request.prompt_tokens for request in ordered)
+        prompt_blocks = sum(-(-request.prompt_tokens // block_size) for request in ordered)
+        return {"ideal_prefix_hit_rate": hit_tokens / prompt_tokens,
+                "ideal_prefix_block_hit_rate": hit_tokens // block_size / prompt_blocks}
     ideal = ideal_prefix_reuse(servable, block_size)
     return {"ideal_prefix_hit_rate": ideal.token_hit_rate,
             "ideal_prefix_block_hit_rate": ideal.block_hit_rate}  # fmt: skip

@@ -149,7 +149,18 @@ def _sharing(
         if prompt_tokens > 0
         else float("nan"),
         "prefix_block_hit_rate": _block_hit_rate(admitted),
+        **_hit_rates_by_tier(admitted, prompt_tokens),
     }
+
+
+def _hit_rates_by_tier(admitted: pd.DataFrame, prompt_tokens: int) -> dict[str, float]:
+    """``prefix_hit_rate`` split by where the hit tokens were: the GPU cache or the CPU tier."""
+    if prompt_tokens <= 0:
+        return {"prefix_gpu_hit_rate": float("nan"), "prefix_cpu_hit_rate": float("nan")}
+    cached = admitted["cached_prompt_tokens"].sum()
+    cpu_cached = admitted["cpu_cached_prompt_tokens"].sum()
+    return {"prefix_gpu_hit_rate": float((cached - cpu_cached) / prompt_tokens),
+            "prefix_cpu_hit_rate": float(cpu_cached / prompt_tokens)}  # fmt: skip
 
 
 def _block_hit_rate(admitted: pd.DataFrame) -> float:

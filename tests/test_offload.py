@@ -1,0 +1,167 @@
+"""The CPU tier of the prefix-caching allocators (allocator.cpu_cache_gib): evicted blocks move
+to an LRU set in CPU memory, a later hit loads them back over PCIe."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import compose_config
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from kvbench.allocators import PagedAllocator, RadixAllocator, make_allocator
+from kvbench.config import ConfigError
+from kvbench.core.catalog import get_deployment
+from kvbench.core.request import Request
+from kvbench.engine import RooflineCostModel, Scheduler, SchedulerLimits, simulate
+from kvbench.engine.cost_model import IterationShape
+
+DEPLOYMENT = get_deployment("llama-3-8b", "a100-80gb")
+
+
+def _group(request_id: int, group: int, prompt: int = 16) -> Request:
+    return Request(request_id, 0.0, prompt, 4, prefix_group=group, prefix_tokens=prompt)
+
+
+def _paged(num_blocks: int, cpu_blocks: int) -> PagedAllocator:
+    return PagedAllocator(num_blocks * 4, 4, 1000, enable_prefix_caching=True,
+                          cpu_cache_blocks=cpu_blocks)  # fmt: skip
+
+
+def _radix(num_pages: int, cpu_pages: int) -> RadixAllocator:
+    return RadixAllocator(num_pages * 4, 1000, page_tokens=4, cpu_cache_pages=cpu_pages)
+
+
+@pytest.mark.parametrize("make", [_paged, _radix])
+def test_an_evicted_prefix_comes_back_from_the_cpu_tier(make) -> None:
+    allocator = make(4, 8)  # 4 GPU blocks of 4 tokens, 8 in the CPU tier
+    assert allocator.admit(0, _group(0, 1), 16)  # group 1 fills the GPU
+    allocator.free(0)
+    assert allocator.admit(1, _group(1, 2), 16)  # group 2 evicts it to the CPU
+    cache = allocator.prefix_cache
+    assert (cache.cached_prefix_tokens(1), cache.loaded_prefix_tokens(1)) == (0, 0)
+    allocator.free(1)
+    assert cache.match_tokens(_group(9, 1), 16) == 16  # found, in the CPU tier
+    assert allocator.admit(2, _group(2, 1), 16)  # loads group 1 back, evicting group 2
+    assert (cache.cached_prefix_tokens(2), cache.loaded_prefix_tokens(2)) == (16, 16)
+    allocator.free(2)
+    assert allocator.admit(3, _group(3, 1), 16)  # now a GPU hit
+    assert (cache.cached_prefix_tokens(3), cache.loaded_prefix_tokens(3)) == (16, 0)
+    assert cache.match_tokens(_group(9, 2), 16) == 16  # group 2 went to the CPU in turn
+
+
+@pytest.mark.parametrize("make", [_paged, _radix])
+def test_without_a_tier_an_evicted_prefix_is_gone(make) -> None:
+    allocator = make(4, 0)
+    assert allocator.admit(0, _group(0, 1), 16)
+    allocator.free(0)
+    assert allocator.admit(1, _group(1, 2), 16)
+    allocator.free(1)
+    assert allocator.prefix_cache.match_tokens(_group(9, 1), 16) == 0
+
+
+@pytest.mark.parametrize("make", [_paged, _radix])
+def test_the_cpu_tier_keeps_its_most_recently_evicted_blocks(make) -> None:
+    allocator = make(4, 6)  # a CPU tier of 6 blocks: a group and a half
+    for request_id, group in enumerate((1, 2, 3)):
+        assert allocator.admit(request_id, _group(request_id, group), 16)
+        allocator.free(request_id)
+    # Groups 1 and 2 were evicted, in that order; the tier dropped group 1's least recent blocks.
+    cache = allocator.prefix_cache
+    assert cache.match_tokens(_group(9, 3), 16) == 16  # on the GPU
+    assert cache.match_tokens(_group(9, 2), 16) == 16  # on the CPU
+    assert cache.match_tokens(_group(9, 1), 16) < 16
+
+
+def test_radix_cpu_tier_holds_at_most_its_pages_and_the_leaf_goes_first() -> None:
+    radix = _radix(4, 3)
+    assert radix.admit(0, _group(0, 1), 16)
+    radix.free(0)
+    assert radix.admit(1, _group(1, 2, prompt=8), 8)  # evicts group 1 (4 pages) to a 3-page tier
+    assert radix.cpu_cached_tokens() == 0  # the tier drops the whole leaf: a node is one unit
+    radix.free(1)
+    assert radix.admit(2, _group(2, 1, prompt=8), 8)  # group 1's first 8 tokens, again
+    radix.free(2)
+    assert radix.admit(3, _group(3, 3), 16)  # evicts groups 1 and 2 (2 pages each) into 3 pages
+    assert radix.cpu_cached_tokens() <= 3 * 4
+
+
+def test_a_cpu_hit_delays_its_prefill_by_the_pcie_copy() -> None:
+    """A pool of 275 blocks of 16; requests of 2,101 tokens (132 blocks, the first 128 hashed)
+    of groups 0, 1, 2, 0 one after another. Group 2 takes the 11 never-used blocks and 121 of
+    group 0's, tail first (4 unhashed, then 117 hashed): the last request finds 11 blocks on the
+    GPU and 117 in the CPU tier, and its iteration costs its compute (the 2,048 cached tokens
+    skipped) plus swap_time_s of the 1,872 loaded tokens."""
+    costs = RooflineCostModel(DEPLOYMENT)
+    requests = [Request(i, float(i), 2_100, 1, prefix_group=group, prefix_tokens=2_048)
+                for i, group in enumerate((0, 1, 2, 0))]  # fmt: skip
+    limits = SchedulerLimits(max_model_len=8192, max_num_batched_tokens=8192)
+    tiered = PagedAllocator(4_400, 16, 8192, enable_prefix_caching=True, cpu_cache_blocks=1_000)
+    result = simulate(requests, Scheduler(limits), tiered, costs)
+    last = result.requests[3]
+    assert (last.cached_prompt_tokens, last.cpu_cached_prompt_tokens) == (2_048, 117 * 16)
+    step = result.steps.columns["time_s"].index(last.admit_s)
+    length, cached = 2_100, 2_048
+    shape = IterationShape(length - cached, length * (length + 1) // 2
+                           - cached * (cached + 1) // 2, 0, 0)  # fmt: skip
+    expected_s = costs.iteration_time_s(shape) + costs.swap_time_s(117 * 16)
+    assert result.steps.columns["duration_s"][step] == pytest.approx(expected_s, rel=1e-12)
+    untiered = PagedAllocator(4_400, 16, 8192, enable_prefix_caching=True)
+    untiered_last = simulate(requests, Scheduler(limits), untiered, costs).requests[3]
+    assert untiered_last.cached_prompt_tokens == 11 * 16
+
+
+@pytest.mark.parametrize("name", ["paged_prefix", "radix"])
+def test_fast_and_step_by_step_runs_agree_with_a_tier(name) -> None:
+    requests = [Request(i, 0.02 * i, 200 + 13 * (i % 7), 20 + i % 11, prefix_group=i % 9,
+                        prefix_tokens=192) for i in range(120)]  # fmt: skip
+    limits = SchedulerLimits(max_model_len=4096)
+    results = []
+    for fast in (True, False):
+        allocator = make_allocator(name, 2_000, 16, 4096, cpu_cache_slots=800)
+        results.append(simulate(requests, Scheduler(limits), allocator,
+                                RooflineCostModel(DEPLOYMENT), fast=fast))  # fmt: skip
+    assert results[0].steps.columns == results[1].steps.columns
+    assert results[0].requests == results[1].requests
+    assert sum(record.cpu_cached_prompt_tokens for record in results[0].requests) > 0
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    cpu_pages=st.integers(0, 12),
+    operations=st.lists(st.tuples(st.integers(0, 4), st.integers(1, 30), st.booleans()),
+                        max_size=30),
+)
+def test_radix_tier_stays_within_its_size_and_hits_stay_true(cpu_pages, operations) -> None:
+    radix = RadixAllocator(40, 64, page_tokens=2, cpu_cache_pages=cpu_pages)
+    running: list[int] = []
+    for request_id, (group, prompt, free_first) in enumerate(operations):
+        if free_first and running:
+            radix.free(running.pop(0))
+        request = Request(request_id, 0.0, prompt, 4, prefix_group=group, prefix_tokens=prompt)
+        if radix.admit(request_id, request, prompt):
+            running.append(request_id)
+            hit = radix.cached_prefix_tokens(request_id)
+            assert radix.loaded_prefix_tokens(request_id) <= hit <= prompt // 2 * 2
+        assert radix.cpu_cached_tokens() <= cpu_pages * 2
+        assert radix.usage().num_slots == 40
+
+
+def test_summary_splits_the_hit_rate_by_tier(tmp_path) -> None:
+    from kvbench.tasks.simulate.experiment import run_experiment
+
+    cfg, deployment, raw = compose_config(
+        "workload=system_prompt", "workload.num_users=20", "allocators=[paged_prefix,radix]",
+        "allocator.num_gpu_blocks=120", "allocator.cpu_cache_gib=1", "progress=false",
+        "plots=false", "summary_table=false",
+    )  # fmt: skip
+    summary = run_experiment(cfg, deployment, raw, tmp_path)
+    total = summary["prefix_gpu_hit_rate"] + summary["prefix_cpu_hit_rate"]
+    assert total.to_list() == pytest.approx(summary["prefix_hit_rate"].to_list())
+    assert (summary["cpu_cache_gib"] == 1).all()
+
+
+def test_cpu_cache_config_errors_are_one_line() -> None:
+    with pytest.raises(ConfigError, match=r"allocator.cpu_cache_gib=-1.0: must be >= 0"):
+        compose_config("allocator.cpu_cache_gib=-1")
+    with pytest.raises(ConfigError, match=r"none of allocators=\['paged'\].*add paged_prefix"):
+        compose_config("allocator.cpu_cache_gib=4", "allocators=[paged]")
