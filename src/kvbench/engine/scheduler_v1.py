@@ -1,10 +1,9 @@
-"""vLLM v1's scheduling policy, step by step, over kvbench's ``paged`` allocator (no prefix cache).
+"""vLLM v1's scheduling policy, step by step, over vLLM's KV-cache manager (``engine.kv_cache_v1``).
 
-The first increment of ``scheduler=vllm_v1`` (issue 15): a pure model of one ``schedule()`` of
-vLLM 0.32's ``vllm.v1.core.sched.scheduler.Scheduler`` and of the model runner's answer, refereed
-step for step by the real scheduler (``kvbench.referee``, tests/test_scheduler_v1_referee.py). It
-is not yet wired into ``simulate`` or the config; ``scheduler=vllm_v0`` (``engine/scheduler.py``)
-is what runs.
+``scheduler=vllm_v1`` (issue 15): a pure model of one ``schedule()`` of vLLM 0.32's
+``vllm.v1.core.sched.scheduler.Scheduler`` and of the model runner's answer, refereed step for
+step by the real scheduler (``kvbench.referee``, tests/test_scheduler_v1_referee.py), with prefix
+caching (``paged_prefix``) or without (``paged``).
 
 One step, as vLLM does it:
 
@@ -13,15 +12,16 @@ One step, as vLLM does it:
    last running request is preempted (its blocks freed, its computed tokens dropped, back at the
    front of the waiting queue: recompute); if that was the request itself, the loop stops.
 2. Only if nothing was preempted: waiting requests, first come first served, while the budget
-   lasts and fewer than ``max_num_seqs`` run. One is admitted only if its whole input (prompt,
-   plus the tokens it generated before a preemption) fits in the free blocks, though it gets only
-   what the budget leaves; the first that does not fit stops admission.
+   lasts and fewer than ``max_num_seqs`` run. Each looks up its prefix-cache hit (whole blocks,
+   at most its input less one token); it is admitted only if its whole input (prompt, plus the
+   tokens it generated before a preemption) fits in the free blocks beside its hit, though it
+   computes only what the budget leaves; the first that does not fit stops admission.
 3. The model runner: a request whose input is fully computed after the step samples a token; one
    with ``output_tokens`` tokens finishes and frees its blocks.
 
 ``max_num_batched_tokens`` is the token budget and ``max_num_seqs`` the batch limit; the pool is
 the allocator's (``kvbench.core.kv_capacity.pool_slots``: vLLM's ``num_gpu_blocks`` less its null
-block).
+block), managed as vLLM manages it (``V1KVCache``).
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from dataclasses import dataclass
 
 from kvbench.allocators.paged import PagedAllocator
 from kvbench.core.request import Request
+from kvbench.engine.kv_cache_v1 import V1KVCache, V1Sequence
 
 
 @dataclass(frozen=True)
@@ -63,6 +64,11 @@ class V1Step:
         finished_request_ids: requests that produced their last token in this step, sorted.
         num_running: requests running after the step.
         num_waiting: requests waiting (new or preempted) after the step.
+        prefix_query_tokens: input tokens looked up in the prefix cache by requests admitted for
+            the first time in this step (0 without prefix caching).
+        prefix_hit_tokens: of those, tokens found cached.
+        resumed_query_tokens: tokens looked up by preempted requests resuming in this step.
+        resumed_hit_tokens: of those, tokens found cached.
     """
 
     step_index: int
@@ -72,43 +78,42 @@ class V1Step:
     finished_request_ids: tuple[int, ...]
     num_running: int
     num_waiting: int
-
-
-class _V1Request:
-    """A request's progress: tokens it has (prompt + sampled) and tokens computed in KV."""
-
-    __slots__ = ("num_computed_tokens", "num_output_tokens", "request")
-
-    def __init__(self, request: Request) -> None:
-        self.request = request
-        self.num_computed_tokens = 0
-        self.num_output_tokens = 0
-
-    @property
-    def request_id(self) -> int:
-        return self.request.request_id
-
-    @property
-    def num_tokens(self) -> int:
-        return self.request.prompt_tokens + self.num_output_tokens
+    prefix_query_tokens: int = 0
+    prefix_hit_tokens: int = 0
+    resumed_query_tokens: int = 0
+    resumed_hit_tokens: int = 0
 
 
 class V1StepScheduler:
-    """vLLM v1's policy over a ``paged`` allocator without prefix caching, one step per call."""
+    """vLLM v1's policy over its KV-cache manager (``V1KVCache``), one step per call."""
 
-    def __init__(self, allocator: PagedAllocator, limits: V1Limits) -> None:
-        if allocator.prefix_cache is not None:
-            raise ValueError("V1StepScheduler models vLLM without prefix caching: use 'paged'")
-        self._allocator = allocator
+    def __init__(self, kv_cache: V1KVCache, limits: V1Limits) -> None:
+        self._kv_cache = kv_cache
         self._limits = limits
-        self._running: list[_V1Request] = []
-        self._queued: deque[_V1Request] = deque()  # waiting: new, and preempted at the front
-        self._num_pool_blocks = allocator.num_slots // allocator.block_size
+        self._running: list[V1Sequence] = []
+        self._queued: deque[V1Sequence] = deque()  # waiting: new, and preempted at the front
         self._num_steps = 0
 
-    def add(self, request: Request) -> None:
+    @property
+    def kv_cache(self) -> V1KVCache:
+        """The KV-cache manager the scheduler allocates from."""
+        return self._kv_cache
+
+    @property
+    def running(self) -> list[V1Sequence]:
+        """The running sequences, in vLLM's order (read only)."""
+        return self._running
+
+    @property
+    def num_waiting(self) -> int:
+        """Sequences waiting: never admitted, or preempted."""
+        return len(self._queued)
+
+    def add(self, request: Request) -> V1Sequence:
         """Queue a request (vLLM's ``add_request``): it waits behind those queued before."""
-        self._queued.append(_V1Request(request))
+        seq = V1Sequence(request)
+        self._queued.append(seq)
+        return seq
 
     @property
     def has_unfinished(self) -> bool:
@@ -117,82 +122,127 @@ class V1StepScheduler:
 
     def step(self) -> V1Step:
         """Schedule one step and apply the model runner's answer to it."""
-        scheduled: list[tuple[_V1Request, int]] = []
+        scheduled: list[tuple[V1Sequence, int]] = []
         preempted: list[int] = []
+        lookups = _Lookups()
         budget = self._schedule_running(scheduled, preempted, self._limits.max_num_batched_tokens)
         if not preempted:
-            self._schedule_waiting(scheduled, budget)
-        num_blocks_in_use = self._num_pool_blocks - self._allocator.num_free_blocks()
-        for state, num_tokens in scheduled:
-            state.num_computed_tokens += num_tokens
-        finished = self._sample(state for state, _ in scheduled)
+            self._schedule_waiting(scheduled, budget, lookups)
+        num_blocks_in_use = self._kv_cache.num_blocks_in_use
+        for seq, num_tokens in scheduled:
+            seq.num_computed_tokens += num_tokens
+        finished = self._sample(seq for seq, _ in scheduled)
         step = V1Step(
             step_index=self._num_steps,
-            scheduled_tokens=tuple((s.request_id, n) for s, n in scheduled),
+            scheduled_tokens=tuple((seq.request_id, n) for seq, n in scheduled),
             num_blocks_in_use=num_blocks_in_use,
             preempted_request_ids=tuple(sorted(preempted)),
             finished_request_ids=tuple(sorted(finished)),
             num_running=len(self._running),
             num_waiting=len(self._queued),
+            prefix_query_tokens=lookups.query_tokens,
+            prefix_hit_tokens=lookups.hit_tokens,
+            resumed_query_tokens=lookups.resumed_query_tokens,
+            resumed_hit_tokens=lookups.resumed_hit_tokens,
         )
         self._num_steps += 1
         return step
 
     def _schedule_running(
-        self, scheduled: list[tuple[_V1Request, int]], preempted: list[int], budget: int
+        self, scheduled: list[tuple[V1Sequence, int]], preempted: list[int], budget: int
     ) -> int:
+        kv_cache = self._kv_cache
         index = 0
         while index < len(self._running) and budget > 0:
-            state = self._running[index]
-            num_tokens = self._chunk(state, budget)
-            while not self._allocator.can_append(state.request_id, num_tokens):
+            seq = self._running[index]
+            num_tokens = self._chunk(seq, budget)
+            while not kv_cache.can_grow(seq, num_tokens):
                 victim = self._running.pop()  # the last running request: recompute it later
                 self._preempt(victim)
                 preempted.append(victim.request_id)
-                if victim is state:
+                if victim is seq:
                     return budget
-            self._allocator.append(state.request_id, num_tokens)
-            scheduled.append((state, num_tokens))
+            kv_cache.grow(seq, num_tokens)
+            scheduled.append((seq, num_tokens))
             budget -= num_tokens
             index += 1
         return budget
 
-    def _schedule_waiting(self, scheduled: list[tuple[_V1Request, int]], budget: int) -> None:
+    def _schedule_waiting(
+        self, scheduled: list[tuple[V1Sequence, int]], budget: int, lookups: _Lookups
+    ) -> None:
+        kv_cache = self._kv_cache
         while budget > 0 and self._queued and len(self._running) < self._limits.max_num_seqs:
-            state = self._queued[0]
-            whole_input = min(state.num_tokens, self._limits.max_model_len)
+            seq = self._queued[0]
+            hits = kv_cache.find_hit(seq)
             # vLLM 0.32 (scheduler_reserve_full_isl): the whole input must fit, not just a chunk.
-            if not self._allocator.can_admit(state.request, whole_input):
+            if not kv_cache.can_admit(seq, hits):
                 return
-            num_tokens = self._chunk(state, budget)
+            seq.num_computed_tokens = len(hits) * kv_cache.block_size
+            num_tokens = self._chunk(seq, budget)
             self._queued.popleft()
-            self._allocator.admit(state.request_id, state.request, num_tokens)
-            self._running.append(state)
-            scheduled.append((state, num_tokens))
+            kv_cache.admit(seq, hits, num_tokens)
+            if kv_cache.enable_caching:
+                lookups.record(seq, len(hits) * kv_cache.block_size)
+            self._running.append(seq)
+            scheduled.append((seq, num_tokens))
             budget -= num_tokens
 
-    def _chunk(self, state: _V1Request, budget: int) -> int:
+    def _chunk(self, seq: V1Sequence, budget: int) -> int:
         """Tokens the request computes this step: what it lacks, within budget and length."""
-        uncomputed = state.num_tokens - state.num_computed_tokens
-        room = self._limits.max_model_len - state.num_computed_tokens - 1
+        uncomputed = seq.num_tokens - seq.num_computed_tokens
+        room = self._limits.max_model_len - seq.num_computed_tokens - 1
         return min(uncomputed, budget, room)
 
-    def _preempt(self, state: _V1Request) -> None:
-        self._allocator.free(state.request_id)
-        state.num_computed_tokens = 0
-        self._queued.appendleft(state)
+    def _preempt(self, seq: V1Sequence) -> None:
+        self._kv_cache.free(seq)
+        seq.num_computed_tokens = 0
+        seq.num_preemptions += 1
+        self._queued.appendleft(seq)
 
-    def _sample(self, states: Iterable[_V1Request]) -> list[int]:
+    def _sample(self, sequences: Iterable[V1Sequence]) -> list[int]:
         finished = []
-        for state in states:
-            if state.num_computed_tokens < state.num_tokens:
+        for seq in sequences:
+            if seq.num_computed_tokens < seq.num_tokens:
                 continue  # mid-prefill: the runner discards its sample
-            state.num_output_tokens += 1
-            if state.num_output_tokens >= state.request.output_tokens:
-                self._running.remove(state)
-                self._allocator.free(state.request_id)
-                finished.append(state.request_id)
+            seq.num_output_tokens += 1
+            if seq.num_output_tokens >= seq.request.output_tokens:
+                self._running.remove(seq)
+                self._kv_cache.free(seq)
+                finished.append(seq.request_id)
         return finished
+
+
+class _Lookups:
+    """A step's prefix-cache lookups of admitted requests, new and resumed apart (vLLM's
+    ``PrefixCacheStats``: the whole input is the query, recorded at admission)."""
+
+    __slots__ = ("hit_tokens", "query_tokens", "resumed_hit_tokens", "resumed_query_tokens")
+
+    def __init__(self) -> None:
+        self.query_tokens = 0
+        self.hit_tokens = 0
+        self.resumed_query_tokens = 0
+        self.resumed_hit_tokens = 0
+
+    def record(self, seq: V1Sequence, num_hit_tokens: int) -> None:
+        if seq.num_preemptions:
+            self.resumed_query_tokens += seq.num_tokens
+            self.resumed_hit_tokens += num_hit_tokens
+        else:
+            self.query_tokens += seq.num_tokens
+            self.hit_tokens += num_hit_tokens
+
+
+def kv_cache_for(allocator: PagedAllocator, max_model_len: int) -> V1KVCache:
+    """vLLM's KV-cache manager over ``allocator``'s pool: ``paged`` without, ``paged_prefix``
+    with prefix caching."""
+    return V1KVCache(
+        allocator.num_slots // allocator.block_size,
+        allocator.block_size,
+        max_model_len,
+        enable_caching=allocator.prefix_cache is not None,
+    )
 
 
 def run_v1_steps(
@@ -212,7 +262,7 @@ def run_v1_steps(
         raise ValueError(f"{len(arrivals)} arrival steps for {len(requests)} requests")
     # Popped from the end: earliest arrival first, ties in request order.
     pending = sorted(range(len(requests)), key=lambda i: (arrivals[i], i), reverse=True)
-    scheduler = V1StepScheduler(allocator, limits)
+    scheduler = V1StepScheduler(kv_cache_for(allocator, limits.max_model_len), limits)
     steps: list[V1Step] = []
     while pending or scheduler.has_unfinished:
         while pending and arrivals[pending[-1]] <= len(steps):
