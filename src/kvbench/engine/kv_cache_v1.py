@@ -199,6 +199,10 @@ class V1KVCache:
         seq.blocks = []
         seq.num_cached_blocks = 0
 
+    def held_slots(self, seq: V1Sequence) -> int:
+        """Slots of the sequence's blocks (shared ones included)."""
+        return len(seq.blocks) * self.block_size
+
     def usage(self, sequences: list[V1Sequence]) -> MemoryUsage:
         """The pool in the paper's categories; ``sequences`` are those holding blocks.
 

@@ -29,8 +29,10 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterable
 from collections.abc import Sequence as SequenceOf
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Protocol
 
+from kvbench.allocators.base import Allocator, MemoryUsage
 from kvbench.allocators.paged import PagedAllocator
 from kvbench.core.request import Request
 from kvbench.engine.kv_cache_v1 import V1KVCache, V1Sequence
@@ -84,18 +86,136 @@ class V1Step:
     resumed_hit_tokens: int = 0
 
 
+class V1Memory(Protocol):
+    """What the v1 policy asks of the KV memory: ``V1KVCache`` (vLLM's own, ``paged`` and
+    ``paged_prefix``) or ``ReservingV1Memory`` (the naive contiguous allocators)."""
+
+    block_size: int
+    enable_caching: bool
+
+    @property
+    def num_blocks_in_use(self) -> int:
+        """Blocks (slots for a contiguous allocator) held by requests."""
+        ...
+
+    def find_hit(self, seq: V1Sequence) -> list[int]:
+        """The cached blocks the sequence's input starts with (none without a prefix cache)."""
+        ...
+
+    def can_admit(self, seq: V1Sequence, hits: list[int]) -> bool:
+        """Whether the sequence's whole input fits now, beside its hits."""
+        ...
+
+    def admit(self, seq: V1Sequence, hits: list[int], num_new_tokens: int) -> None:
+        """Give a waiting sequence its hits and room for ``num_new_tokens`` more tokens."""
+        ...
+
+    def can_grow(self, seq: V1Sequence, num_new_tokens: int) -> bool:
+        """Whether a running sequence can take ``num_new_tokens`` more tokens now."""
+        ...
+
+    def grow(self, seq: V1Sequence, num_new_tokens: int) -> None:
+        """Make room for ``num_new_tokens`` more tokens of a running sequence."""
+        ...
+
+    def free(self, seq: V1Sequence) -> None:
+        """Release everything the sequence holds."""
+        ...
+
+    def held_slots(self, seq: V1Sequence) -> int:
+        """Slots the sequence holds now (shared ones included)."""
+        ...
+
+    def usage(self, sequences: list[V1Sequence]) -> MemoryUsage:
+        """The pool in the paper's categories; ``sequences`` are those holding memory."""
+        ...
+
+
+class ReservingV1Memory:
+    """A naive contiguous allocator under vLLM v1's policy: a request reserves its whole span at
+    admission (the allocator's policy: the model's maximum length, a power-of-two guess, or its
+    true length), so v1's whole-input check becomes "the reservation succeeds" and a chunk or a
+    decode token only fills what is reserved. No prefix cache."""
+
+    enable_caching = False
+    block_size = 1  # slots: the contiguous allocators have no blocks
+
+    def __init__(self, allocator: Allocator, max_model_len: int) -> None:
+        self._allocator = allocator
+        self._max_model_len = max_model_len
+
+    @property
+    def num_blocks_in_use(self) -> int:
+        usage = self._allocator.usage()
+        return usage.token_states + usage.reservation + usage.internal_frag
+
+    def find_hit(self, seq: V1Sequence) -> list[int]:
+        return []
+
+    def can_admit(self, seq: V1Sequence, hits: list[int]) -> bool:
+        whole_input = min(seq.num_tokens, self._max_model_len)
+        return self._allocator.can_admit(seq.request, whole_input)
+
+    def admit(self, seq: V1Sequence, hits: list[int], num_new_tokens: int) -> None:
+        seq.num_computed_tokens = 0
+        if not self._allocator.admit(seq.request_id, seq.request, num_new_tokens):
+            raise RuntimeError("the reservation failed: check can_admit first")
+
+    def can_grow(self, seq: V1Sequence, num_new_tokens: int) -> bool:
+        return self._allocator.can_append(seq.request_id, num_new_tokens)
+
+    def grow(self, seq: V1Sequence, num_new_tokens: int) -> None:
+        if not self._allocator.append(seq.request_id, num_new_tokens):
+            raise RuntimeError("the reservation is full: check can_grow first")
+
+    def free(self, seq: V1Sequence) -> None:
+        self._allocator.free(seq.request_id)
+
+    def held_slots(self, seq: V1Sequence) -> int:
+        return self._allocator.held_slots(seq.request_id)
+
+    def usage(self, sequences: list[V1Sequence]) -> MemoryUsage:
+        return self._allocator.usage()
+
+
+@dataclass
+class V1Batch:
+    """What the last step did, for the engine's records (``engine.simulate_v1``).
+
+    Attributes:
+        scheduled: (sequence, tokens computed before the step, tokens scheduled), in order.
+        admitted: (sequence, prefix-hit tokens) of the sequences admitted in the step.
+        preempted: the sequences preempted in the step.
+        sampled: the sequences that produced a token (their prompt is computed).
+        finished: (sequence, slots it held) of those that produced their last token.
+        memory_blocked: a waiting request did not fit the free memory.
+        usage: the memory right after scheduling (before finished requests free theirs), when
+            the scheduler records it (``record_usage``).
+    """
+
+    scheduled: list[tuple[V1Sequence, int, int]] = field(default_factory=list)
+    admitted: list[tuple[V1Sequence, int]] = field(default_factory=list)
+    preempted: list[V1Sequence] = field(default_factory=list)
+    sampled: list[V1Sequence] = field(default_factory=list)
+    finished: list[tuple[V1Sequence, int]] = field(default_factory=list)
+    memory_blocked: bool = False
+    usage: MemoryUsage | None = None
+
+
 class V1StepScheduler:
     """vLLM v1's policy over its KV-cache manager (``V1KVCache``), one step per call."""
 
-    def __init__(self, kv_cache: V1KVCache, limits: V1Limits) -> None:
+    def __init__(self, kv_cache: V1Memory, limits: V1Limits, *, record_usage: bool = False) -> None:
         self._kv_cache = kv_cache
+        self._record_usage = record_usage
+        self.last_batch = V1Batch()
         self._limits = limits
         self._running: list[V1Sequence] = []
         self._queued: deque[V1Sequence] = deque()  # waiting: new, and preempted at the front
         self._num_steps = 0
 
     @property
-    def kv_cache(self) -> V1KVCache:
+    def kv_cache(self) -> V1Memory:
         """The KV-cache manager the scheduler allocates from."""
         return self._kv_cache
 
@@ -115,6 +235,11 @@ class V1StepScheduler:
         self._queued.append(seq)
         return seq
 
+    def drop_first_waiting(self) -> V1Sequence:
+        """Take the first waiting request out for good (one that can never fit: the caller
+        rejects it)."""
+        return self._queued.popleft()
+
     @property
     def has_unfinished(self) -> bool:
         """Whether any request runs or waits."""
@@ -125,12 +250,16 @@ class V1StepScheduler:
         scheduled: list[tuple[V1Sequence, int]] = []
         preempted: list[int] = []
         lookups = _Lookups()
+        self.last_batch = batch = V1Batch()
         budget = self._schedule_running(scheduled, preempted, self._limits.max_num_batched_tokens)
         if not preempted:
             self._schedule_waiting(scheduled, budget, lookups)
         num_blocks_in_use = self._kv_cache.num_blocks_in_use
         for seq, num_tokens in scheduled:
+            batch.scheduled.append((seq, seq.num_computed_tokens, num_tokens))
             seq.num_computed_tokens += num_tokens
+        if self._record_usage:
+            batch.usage = self._kv_cache.usage(self._running)
         finished = self._sample(seq for seq, _ in scheduled)
         step = V1Step(
             step_index=self._num_steps,
@@ -159,6 +288,7 @@ class V1StepScheduler:
             while not kv_cache.can_grow(seq, num_tokens):
                 victim = self._running.pop()  # the last running request: recompute it later
                 self._preempt(victim)
+                self.last_batch.preempted.append(victim)
                 preempted.append(victim.request_id)
                 if victim is seq:
                     return budget
@@ -177,6 +307,7 @@ class V1StepScheduler:
             hits = kv_cache.find_hit(seq)
             # vLLM 0.32 (scheduler_reserve_full_isl): the whole input must fit, not just a chunk.
             if not kv_cache.can_admit(seq, hits):
+                self.last_batch.memory_blocked = True
                 return
             seq.num_computed_tokens = len(hits) * kv_cache.block_size
             num_tokens = self._chunk(seq, budget)
@@ -184,6 +315,7 @@ class V1StepScheduler:
             kv_cache.admit(seq, hits, num_tokens)
             if kv_cache.enable_caching:
                 lookups.record(seq, len(hits) * kv_cache.block_size)
+            self.last_batch.admitted.append((seq, len(hits) * kv_cache.block_size))
             self._running.append(seq)
             scheduled.append((seq, num_tokens))
             budget -= num_tokens
@@ -206,7 +338,9 @@ class V1StepScheduler:
             if seq.num_computed_tokens < seq.num_tokens:
                 continue  # mid-prefill: the runner discards its sample
             seq.num_output_tokens += 1
+            self.last_batch.sampled.append(seq)
             if seq.num_output_tokens >= seq.request.output_tokens:
+                self.last_batch.finished.append((seq, self._kv_cache.held_slots(seq)))
                 self._running.remove(seq)
                 self._kv_cache.free(seq)
                 finished.append(seq.request_id)
@@ -235,8 +369,8 @@ class _Lookups:
 
 
 def kv_cache_for(allocator: PagedAllocator, max_model_len: int) -> V1KVCache:
-    """vLLM's KV-cache manager over ``allocator``'s pool: ``paged`` without, ``paged_prefix``
-    with prefix caching."""
+    """vLLM's KV-cache manager over a paged allocator's pool: ``paged`` without, ``paged_prefix``
+    with prefix caching (the naive allocators run through ``ReservingV1Memory``)."""
     return V1KVCache(
         allocator.num_slots // allocator.block_size,
         allocator.block_size,

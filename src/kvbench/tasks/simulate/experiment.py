@@ -15,13 +15,16 @@ import pandas as pd
 from omegaconf import DictConfig
 from tqdm import tqdm
 
-from kvbench.allocators import make_allocator
+from kvbench.allocators import Allocator, make_allocator
 from kvbench.config import KvbenchConfig, run_workloads
 from kvbench.core.kv_capacity import pool_slots
 from kvbench.core.request import Request
 from kvbench.core.specs import GIB, Deployment
 from kvbench.engine import RooflineCostModel, Scheduler, SchedulerLimits, simulate
+from kvbench.engine.kv_cache_v1 import V1KVCache
 from kvbench.engine.scheduler import rejection_reason
+from kvbench.engine.scheduler_v1 import ReservingV1Memory, V1Limits, V1Memory
+from kvbench.engine.simulate_v1 import simulate_v1
 from kvbench.plots.time_series import memory_chart_rows
 from kvbench.tables.parquet import write_frames, write_table
 from kvbench.tables.provenance import provenance
@@ -53,6 +56,26 @@ def scheduler_limits(cfg: KvbenchConfig, deployment: Deployment) -> SchedulerLim
         preemption=cfg.scheduler.preemption,
         swap_capacity_tokens=int(swap_bytes // deployment.kv_bytes_per_token),
     )
+
+
+def v1_limits(limits: SchedulerLimits) -> V1Limits:
+    """The limits ``scheduler=vllm_v1`` reads (it chunks prefills: no prompt is too long for its
+    budget)."""
+    return V1Limits(limits.max_num_seqs, limits.max_num_batched_tokens, limits.max_model_len)
+
+
+def v1_memory(name: str, allocator: Allocator, max_model_len: int) -> V1Memory:
+    """What ``scheduler=vllm_v1`` allocates from for the allocator ``name``
+    (docs/scheduling.md): vLLM's own KV-cache manager for ``paged`` (prefix caching off) and
+    ``paged_prefix`` (on), the allocator reserving whole spans at admission for the naive ones."""
+    if name in ("paged", "paged_prefix"):
+        return V1KVCache(
+            allocator.num_slots // allocator.block_size,
+            allocator.block_size,
+            max_model_len,
+            enable_caching=name == "paged_prefix",
+        )
+    return ReservingV1Memory(allocator, max_model_len)
 
 
 def cost_model(cfg: KvbenchConfig, deployment: Deployment) -> RooflineCostModel:
@@ -151,8 +174,14 @@ def run_experiment(
                 unit="req",
                 disable=not cfg.progress,
             ) as bar:
-                result = simulate(requests, Scheduler(limits), allocator, costs, bar.update,
-                                  beam_ancestry=beams, fast=cfg.engine.fast, step_sink=step_sink)
+                if cfg.scheduler.policy == "vllm_v1":
+                    result = simulate_v1(requests, v1_memory(name, allocator, max_model_len),
+                                         v1_limits(limits), costs, num_slots, bar.update,
+                                         step_sink=step_sink)
+                else:
+                    result = simulate(requests, Scheduler(limits), allocator, costs, bar.update,
+                                      beam_ancestry=beams, fast=cfg.engine.fast,
+                                      step_sink=step_sink)
             wall_s = time.perf_counter() - started_s
             request_table = requests_frame(result).assign(**labels)
             summary = {**labels, **summarize(request_table, result, deployment), **ideal}
