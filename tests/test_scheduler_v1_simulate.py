@@ -155,3 +155,45 @@ def test_simulated_step_rows_match_vllms_steps() -> None:
                s.prefix_hit_tokens, s.resumed_query_tokens, s.resumed_hit_tokens)
               for s in referee]  # fmt: skip
     assert ours == theirs
+
+
+def _random_workload(seed: int, num_requests: int) -> list[Request]:
+    import random
+
+    rng = random.Random(seed)
+    requests = []
+    for request_id in range(num_requests):
+        shared = {}
+        if rng.random() < 0.5:
+            group = rng.randrange(3)
+            shared = dict(prefix_group=group, prefix_tokens=40 + 50 * group)
+        requests.append(Request(request_id, rng.random() * 5, rng.randint(1, 300),
+                                rng.randint(1, 80), **shared))  # type: ignore[arg-type]  # fmt: skip
+    return requests
+
+
+@pytest.mark.parametrize("allocator_name", ["paged", "paged_prefix", "naive_pow2"])
+def test_the_fast_path_gives_the_reference_loops_records(allocator_name: str) -> None:
+    import dataclasses
+
+    from kvbench.core.catalog import get_deployment
+
+    requests = _random_workload(3, 120)
+    limits = V1Limits(max_num_seqs=16, max_num_batched_tokens=256, max_model_len=1024)
+    deployment = get_deployment("opt-13b", "a100-40gb")
+    results = []
+    for fast in (True, False):
+        allocator = make_allocator(allocator_name, 16 * 150, 16, 1024)
+        results.append(simulate_v1(requests, v1_memory(allocator_name, allocator, 1024), limits,
+                                   RooflineCostModel(deployment), 16 * 150, fast=fast))  # fmt: skip
+    fast_result, reference = results
+    if allocator_name != "naive_pow2":  # a reservation never preempts
+        assert sum(fast_result.steps.columns["num_preempted"]) > 0  # the pool preempts
+    assert fast_result.steps.columns == reference.steps.columns
+    assert [dataclasses.astuple(r) for r in fast_result.requests] == [
+        dataclasses.astuple(r) for r in reference.requests
+    ]
+    steps = run_v1_steps(requests, make_allocator("paged_prefix", 16 * 150, 16, 1024), limits)  # type: ignore[arg-type]
+    assert steps == run_v1_steps(
+        requests, make_allocator("paged_prefix", 16 * 150, 16, 1024), limits, fast=False  # type: ignore[arg-type]
+    )

@@ -27,7 +27,6 @@ block), managed as vLLM manages it (``V1KVCache``).
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable
 from collections.abc import Sequence as SequenceOf
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -205,8 +204,17 @@ class V1Batch:
 class V1StepScheduler:
     """vLLM v1's policy over its KV-cache manager (``V1KVCache``), one step per call."""
 
-    def __init__(self, kv_cache: V1Memory, limits: V1Limits, *, record_usage: bool = False) -> None:
+    def __init__(
+        self, kv_cache: V1Memory, limits: V1Limits, *, record_usage: bool = False, fast: bool = True
+    ) -> None:
+        """``record_usage``: keep each step's memory usage (``last_batch.usage``) for the
+        records; ``fast``: skip the KV manager for decode tokens that neither start nor fill one
+        of its blocks (identical steps; False is the reference, every token through it)."""
         self._kv_cache = kv_cache
+        # A decode token that neither starts nor fills a block of vLLM's manager changes nothing
+        # in it: the fast path skips the calls (this runs for every running request of every
+        # step).
+        self._fast_decodes = fast and isinstance(kv_cache, V1KVCache)
         self._record_usage = record_usage
         self.last_batch = V1Batch()
         self._limits = limits
@@ -255,15 +263,24 @@ class V1StepScheduler:
         if not preempted:
             self._schedule_waiting(scheduled, budget, lookups)
         num_blocks_in_use = self._kv_cache.num_blocks_in_use
+        batch_scheduled = batch.scheduled
+        scheduled_tokens = []
+        computed_inputs = []  # the sequences whose whole input is computed: they sample
         for seq, num_tokens in scheduled:
-            batch.scheduled.append((seq, seq.num_computed_tokens, num_tokens))
-            seq.num_computed_tokens += num_tokens
+            request = seq.request
+            computed = seq.num_computed_tokens
+            batch_scheduled.append((seq, computed, num_tokens))
+            scheduled_tokens.append((request.request_id, num_tokens))
+            computed += num_tokens
+            seq.num_computed_tokens = computed
+            if computed >= request.prompt_tokens + seq.num_output_tokens:
+                computed_inputs.append(seq)
         if self._record_usage:
             batch.usage = self._kv_cache.usage(self._running)
-        finished = self._sample(seq for seq, _ in scheduled)
+        finished = self._sample(computed_inputs)
         step = V1Step(
             step_index=self._num_steps,
-            scheduled_tokens=tuple((seq.request_id, n) for seq, n in scheduled),
+            scheduled_tokens=tuple(scheduled_tokens),
             num_blocks_in_use=num_blocks_in_use,
             preempted_request_ids=tuple(sorted(preempted)),
             finished_request_ids=tuple(sorted(finished)),
@@ -281,12 +298,28 @@ class V1StepScheduler:
         self, scheduled: list[tuple[V1Sequence, int]], preempted: list[int], budget: int
     ) -> int:
         kv_cache = self._kv_cache
+        running = self._running
+        fast_decodes = self._fast_decodes
+        block_size = kv_cache.block_size
+        last_decode_position = self._limits.max_model_len - 2
         index = 0
-        while index < len(self._running) and budget > 0:
-            seq = self._running[index]
+        while index < len(running) and budget > 0:
+            seq = running[index]
+            computed = seq.num_computed_tokens
+            if (
+                fast_decodes
+                and seq.request.prompt_tokens + seq.num_output_tokens - computed == 1
+                and computed <= last_decode_position
+                and computed % block_size
+                and (computed + 1) % block_size
+            ):
+                scheduled.append((seq, 1))
+                budget -= 1
+                index += 1
+                continue
             num_tokens = self._chunk(seq, budget)
             while not kv_cache.can_grow(seq, num_tokens):
-                victim = self._running.pop()  # the last running request: recompute it later
+                victim = running.pop()  # the last running request: recompute it later
                 self._preempt(victim)
                 self.last_batch.preempted.append(victim)
                 preempted.append(victim.request_id)
@@ -332,14 +365,14 @@ class V1StepScheduler:
         seq.num_preemptions += 1
         self._queued.appendleft(seq)
 
-    def _sample(self, sequences: Iterable[V1Sequence]) -> list[int]:
+    def _sample(self, sequences: list[V1Sequence]) -> list[int]:
+        """Each of ``sequences`` (input computed) samples a token; a mid-prefill one would not."""
         finished = []
+        self.last_batch.sampled = sequences
         for seq in sequences:
-            if seq.num_computed_tokens < seq.num_tokens:
-                continue  # mid-prefill: the runner discards its sample
-            seq.num_output_tokens += 1
-            self.last_batch.sampled.append(seq)
-            if seq.num_output_tokens >= seq.request.output_tokens:
+            num_output_tokens = seq.num_output_tokens + 1
+            seq.num_output_tokens = num_output_tokens
+            if num_output_tokens >= seq.request.output_tokens:
                 self.last_batch.finished.append((seq, self._kv_cache.held_slots(seq)))
                 self._running.remove(seq)
                 self._kv_cache.free(seq)
@@ -384,19 +417,21 @@ def run_v1_steps(
     allocator: PagedAllocator,
     limits: V1Limits,
     arrival_steps: SequenceOf[int] | None = None,
+    *,
+    fast: bool = True,
 ) -> list[V1Step]:
     """Step until every request finishes, as the referee does (``referee.run_referee``).
 
     ``arrival_steps[i]`` is the step before which request ``i`` is queued (all at step 0 when
-    None): the referee's clock, in steps. ValueError when a step can run nothing although
-    requests wait (the pool never fits the first of them).
+    None): the referee's clock, in steps. ``fast``: as ``V1StepScheduler``. ValueError when a
+    step can run nothing although requests wait (the pool never fits the first of them).
     """
     arrivals = [0] * len(requests) if arrival_steps is None else list(arrival_steps)
     if len(arrivals) != len(requests):
         raise ValueError(f"{len(arrivals)} arrival steps for {len(requests)} requests")
     # Popped from the end: earliest arrival first, ties in request order.
     pending = sorted(range(len(requests)), key=lambda i: (arrivals[i], i), reverse=True)
-    scheduler = V1StepScheduler(kv_cache_for(allocator, limits.max_model_len), limits)
+    scheduler = V1StepScheduler(kv_cache_for(allocator, limits.max_model_len), limits, fast=fast)
     steps: list[V1Step] = []
     while pending or scheduler.has_unfinished:
         while pending and arrivals[pending[-1]] <= len(steps):

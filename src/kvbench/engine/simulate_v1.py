@@ -63,14 +63,16 @@ def simulate_v1(
     on_finish: ProgressCallback | None = None,
     *,
     step_sink: StepSink | None = None,
+    fast: bool = True,
 ) -> SimulationResult:
     """Serve ``requests`` under vLLM v1's policy over ``memory`` and record every step and request.
 
     ``num_pool_slots`` is the most one request may ever hold (``v1_rejection_reason``); the
-    records are ``simulate``'s (``on_finish`` and ``step_sink`` as there).
+    records are ``simulate``'s (``on_finish`` and ``step_sink`` as there); ``fast=False`` runs
+    every token through the KV manager (``V1StepScheduler``'s reference), with identical records.
     """
     pending = sorted(requests, key=lambda r: (r.arrival_s, r.request_id))
-    scheduler = V1StepScheduler(memory, limits, record_usage=True)
+    scheduler = V1StepScheduler(memory, limits, record_usage=True, fast=fast)
     steps = StepRecords(sink=step_sink, block_size=memory.block_size)
     records: list[RequestRecord] = []
     record_of: dict[int, RequestRecord] = {}

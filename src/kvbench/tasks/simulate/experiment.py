@@ -177,7 +177,7 @@ def run_experiment(
                 if cfg.scheduler.policy == "vllm_v1":
                     result = simulate_v1(requests, v1_memory(name, allocator, max_model_len),
                                          v1_limits(limits), costs, num_slots, bar.update,
-                                         step_sink=step_sink)
+                                         step_sink=step_sink, fast=cfg.engine.fast)
                 else:
                     result = simulate(requests, Scheduler(limits), allocator, costs, bar.update,
                                       beam_ancestry=beams, fast=cfg.engine.fast,
