@@ -197,3 +197,28 @@ def test_the_fast_path_gives_the_reference_loops_records(allocator_name: str) ->
     assert steps == run_v1_steps(
         requests, make_allocator("paged_prefix", 16 * 150, 16, 1024), limits, fast=False  # type: ignore[arg-type]
     )
+
+
+def test_a_v1_run_writes_the_tables_with_every_column_documented(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import pandas as pd
+    from conftest import compose_config
+    from test_metrics_docs import _documented
+
+    from kvbench.tasks.simulate.experiment import run_experiment
+
+    # Prompts of 3,000 tokens: beyond the 2,048-token budget, which v1 prefills in chunks.
+    cfg, deployment, raw = compose_config(
+        "scheduler=vllm_v1", "workload=fixed", "workload.num_requests=12",
+        "workload.prompt_tokens=3000", "workload.output_tokens=20", "model=opt-13b",
+        "hardware=a100-40gb", "model.max_model_len=4096", "progress=false", "plots=false",
+        "summary_table=false",
+    )  # fmt: skip
+    run_experiment(cfg, deployment, raw, tmp_path)
+    requests = pd.read_parquet(tmp_path / "requests.parquet")
+    steps = pd.read_parquet(tmp_path / "steps.parquet")
+    assert (requests["status"] == "finished").all()
+    assert steps["num_prefill_tokens"].max() <= 2048
+    assert steps.groupby("allocator")["num_blocks_in_use"].max()["paged"] > 0
+    for table in ("summary", "steps", "requests"):
+        columns = pd.read_parquet(tmp_path / f"{table}.parquet").columns
+        assert [c for c in columns if not _documented(c)] == []

@@ -24,7 +24,7 @@ from kvbench.engine import RooflineCostModel, Scheduler, SchedulerLimits, simula
 from kvbench.engine.kv_cache_v1 import V1KVCache
 from kvbench.engine.scheduler import rejection_reason
 from kvbench.engine.scheduler_v1 import ReservingV1Memory, V1Limits, V1Memory
-from kvbench.engine.simulate_v1 import simulate_v1
+from kvbench.engine.simulate_v1 import simulate_v1, v1_rejection_reason
 from kvbench.plots.time_series import memory_chart_rows
 from kvbench.tables.parquet import write_frames, write_table
 from kvbench.tables.provenance import provenance
@@ -155,7 +155,8 @@ def run_experiment(
         requests = to_requests(workload)
         rate = workload_cfg.request_rate
         beams = load_beam_ancestry() if workload_cfg.beam_width > 1 else None
-        ideal = _ideal_prefix_columns(requests, limits, cfg.allocator.block_size)
+        v1_pool_slots = num_slots if cfg.scheduler.policy == "vllm_v1" else None
+        ideal = _ideal_prefix_columns(requests, limits, cfg.allocator.block_size, v1_pool_slots)
         for name in cfg.allocators:
             # Checkpoint before a run, not after: the last run's tables are written once.
             if all_steps and checkpoint.is_due():
@@ -211,13 +212,21 @@ def run_experiment(
 
 
 def _ideal_prefix_columns(
-    requests: list[Request], limits: SchedulerLimits, block_size: int
+    requests: list[Request], limits: SchedulerLimits, block_size: int, v1_pool_slots: int | None
 ) -> dict[str, float]:
     """The hit rates an unbounded prefix cache would reach on exactly the requests the engine can
     serve (NaN when no request names its prefix): the ceiling of ``prefix_hit_rate`` and
     ``prefix_block_hit_rate``, which count admitted requests only. A request rejected on arrival
-    (a prompt beyond the context) is never cached and never hits, so it is left out here too."""
-    servable = [request for request in requests if not rejection_reason(request, limits)]
+    (a prompt beyond the context) is never cached and never hits, so it is left out here too.
+    ``v1_pool_slots``: the pool under ``scheduler=vllm_v1`` (its own rejections), else None."""
+    if v1_pool_slots is None:
+        servable = [request for request in requests if not rejection_reason(request, limits)]
+    else:
+        engine = v1_limits(limits)
+        servable = [
+            request for request in requests
+            if not v1_rejection_reason(request, engine, v1_pool_slots)
+        ]  # fmt: skip
     if not has_prefix_identity(servable):
         return {"ideal_prefix_hit_rate": float("nan"), "ideal_prefix_block_hit_rate": float("nan")}
     ideal = ideal_prefix_reuse(servable, block_size)
