@@ -222,3 +222,18 @@ def test_a_v1_run_writes_the_tables_with_every_column_documented(tmp_path) -> No
     for table in ("summary", "steps", "requests"):
         columns = pd.read_parquet(tmp_path / f"{table}.parquet").columns
         assert [c for c in columns if not _documented(c)] == []
+
+
+def test_v1_usage_covers_the_whole_pool_and_a_blocked_step_frees_nothing() -> None:
+    requests = [Request(i, 0.0, 200, 60) for i in range(8)]
+    result = _simulate(requests, "paged", num_slots=16 * 40 + 5)  # 5 slots no block holds
+    columns = result.steps.columns
+    for step in range(len(columns["step"])):
+        parts = ("token_states_slots", "reservation_slots", "internal_frag_slots",
+                 "external_frag_slots", "free_slots")  # fmt: skip
+        assert sum(columns[name][step] for name in parts) == 16 * 40 + 5
+        if columns["memory_blocked"][step]:
+            assert columns["free_slots"][step] == 0
+        else:
+            assert columns["external_frag_slots"][step] == 5
+    assert any(columns["memory_blocked"])

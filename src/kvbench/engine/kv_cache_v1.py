@@ -97,10 +97,21 @@ class V1KVCache:
     """
 
     def __init__(
-        self, num_blocks: int, block_size: int, max_model_len: int, *, enable_caching: bool
+        self,
+        num_blocks: int,
+        block_size: int,
+        max_model_len: int,
+        *,
+        enable_caching: bool,
+        num_slots: int | None = None,
     ) -> None:
+        """``num_slots``: the pool's slots when they are more than ``num_blocks`` whole blocks
+        (the rest is external fragmentation, as for the ``paged`` allocator)."""
         if block_size < 1 or num_blocks < 0:
             raise ValueError(f"block_size={block_size}, num_blocks={num_blocks}: invalid pool")
+        self.num_slots = num_blocks * block_size if num_slots is None else num_slots
+        if self.num_slots < num_blocks * block_size:
+            raise ValueError(f"num_slots={num_slots}: fewer than {num_blocks} blocks hold")
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.max_model_len = max_model_len
@@ -227,11 +238,11 @@ class V1KVCache:
                 partial_filled += filled
                 partial_usable += usable
         return MemoryUsage(
-            num_slots=self.num_blocks * block_size,
+            num_slots=self.num_slots,
             token_states=(num_held - num_partial) * block_size + partial_filled,
             reservation=partial_usable - partial_filled,
             internal_frag=num_partial * block_size - partial_usable,
-            external_frag=0,
+            external_frag=self.num_slots - self.num_blocks * block_size,
             free=len(self._free_queue) * block_size,
             shared_slots=self._num_shared_blocks * block_size,
             saved_slots=(num_logical - num_held) * block_size,

@@ -121,6 +121,7 @@ def _record_step(
     """Price the step, append its row and update its requests' records; (end time, finished)."""
     batch = scheduler.last_batch
     assert batch.usage is not None  # the scheduler records it
+    usage = batch.usage.with_free_blocked() if batch.memory_blocked else batch.usage
     shape, num_prefill_seqs = step_shape(batch)
     duration_s = cost_model.iteration_time_s(shape)
     end_s = now_s + duration_s
@@ -135,7 +136,7 @@ def _record_step(
         num_swapped=0,
         num_preempted=len(batch.preempted),
         memory_blocked=batch.memory_blocked,
-        usage=batch.usage,
+        usage=usage,
         prefix_lookups=(step.prefix_query_tokens, step.prefix_hit_tokens,
                         step.resumed_query_tokens, step.resumed_hit_tokens),
     )  # fmt: skip

@@ -74,6 +74,7 @@ def v1_memory(name: str, allocator: Allocator, max_model_len: int) -> V1Memory:
             allocator.block_size,
             max_model_len,
             enable_caching=name == "paged_prefix",
+            num_slots=allocator.num_slots,
         )
     return ReservingV1Memory(allocator, max_model_len)
 
