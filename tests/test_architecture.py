@@ -27,8 +27,9 @@ ALLOWED_IMPORTS = {
     "plots": {"core", "allocators", "analysis"},
     "tasks": {"core", "workloads", "allocators", "engine", "kernels", "tables", "analysis",
               "plots", "config"},
+    # tools/bench also times vllm_v1 against the referee (--case v1_referee).
     "tools": {"core", "workloads", "allocators", "engine", "kernels", "tables", "analysis",
-              "plots", "tasks", "config"},
+              "plots", "tasks", "config", "referee"},
     # The vLLM referee: an edge beside tasks/ that only reads requests and specs.
     "referee": {"core"},
 }  # fmt: skip

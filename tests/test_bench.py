@@ -3,6 +3,7 @@
 import json
 
 import pandas as pd
+from referee_support import peer
 
 from kvbench.tools.bench import main
 
@@ -47,3 +48,12 @@ def test_bench_times_the_whole_command_against_its_engine(tmp_path, capsys):
 def test_bench_refuses_zero_repeats(capsys):
     assert main(["--case", "sharegpt_1m", "--repeats", "0"]) == 2
     assert "--repeats 0" in capsys.readouterr().err
+
+
+@peer
+def test_bench_compares_vllm_v1_with_the_referee(tmp_path, capsys):
+    assert main(["--case", "v1_referee", "--v1-requests", "60", "--out", str(tmp_path)]) == 0
+    figures = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert figures["case"] == "v1_referee" and figures["num_requests"] == 60
+    assert figures["identical_steps"] == figures["num_steps"] == figures["referee_steps"]
+    assert figures["speedup"] == figures["referee_s"] / figures["kvbench_s"]

@@ -187,7 +187,7 @@ def test_report_recomputes_knees_under_the_apps_bound():
 
 def test_engine_defaults_match_the_yaml():
     """The engine's own keyword defaults (kept so it stays free of config reading) must say what
-    conf/executor/roofline.yaml and conf/scheduler/vllm.yaml say: a guard against drift."""
+    conf/executor/roofline.yaml and conf/scheduler/vllm_v0.yaml say: a guard against drift."""
     from kvbench.engine import RooflineCostModel, SchedulerLimits
 
     executor = read_option("executor", "roofline")
@@ -195,7 +195,7 @@ def test_engine_defaults_match_the_yaml():
     for key in ("compute_efficiency", "bandwidth_efficiency", "pcie_efficiency",
                 "iteration_overhead_s", "allreduce_latency_s"):  # fmt: skip
         assert cost_defaults[key] == executor[key], key
-    scheduler = read_option("scheduler", "vllm")
+    scheduler = read_option("scheduler", "vllm_v0")
     limit_defaults = {spec.name: spec.default for spec in fields(SchedulerLimits)}
     for key in ("max_num_seqs", "preemption", "policy"):
         assert limit_defaults[key] == scheduler[key], key

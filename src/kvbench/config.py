@@ -32,6 +32,10 @@ MAX_BLOCK_SIZE = 256  # the largest block size the vLLM paper swept (Fig. 18b)
 EXECUTOR_KINDS = ("roofline",)
 PREFIX_CACHING_ALLOCATORS = ("paged_prefix", "radix")  # what a CPU tier offloads for
 TASKS = ("simulate", "kernel_overhead", "logit_equivalence")
+SCHEDULER_NAMES = ("vllm_v0", "vllm_v1")
+# What vllm_v1 runs each allocator as (docs/scheduling.md): paged without and paged_prefix with
+# vLLM's prefix caching; the naive allocators reserve their span at admission.
+V1_ALLOCATORS = ("naive_max", "naive_pow2", "naive_oracle", "paged", "paged_prefix")
 
 
 class ConfigError(ValueError):
@@ -93,13 +97,17 @@ class AllocatorConfig:
 class SchedulerConfig:
     """``scheduler=NAME``: iteration-level continuous batching (Orca/vLLM)."""
 
+    # The engine modelled, the option's own name: vllm_v0 (the paper's 2023 engine,
+    # engine/scheduler.py) or vllm_v1 (today's vLLM, engine/scheduler_v1.py: chunked prefill,
+    # prefix caching by block hash).
+    name: str = MISSING
     max_num_seqs: int = MISSING
     # None: max(model max length, 2048), vLLM's default for chunk-free prefill.
     max_num_batched_tokens: int | None = MISSING
     preemption: str = MISSING
     swap_space_gib: float = MISSING
     # Admission order of the waiting queue: fcfs, or lpm (longest prefix match first, SGLang's;
-    # for the prefix-caching allocators: it is fcfs for the others).
+    # for the prefix-caching allocators: it is fcfs for the others; vllm_v1 is fcfs).
     policy: str = MISSING
 
 
@@ -386,6 +394,8 @@ def _check_values(cfg: KvbenchConfig) -> None:
     _check_workload_request_rates(cfg)
     _check_hardware(cfg.hardware)
     _check_scheduler(cfg.scheduler)
+    if cfg.scheduler.name == "vllm_v1":
+        _check_v1_run(cfg)
     _check_executor(cfg.executor)
     _check_kernel_bench(cfg.kernel_bench)
     _check_equivalence(cfg.equivalence)
@@ -567,6 +577,11 @@ def _check_hardware(hardware: HardwareConfig) -> None:
 
 def _check_scheduler(scheduler: SchedulerConfig) -> None:
     _require(
+        scheduler.name in SCHEDULER_NAMES,
+        f"scheduler.name={scheduler.name!r}: allowed are {', '.join(SCHEDULER_NAMES)} "
+        "(pick one with scheduler=NAME)",
+    )
+    _require(
         scheduler.max_num_seqs >= 1,
         f"scheduler.max_num_seqs={scheduler.max_num_seqs}: must be >= 1",
     )
@@ -588,6 +603,41 @@ def _check_scheduler(scheduler: SchedulerConfig) -> None:
         scheduler.swap_space_gib >= 0,
         f"scheduler.swap_space_gib={scheduler.swap_space_gib}: must be >= 0",
     )
+
+
+def _check_v1_run(cfg: KvbenchConfig) -> None:
+    """What vLLM v1 has no counterpart for: each a one-line error naming the v0 feature."""
+    scheduler = cfg.scheduler
+    batched = scheduler.max_num_batched_tokens
+    _require(
+        batched is not None and batched >= scheduler.max_num_seqs,
+        f"scheduler.max_num_batched_tokens={batched}: vllm_v1 needs a token budget >= "
+        f"scheduler.max_num_seqs={scheduler.max_num_seqs} (vLLM refuses less); set it",
+    )
+    _require(
+        scheduler.policy == "fcfs",
+        f"scheduler.policy={scheduler.policy!r}: scheduler=vllm_v1 admits first come first "
+        "served, as vLLM does; lpm runs under scheduler=vllm_v0",
+    )
+    modes = cfg.preemption_modes or [scheduler.preemption]
+    _require(
+        all(mode == "recompute" for mode in modes),
+        f"scheduler=vllm_v1 preempts by recompute only (preemption {', '.join(modes)} asked): "
+        "set scheduler.preemption=recompute and preemption_modes=[], or use scheduler=vllm_v0",
+    )
+    for name in cfg.allocators:
+        _require(
+            name in V1_ALLOCATORS,
+            f"allocators contains {name!r}: scheduler=vllm_v1 runs {', '.join(V1_ALLOCATORS)}; "
+            "drop it or use scheduler=vllm_v0",
+        )
+    for label, workload in run_workloads(cfg).items():
+        _require(
+            workload.num_samples == 1 and workload.beam_width == 1,
+            f"workload {label}: num_samples={workload.num_samples}, beam_width="
+            f"{workload.beam_width}: parallel sampling and beam search are modelled under "
+            "scheduler=vllm_v0 only; use it, or set both to 1",
+        )
 
 
 def _check_executor(executor: ExecutorConfig) -> None:

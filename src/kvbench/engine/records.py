@@ -27,7 +27,17 @@ STEP_COLUMNS = (
     "num_preempted",
     "memory_blocked",
     *SLOT_COLUMNS,
+    # What a step-by-step comparison with vLLM needs (docs/referee.md): blocks held by requests,
+    # and the prefix-cache lookups of the requests admitted in the step, resumed ones apart.
+    "num_blocks_in_use",
+    "prefix_query_tokens",
+    "prefix_hit_tokens",
+    "resumed_query_tokens",
+    "resumed_hit_tokens",
 )
+# The lookup columns: written by scheduler=vllm_v1 (0 under vllm_v0, whose prefix hits are
+# per request: requests.parquet's cached_prompt_tokens).
+PREFIX_LOOKUP_COLUMNS = STEP_COLUMNS[-4:]
 
 
 # Column dtypes of the chunks handed to a sink (every other column is int64).
@@ -56,6 +66,8 @@ class StepRecords:
         default_factory=lambda: {name: [] for name in STEP_COLUMNS}
     )
     sink: StepSink | None = None
+    # Slots per block of the allocator: num_blocks_in_use is its held slots over this.
+    block_size: int = 1
     num_flushed: int = 0  # steps already handed to the sink
     _flushed_totals: StepTotals = field(default_factory=StepTotals)
 
@@ -73,8 +85,10 @@ class StepRecords:
         num_preempted: int,
         memory_blocked: bool,
         usage: MemoryUsage,
+        prefix_lookups: tuple[int, int, int, int] = (0, 0, 0, 0),
     ) -> None:
-        """Record one iteration that started at ``time_s`` and lasted ``duration_s``."""
+        """Record one iteration that started at ``time_s`` and lasted ``duration_s``;
+        ``prefix_lookups`` are (query, hit, resumed query, resumed hit) tokens."""
         columns = self.columns
         step_column = columns["step"]
         step_column.append(self.num_flushed + len(step_column))
@@ -95,6 +109,10 @@ class StepRecords:
         columns["free_slots"].append(usage.free)
         columns["shared_slots"].append(usage.shared_slots)
         columns["saved_slots"].append(usage.saved_slots)
+        held_slots = usage.token_states + usage.reservation + usage.internal_frag
+        columns["num_blocks_in_use"].append(held_slots // self.block_size)
+        for name, tokens in zip(PREFIX_LOOKUP_COLUMNS, prefix_lookups, strict=True):
+            columns[name].append(tokens)
         if self.sink is not None and len(step_column) >= CHUNK_ROWS:
             self._flush_full_chunks()
 
@@ -143,6 +161,16 @@ class StepRecords:
         }
         for name, value in constants.items():
             self.columns[name].extend(repeat(value, num_rows))
+        for name in PREFIX_LOOKUP_COLUMNS:
+            self.columns[name].extend(repeat(0, num_rows))
+        columns = self.columns
+        held_slots = (
+            int(columns["token_states_slots"][row])
+            + int(columns["reservation_slots"][row])
+            + int(columns["internal_frag_slots"][row])
+            for row in range(-num_rows, 0)
+        )
+        columns["num_blocks_in_use"].extend(slots // self.block_size for slots in held_slots)
         if self.sink is not None and len(step_column) >= CHUNK_ROWS:
             self._flush_full_chunks()
 

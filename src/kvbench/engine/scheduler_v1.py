@@ -1,10 +1,9 @@
-"""vLLM v1's scheduling policy, step by step, over kvbench's ``paged`` allocator (no prefix cache).
+"""vLLM v1's scheduling policy, step by step, over vLLM's KV-cache manager (``engine.kv_cache_v1``).
 
-The first increment of ``scheduler=vllm_v1`` (issue 15): a pure model of one ``schedule()`` of
-vLLM 0.32's ``vllm.v1.core.sched.scheduler.Scheduler`` and of the model runner's answer, refereed
-step for step by the real scheduler (``kvbench.referee``, tests/test_scheduler_v1_referee.py). It
-is not yet wired into ``simulate`` or the config; ``scheduler=vllm_v0`` (``engine/scheduler.py``)
-is what runs.
+``scheduler=vllm_v1`` (issue 15): a pure model of one ``schedule()`` of vLLM 0.32's
+``vllm.v1.core.sched.scheduler.Scheduler`` and of the model runner's answer, refereed step for
+step by the real scheduler (``kvbench.referee``, tests/test_scheduler_v1_referee.py), with prefix
+caching (``paged_prefix``) or without (``paged``).
 
 One step, as vLLM does it:
 
@@ -13,26 +12,29 @@ One step, as vLLM does it:
    last running request is preempted (its blocks freed, its computed tokens dropped, back at the
    front of the waiting queue: recompute); if that was the request itself, the loop stops.
 2. Only if nothing was preempted: waiting requests, first come first served, while the budget
-   lasts and fewer than ``max_num_seqs`` run. One is admitted only if its whole input (prompt,
-   plus the tokens it generated before a preemption) fits in the free blocks, though it gets only
-   what the budget leaves; the first that does not fit stops admission.
+   lasts and fewer than ``max_num_seqs`` run. Each looks up its prefix-cache hit (whole blocks,
+   at most its input less one token); it is admitted only if its whole input (prompt, plus the
+   tokens it generated before a preemption) fits in the free blocks beside its hit, though it
+   computes only what the budget leaves; the first that does not fit stops admission.
 3. The model runner: a request whose input is fully computed after the step samples a token; one
    with ``output_tokens`` tokens finishes and frees its blocks.
 
 ``max_num_batched_tokens`` is the token budget and ``max_num_seqs`` the batch limit; the pool is
 the allocator's (``kvbench.core.kv_capacity.pool_slots``: vLLM's ``num_gpu_blocks`` less its null
-block).
+block), managed as vLLM manages it (``V1KVCache``).
 """
 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable
 from collections.abc import Sequence as SequenceOf
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Protocol
 
+from kvbench.allocators.base import Allocator, MemoryUsage
 from kvbench.allocators.paged import PagedAllocator
 from kvbench.core.request import Request
+from kvbench.engine.kv_cache_v1 import V1KVCache, V1Sequence
 
 
 @dataclass(frozen=True)
@@ -63,6 +65,11 @@ class V1Step:
         finished_request_ids: requests that produced their last token in this step, sorted.
         num_running: requests running after the step.
         num_waiting: requests waiting (new or preempted) after the step.
+        prefix_query_tokens: input tokens looked up in the prefix cache by requests admitted for
+            the first time in this step (0 without prefix caching).
+        prefix_hit_tokens: of those, tokens found cached.
+        resumed_query_tokens: tokens looked up by preempted requests resuming in this step.
+        resumed_hit_tokens: of those, tokens found cached.
     """
 
     step_index: int
@@ -72,43 +79,174 @@ class V1Step:
     finished_request_ids: tuple[int, ...]
     num_running: int
     num_waiting: int
+    prefix_query_tokens: int = 0
+    prefix_hit_tokens: int = 0
+    resumed_query_tokens: int = 0
+    resumed_hit_tokens: int = 0
 
 
-class _V1Request:
-    """A request's progress: tokens it has (prompt + sampled) and tokens computed in KV."""
+class V1Memory(Protocol):
+    """What the v1 policy asks of the KV memory: ``V1KVCache`` (vLLM's own, ``paged`` and
+    ``paged_prefix``) or ``ReservingV1Memory`` (the naive contiguous allocators)."""
 
-    __slots__ = ("num_computed_tokens", "num_output_tokens", "request")
-
-    def __init__(self, request: Request) -> None:
-        self.request = request
-        self.num_computed_tokens = 0
-        self.num_output_tokens = 0
-
-    @property
-    def request_id(self) -> int:
-        return self.request.request_id
+    block_size: int
+    enable_caching: bool
 
     @property
-    def num_tokens(self) -> int:
-        return self.request.prompt_tokens + self.num_output_tokens
+    def num_blocks_in_use(self) -> int:
+        """Blocks (slots for a contiguous allocator) held by requests."""
+        ...
+
+    def find_hit(self, seq: V1Sequence) -> list[int]:
+        """The cached blocks the sequence's input starts with (none without a prefix cache)."""
+        ...
+
+    def can_admit(self, seq: V1Sequence, hits: list[int]) -> bool:
+        """Whether the sequence's whole input fits now, beside its hits."""
+        ...
+
+    def admit(self, seq: V1Sequence, hits: list[int], num_new_tokens: int) -> None:
+        """Give a waiting sequence its hits and room for ``num_new_tokens`` more tokens."""
+        ...
+
+    def can_grow(self, seq: V1Sequence, num_new_tokens: int) -> bool:
+        """Whether a running sequence can take ``num_new_tokens`` more tokens now."""
+        ...
+
+    def grow(self, seq: V1Sequence, num_new_tokens: int) -> None:
+        """Make room for ``num_new_tokens`` more tokens of a running sequence."""
+        ...
+
+    def free(self, seq: V1Sequence) -> None:
+        """Release everything the sequence holds."""
+        ...
+
+    def held_slots(self, seq: V1Sequence) -> int:
+        """Slots the sequence holds now (shared ones included)."""
+        ...
+
+    def usage(self, sequences: list[V1Sequence]) -> MemoryUsage:
+        """The pool in the paper's categories; ``sequences`` are those holding memory."""
+        ...
+
+
+class ReservingV1Memory:
+    """A naive contiguous allocator under vLLM v1's policy: a request reserves its whole span at
+    admission (the allocator's policy: the model's maximum length, a power-of-two guess, or its
+    true length), so v1's whole-input check becomes "the reservation succeeds" and a chunk or a
+    decode token only fills what is reserved. No prefix cache."""
+
+    enable_caching = False
+    block_size = 1  # slots: the contiguous allocators have no blocks
+
+    def __init__(self, allocator: Allocator, max_model_len: int) -> None:
+        self._allocator = allocator
+        self._max_model_len = max_model_len
+
+    @property
+    def num_blocks_in_use(self) -> int:
+        usage = self._allocator.usage()
+        return usage.token_states + usage.reservation + usage.internal_frag
+
+    def find_hit(self, seq: V1Sequence) -> list[int]:
+        return []
+
+    def can_admit(self, seq: V1Sequence, hits: list[int]) -> bool:
+        whole_input = min(seq.num_tokens, self._max_model_len)
+        return self._allocator.can_admit(seq.request, whole_input)
+
+    def admit(self, seq: V1Sequence, hits: list[int], num_new_tokens: int) -> None:
+        seq.num_computed_tokens = 0
+        if not self._allocator.admit(seq.request_id, seq.request, num_new_tokens):
+            raise RuntimeError("the reservation failed: check can_admit first")
+
+    def can_grow(self, seq: V1Sequence, num_new_tokens: int) -> bool:
+        return self._allocator.can_append(seq.request_id, num_new_tokens)
+
+    def grow(self, seq: V1Sequence, num_new_tokens: int) -> None:
+        if not self._allocator.append(seq.request_id, num_new_tokens):
+            raise RuntimeError("the reservation is full: check can_grow first")
+
+    def free(self, seq: V1Sequence) -> None:
+        self._allocator.free(seq.request_id)
+
+    def held_slots(self, seq: V1Sequence) -> int:
+        return self._allocator.held_slots(seq.request_id)
+
+    def usage(self, sequences: list[V1Sequence]) -> MemoryUsage:
+        return self._allocator.usage()
+
+
+@dataclass
+class V1Batch:
+    """What the last step did, for the engine's records (``engine.simulate_v1``).
+
+    Attributes:
+        scheduled: (sequence, tokens computed before the step, tokens scheduled), in order.
+        admitted: (sequence, prefix-hit tokens) of the sequences admitted in the step.
+        preempted: the sequences preempted in the step.
+        sampled: the sequences that produced a token (their prompt is computed).
+        finished: (sequence, slots it held) of those that produced their last token.
+        memory_blocked: a waiting request did not fit the free memory.
+        usage: the memory right after scheduling (before finished requests free theirs), when
+            the scheduler records it (``record_usage``).
+    """
+
+    scheduled: list[tuple[V1Sequence, int, int]] = field(default_factory=list)
+    admitted: list[tuple[V1Sequence, int]] = field(default_factory=list)
+    preempted: list[V1Sequence] = field(default_factory=list)
+    sampled: list[V1Sequence] = field(default_factory=list)
+    finished: list[tuple[V1Sequence, int]] = field(default_factory=list)
+    memory_blocked: bool = False
+    usage: MemoryUsage | None = None
 
 
 class V1StepScheduler:
-    """vLLM v1's policy over a ``paged`` allocator without prefix caching, one step per call."""
+    """vLLM v1's policy over its KV-cache manager (``V1KVCache``), one step per call."""
 
-    def __init__(self, allocator: PagedAllocator, limits: V1Limits) -> None:
-        if allocator.prefix_cache is not None:
-            raise ValueError("V1StepScheduler models vLLM without prefix caching: use 'paged'")
-        self._allocator = allocator
+    def __init__(
+        self, kv_cache: V1Memory, limits: V1Limits, *, record_usage: bool = False, fast: bool = True
+    ) -> None:
+        """``record_usage``: keep each step's memory usage (``last_batch.usage``) for the
+        records; ``fast``: skip the KV manager for decode tokens that neither start nor fill one
+        of its blocks (identical steps; False is the reference, every token through it)."""
+        self._kv_cache = kv_cache
+        # A decode token that neither starts nor fills a block of vLLM's manager changes nothing
+        # in it: the fast path skips the calls (this runs for every running request of every
+        # step).
+        self._fast_decodes = fast and isinstance(kv_cache, V1KVCache)
+        self._record_usage = record_usage
+        self.last_batch = V1Batch()
         self._limits = limits
-        self._running: list[_V1Request] = []
-        self._queued: deque[_V1Request] = deque()  # waiting: new, and preempted at the front
-        self._num_pool_blocks = allocator.num_slots // allocator.block_size
+        self._running: list[V1Sequence] = []
+        self._queued: deque[V1Sequence] = deque()  # waiting: new, and preempted at the front
         self._num_steps = 0
 
-    def add(self, request: Request) -> None:
+    @property
+    def kv_cache(self) -> V1Memory:
+        """The KV-cache manager the scheduler allocates from."""
+        return self._kv_cache
+
+    @property
+    def running(self) -> list[V1Sequence]:
+        """The running sequences, in vLLM's order (read only)."""
+        return self._running
+
+    @property
+    def num_waiting(self) -> int:
+        """Sequences waiting: never admitted, or preempted."""
+        return len(self._queued)
+
+    def add(self, request: Request) -> V1Sequence:
         """Queue a request (vLLM's ``add_request``): it waits behind those queued before."""
-        self._queued.append(_V1Request(request))
+        seq = V1Sequence(request)
+        self._queued.append(seq)
+        return seq
+
+    def drop_first_waiting(self) -> V1Sequence:
+        """Take the first waiting request out for good (one that can never fit: the caller
+        rejects it)."""
+        return self._queued.popleft()
 
     @property
     def has_unfinished(self) -> bool:
@@ -117,82 +255,161 @@ class V1StepScheduler:
 
     def step(self) -> V1Step:
         """Schedule one step and apply the model runner's answer to it."""
-        scheduled: list[tuple[_V1Request, int]] = []
+        scheduled: list[tuple[V1Sequence, int]] = []
         preempted: list[int] = []
+        lookups = _Lookups()
+        self.last_batch = batch = V1Batch()
         budget = self._schedule_running(scheduled, preempted, self._limits.max_num_batched_tokens)
         if not preempted:
-            self._schedule_waiting(scheduled, budget)
-        num_blocks_in_use = self._num_pool_blocks - self._allocator.num_free_blocks()
-        for state, num_tokens in scheduled:
-            state.num_computed_tokens += num_tokens
-        finished = self._sample(state for state, _ in scheduled)
+            self._schedule_waiting(scheduled, budget, lookups)
+        num_blocks_in_use = self._kv_cache.num_blocks_in_use
+        batch_scheduled = batch.scheduled
+        scheduled_tokens = []
+        computed_inputs = []  # the sequences whose whole input is computed: they sample
+        for seq, num_tokens in scheduled:
+            request = seq.request
+            computed = seq.num_computed_tokens
+            batch_scheduled.append((seq, computed, num_tokens))
+            scheduled_tokens.append((request.request_id, num_tokens))
+            computed += num_tokens
+            seq.num_computed_tokens = computed
+            if computed >= request.prompt_tokens + seq.num_output_tokens:
+                computed_inputs.append(seq)
+        if self._record_usage:
+            batch.usage = self._kv_cache.usage(self._running)
+        finished = self._sample(computed_inputs)
         step = V1Step(
             step_index=self._num_steps,
-            scheduled_tokens=tuple((s.request_id, n) for s, n in scheduled),
+            scheduled_tokens=tuple(scheduled_tokens),
             num_blocks_in_use=num_blocks_in_use,
             preempted_request_ids=tuple(sorted(preempted)),
             finished_request_ids=tuple(sorted(finished)),
             num_running=len(self._running),
             num_waiting=len(self._queued),
+            prefix_query_tokens=lookups.query_tokens,
+            prefix_hit_tokens=lookups.hit_tokens,
+            resumed_query_tokens=lookups.resumed_query_tokens,
+            resumed_hit_tokens=lookups.resumed_hit_tokens,
         )
         self._num_steps += 1
         return step
 
     def _schedule_running(
-        self, scheduled: list[tuple[_V1Request, int]], preempted: list[int], budget: int
+        self, scheduled: list[tuple[V1Sequence, int]], preempted: list[int], budget: int
     ) -> int:
+        kv_cache = self._kv_cache
+        running = self._running
+        fast_decodes = self._fast_decodes
+        block_size = kv_cache.block_size
+        last_decode_position = self._limits.max_model_len - 2
         index = 0
-        while index < len(self._running) and budget > 0:
-            state = self._running[index]
-            num_tokens = self._chunk(state, budget)
-            while not self._allocator.can_append(state.request_id, num_tokens):
-                victim = self._running.pop()  # the last running request: recompute it later
+        while index < len(running) and budget > 0:
+            seq = running[index]
+            computed = seq.num_computed_tokens
+            if (
+                fast_decodes
+                and seq.request.prompt_tokens + seq.num_output_tokens - computed == 1
+                and computed <= last_decode_position
+                and computed % block_size
+                and (computed + 1) % block_size
+            ):
+                scheduled.append((seq, 1))
+                budget -= 1
+                index += 1
+                continue
+            num_tokens = self._chunk(seq, budget)
+            while not kv_cache.can_grow(seq, num_tokens):
+                victim = running.pop()  # the last running request: recompute it later
                 self._preempt(victim)
+                self.last_batch.preempted.append(victim)
                 preempted.append(victim.request_id)
-                if victim is state:
+                if victim is seq:
                     return budget
-            self._allocator.append(state.request_id, num_tokens)
-            scheduled.append((state, num_tokens))
+            kv_cache.grow(seq, num_tokens)
+            scheduled.append((seq, num_tokens))
             budget -= num_tokens
             index += 1
         return budget
 
-    def _schedule_waiting(self, scheduled: list[tuple[_V1Request, int]], budget: int) -> None:
+    def _schedule_waiting(
+        self, scheduled: list[tuple[V1Sequence, int]], budget: int, lookups: _Lookups
+    ) -> None:
+        kv_cache = self._kv_cache
         while budget > 0 and self._queued and len(self._running) < self._limits.max_num_seqs:
-            state = self._queued[0]
-            whole_input = min(state.num_tokens, self._limits.max_model_len)
+            seq = self._queued[0]
+            hits = kv_cache.find_hit(seq)
             # vLLM 0.32 (scheduler_reserve_full_isl): the whole input must fit, not just a chunk.
-            if not self._allocator.can_admit(state.request, whole_input):
+            if not kv_cache.can_admit(seq, hits):
+                self.last_batch.memory_blocked = True
                 return
-            num_tokens = self._chunk(state, budget)
+            seq.num_computed_tokens = len(hits) * kv_cache.block_size
+            num_tokens = self._chunk(seq, budget)
             self._queued.popleft()
-            self._allocator.admit(state.request_id, state.request, num_tokens)
-            self._running.append(state)
-            scheduled.append((state, num_tokens))
+            kv_cache.admit(seq, hits, num_tokens)
+            if kv_cache.enable_caching:
+                lookups.record(seq, len(hits) * kv_cache.block_size)
+            self.last_batch.admitted.append((seq, len(hits) * kv_cache.block_size))
+            self._running.append(seq)
+            scheduled.append((seq, num_tokens))
             budget -= num_tokens
 
-    def _chunk(self, state: _V1Request, budget: int) -> int:
+    def _chunk(self, seq: V1Sequence, budget: int) -> int:
         """Tokens the request computes this step: what it lacks, within budget and length."""
-        uncomputed = state.num_tokens - state.num_computed_tokens
-        room = self._limits.max_model_len - state.num_computed_tokens - 1
+        uncomputed = seq.num_tokens - seq.num_computed_tokens
+        room = self._limits.max_model_len - seq.num_computed_tokens - 1
         return min(uncomputed, budget, room)
 
-    def _preempt(self, state: _V1Request) -> None:
-        self._allocator.free(state.request_id)
-        state.num_computed_tokens = 0
-        self._queued.appendleft(state)
+    def _preempt(self, seq: V1Sequence) -> None:
+        self._kv_cache.free(seq)
+        seq.num_computed_tokens = 0
+        seq.num_preemptions += 1
+        self._queued.appendleft(seq)
 
-    def _sample(self, states: Iterable[_V1Request]) -> list[int]:
+    def _sample(self, sequences: list[V1Sequence]) -> list[int]:
+        """Each of ``sequences`` (input computed) samples a token; a mid-prefill one would not."""
         finished = []
-        for state in states:
-            if state.num_computed_tokens < state.num_tokens:
-                continue  # mid-prefill: the runner discards its sample
-            state.num_output_tokens += 1
-            if state.num_output_tokens >= state.request.output_tokens:
-                self._running.remove(state)
-                self._allocator.free(state.request_id)
-                finished.append(state.request_id)
+        self.last_batch.sampled = sequences
+        for seq in sequences:
+            num_output_tokens = seq.num_output_tokens + 1
+            seq.num_output_tokens = num_output_tokens
+            if num_output_tokens >= seq.request.output_tokens:
+                self.last_batch.finished.append((seq, self._kv_cache.held_slots(seq)))
+                self._running.remove(seq)
+                self._kv_cache.free(seq)
+                finished.append(seq.request_id)
         return finished
+
+
+class _Lookups:
+    """A step's prefix-cache lookups of admitted requests, new and resumed apart (vLLM's
+    ``PrefixCacheStats``: the whole input is the query, recorded at admission)."""
+
+    __slots__ = ("hit_tokens", "query_tokens", "resumed_hit_tokens", "resumed_query_tokens")
+
+    def __init__(self) -> None:
+        self.query_tokens = 0
+        self.hit_tokens = 0
+        self.resumed_query_tokens = 0
+        self.resumed_hit_tokens = 0
+
+    def record(self, seq: V1Sequence, num_hit_tokens: int) -> None:
+        if seq.num_preemptions:
+            self.resumed_query_tokens += seq.num_tokens
+            self.resumed_hit_tokens += num_hit_tokens
+        else:
+            self.query_tokens += seq.num_tokens
+            self.hit_tokens += num_hit_tokens
+
+
+def kv_cache_for(allocator: PagedAllocator, max_model_len: int) -> V1KVCache:
+    """vLLM's KV-cache manager over a paged allocator's pool: ``paged`` without, ``paged_prefix``
+    with prefix caching (the naive allocators run through ``ReservingV1Memory``)."""
+    return V1KVCache(
+        allocator.num_slots // allocator.block_size,
+        allocator.block_size,
+        max_model_len,
+        enable_caching=allocator.prefix_cache is not None,
+    )
 
 
 def run_v1_steps(
@@ -200,19 +417,21 @@ def run_v1_steps(
     allocator: PagedAllocator,
     limits: V1Limits,
     arrival_steps: SequenceOf[int] | None = None,
+    *,
+    fast: bool = True,
 ) -> list[V1Step]:
     """Step until every request finishes, as the referee does (``referee.run_referee``).
 
     ``arrival_steps[i]`` is the step before which request ``i`` is queued (all at step 0 when
-    None): the referee's clock, in steps. ValueError when a step can run nothing although
-    requests wait (the pool never fits the first of them).
+    None): the referee's clock, in steps. ``fast``: as ``V1StepScheduler``. ValueError when a
+    step can run nothing although requests wait (the pool never fits the first of them).
     """
     arrivals = [0] * len(requests) if arrival_steps is None else list(arrival_steps)
     if len(arrivals) != len(requests):
         raise ValueError(f"{len(arrivals)} arrival steps for {len(requests)} requests")
     # Popped from the end: earliest arrival first, ties in request order.
     pending = sorted(range(len(requests)), key=lambda i: (arrivals[i], i), reverse=True)
-    scheduler = V1StepScheduler(allocator, limits)
+    scheduler = V1StepScheduler(kv_cache_for(allocator, limits.max_model_len), limits, fast=fast)
     steps: list[V1Step] = []
     while pending or scheduler.has_unfinished:
         while pending and arrivals[pending[-1]] <= len(steps):

@@ -56,7 +56,7 @@ def simulate(
     bounded by the requests in flight, however long the trace (``StepRecords``, ``Arrivals``).
     """
     arrivals = Arrivals(requests, record_sink)
-    steps = StepRecords(sink=step_sink)
+    steps = StepRecords(sink=step_sink, block_size=allocator.block_size)
     samples = SampleGroups(next_seq_id=arrivals.first_free_seq_id,
                            beam_ancestry=beam_ancestry or {})
     use_fast_path = fast and on_step is None

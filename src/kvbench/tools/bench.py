@@ -14,6 +14,10 @@ Cases (each in a fresh process, so its peak memory is its own):
   subprocess timed end to end, against the engine's summed time (``simulation_wall_s`` in its
   ``summary.parquet``) plus the interpreter's start (``python -c pass``): the overhead of
   everything around the engine (imports, config, trace reading, tables, parquet, charts).
+- ``v1_referee`` (not in ``all``: it needs the referee, docs/referee.md): ``scheduler=vllm_v1``'s
+  step model (``engine.scheduler_v1``, fast path, prefix caching on) against vLLM's own scheduler
+  loop (``referee.run_referee``, no model) on the same ``V1_WORKLOAD`` (``--v1-requests``
+  requests), one run each: their times, the ratio, and whether every step is identical.
 """
 
 from __future__ import annotations
@@ -74,6 +78,71 @@ def _simulate(cfg: Any, deployment: Any, requests: list, fast: bool, **sinks: An
     started_s = time.perf_counter()
     result = simulate(requests, scheduler, allocator, costs, fast=fast, **sinks)
     return result, time.perf_counter() - started_s
+
+
+# The v1 comparison's workload: prompts 10-1,000 and outputs 1-400 tokens (seeded), a third of
+# them opening with one of 8 shared system prompts of 100-548 tokens, all arriving at once, on an
+# engine of 8,000 blocks of 16 (null block included), a 2,048-token budget, 256 sequences, a
+# 2,048-token context: it preempts and evicts.
+V1_WORKLOAD = {"seed": 0, "num_gpu_blocks": 8000, "block_size": 16, "max_num_seqs": 256,
+               "max_num_batched_tokens": 2048, "max_model_len": 2048}
+
+
+def v1_requests(num_requests: int, seed: int) -> list:
+    """The v1 comparison's requests (``V1_WORKLOAD``)."""
+    import random
+
+    from kvbench.core.request import Request
+
+    rng = random.Random(seed)
+    requests = []
+    for request_id in range(num_requests):
+        group = rng.randrange(8) if rng.random() < 1 / 3 else None
+        prefix_tokens = 0 if group is None else 100 + 64 * group
+        requests.append(Request(request_id, 0.0, rng.randint(10, 1000), rng.randint(1, 400),
+                                prefix_group=group, prefix_tokens=prefix_tokens))  # fmt: skip
+    return requests
+
+
+def run_v1_referee(num_requests: int) -> dict[str, Any]:
+    """kvbench's vllm_v1 step model against vLLM's scheduler loop, one run each."""
+    from kvbench.allocators.paged import PagedAllocator
+    from kvbench.engine.scheduler_v1 import V1Limits, run_v1_steps
+    from kvbench.referee.vllm_v1 import RefereeLimits, run_referee
+
+    w = V1_WORKLOAD
+    requests = v1_requests(num_requests, w["seed"])
+    referee_limits = RefereeLimits(w["block_size"], w["num_gpu_blocks"], w["max_num_seqs"],
+                                   w["max_num_batched_tokens"], w["max_model_len"], True)
+    run_referee(requests[:2], referee_limits)  # vLLM's first start (model inspection) untimed
+    started_s = time.perf_counter()
+    theirs = run_referee(requests, referee_limits)
+    referee_s = time.perf_counter() - started_s
+    allocator = PagedAllocator((w["num_gpu_blocks"] - 1) * w["block_size"], w["block_size"],
+                               w["max_model_len"], enable_prefix_caching=True)
+    limits = V1Limits(w["max_num_seqs"], w["max_num_batched_tokens"], w["max_model_len"])
+    started_s = time.perf_counter()
+    ours = run_v1_steps(requests, allocator, limits)
+    kvbench_s = time.perf_counter() - started_s
+    fields = ("step_index", "scheduled_tokens", "num_blocks_in_use", "preempted_request_ids",
+              "finished_request_ids", "num_running", "num_waiting", "prefix_query_tokens",
+              "prefix_hit_tokens", "resumed_query_tokens", "resumed_hit_tokens")
+    identical = sum(
+        all(getattr(a, f) == getattr(b, f) for f in fields)
+        for a, b in zip(ours, theirs, strict=False)
+    )
+    return {
+        "case": "v1_referee",
+        "num_requests": num_requests,
+        "num_steps": len(ours),
+        "referee_steps": len(theirs),
+        "identical_steps": identical,
+        "num_preemptions": sum(len(step.preempted_request_ids) for step in ours),
+        "prefix_hit_tokens": sum(step.prefix_hit_tokens for step in ours),
+        "referee_s": referee_s,
+        "kvbench_s": kvbench_s,
+        "speedup": referee_s / kvbench_s,
+    }
 
 
 def _same(left: dict, right: dict) -> bool:
@@ -232,8 +301,10 @@ def main(argv: list[str] | None = None) -> int:
     """Run the cases and print one line of figures per case (also written as JSON)."""
     parser = argparse.ArgumentParser(prog="python -m kvbench.tools.bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--case", choices=("azure", "sharegpt_1m", "command", "all"),
-                        default="all")
+    parser.add_argument("--case", choices=("azure", "sharegpt_1m", "command", "v1_referee",
+                                           "all"), default="all")
+    parser.add_argument("--v1-requests", type=int, default=5000,
+                        help="requests of the v1_referee case")
     parser.add_argument("--azure-trace", type=Path, default=AZURE_TRACE)
     parser.add_argument("--num-requests", type=int, default=1_000_000)
     parser.add_argument("--request-rate", type=float, default=10.0)
@@ -255,6 +326,8 @@ def main(argv: list[str] | None = None) -> int:
     for case in cases:
         if case == "azure":
             figures = _in_fresh_process("run_azure", str(args.azure_trace.resolve()))
+        elif case == "v1_referee":
+            figures = _in_fresh_process("run_v1_referee", args.v1_requests)
         elif case == "command":
             figures = run_command(str(args.azure_trace.resolve()), args.out.resolve(),
                                   args.repeats)

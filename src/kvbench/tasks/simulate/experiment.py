@@ -15,14 +15,17 @@ import pandas as pd
 from omegaconf import DictConfig
 from tqdm import tqdm
 
-from kvbench.allocators import make_allocator
+from kvbench.allocators import Allocator, make_allocator
 from kvbench.allocators.radix import unbounded_radix_hits
 from kvbench.config import KvbenchConfig, run_workloads
 from kvbench.core.kv_capacity import pool_slots
 from kvbench.core.request import Request
 from kvbench.core.specs import GIB, Deployment
 from kvbench.engine import RooflineCostModel, Scheduler, SchedulerLimits, simulate
+from kvbench.engine.kv_cache_v1 import V1KVCache
 from kvbench.engine.scheduler import rejection_reason
+from kvbench.engine.scheduler_v1 import ReservingV1Memory, V1Limits, V1Memory
+from kvbench.engine.simulate_v1 import simulate_v1, v1_rejection_reason
 from kvbench.plots.time_series import memory_chart_rows
 from kvbench.tables.parquet import write_frames, write_table
 from kvbench.tables.provenance import provenance
@@ -55,6 +58,27 @@ def scheduler_limits(cfg: KvbenchConfig, deployment: Deployment) -> SchedulerLim
         swap_capacity_tokens=int(swap_bytes // deployment.kv_bytes_per_token),
         policy=cfg.scheduler.policy,
     )
+
+
+def v1_limits(limits: SchedulerLimits) -> V1Limits:
+    """The limits ``scheduler=vllm_v1`` reads (it chunks prefills: no prompt is too long for its
+    budget)."""
+    return V1Limits(limits.max_num_seqs, limits.max_num_batched_tokens, limits.max_model_len)
+
+
+def v1_memory(name: str, allocator: Allocator, max_model_len: int) -> V1Memory:
+    """What ``scheduler=vllm_v1`` allocates from for the allocator ``name``
+    (docs/scheduling.md): vLLM's own KV-cache manager for ``paged`` (prefix caching off) and
+    ``paged_prefix`` (on), the allocator reserving whole spans at admission for the naive ones."""
+    if name in ("paged", "paged_prefix"):
+        return V1KVCache(
+            allocator.num_slots // allocator.block_size,
+            allocator.block_size,
+            max_model_len,
+            enable_caching=name == "paged_prefix",
+            num_slots=allocator.num_slots,
+        )
+    return ReservingV1Memory(allocator, max_model_len)
 
 
 def cost_model(cfg: KvbenchConfig, deployment: Deployment) -> RooflineCostModel:
@@ -137,6 +161,7 @@ def run_experiment(
         rate = workload_cfg.request_rate
         beams = load_beam_ancestry() if workload_cfg.beam_width > 1 else None
         ideal_by_design: dict[tuple[bool, int], dict[str, float]] = {}
+        v1_pool_slots = num_slots if cfg.scheduler.name == "vllm_v1" else None
         for name in cfg.allocators:
             # Checkpoint before a run, not after: the last run's tables are written once.
             if all_steps and checkpoint.is_due():
@@ -153,7 +178,8 @@ def run_experiment(
             ideal_key = (name == "radix", labels["block_size"])
             if ideal_key not in ideal_by_design:
                 ideal_by_design[ideal_key] = _ideal_prefix_columns(
-                    requests, limits, labels["block_size"], by_radix_tree=ideal_key[0]
+                    requests, limits, labels["block_size"], v1_pool_slots,
+                    by_radix_tree=ideal_key[0],
                 )
             ideal = ideal_by_design[ideal_key]
             labels["n"] = workload_cfg.num_samples
@@ -166,8 +192,14 @@ def run_experiment(
                 unit="req",
                 disable=not cfg.progress,
             ) as bar:
-                result = simulate(requests, Scheduler(limits), allocator, costs, bar.update,
-                                  beam_ancestry=beams, fast=cfg.engine.fast, step_sink=step_sink)
+                if cfg.scheduler.name == "vllm_v1":
+                    result = simulate_v1(requests, v1_memory(name, allocator, max_model_len),
+                                         v1_limits(limits), costs, num_slots, bar.update,
+                                         step_sink=step_sink, fast=cfg.engine.fast)
+                else:
+                    result = simulate(requests, Scheduler(limits), allocator, costs, bar.update,
+                                      beam_ancestry=beams, fast=cfg.engine.fast,
+                                      step_sink=step_sink)
             wall_s = time.perf_counter() - started_s
             request_table = requests_frame(result).assign(**labels)
             summary = {**labels, **summarize(request_table, result, deployment), **ideal}
@@ -197,15 +229,27 @@ def run_experiment(
 
 
 def _ideal_prefix_columns(
-    requests: list[Request], limits: SchedulerLimits, block_size: int, by_radix_tree: bool = False
+    requests: list[Request],
+    limits: SchedulerLimits,
+    block_size: int,
+    v1_pool_slots: int | None,
+    by_radix_tree: bool = False,
 ) -> dict[str, float]:
     """The hit rates an unbounded prefix cache would reach on exactly the requests the engine can
     serve (NaN when no request names its prefix): the ceiling of ``prefix_hit_rate`` and
     ``prefix_block_hit_rate``, which count admitted requests only. A request rejected on arrival
     (a prompt beyond the context) is never cached and never hits, so it is left out here too.
+    ``v1_pool_slots``: the pool under ``scheduler=vllm_v1`` (its own rejections), else None.
     ``by_radix_tree`` computes it with ``unbounded_radix_hits`` (the radix allocator's rows:
     the same figure, fast at page size 1)."""
-    servable = [request for request in requests if not rejection_reason(request, limits)]
+    if v1_pool_slots is None:
+        servable = [request for request in requests if not rejection_reason(request, limits)]
+    else:
+        engine = v1_limits(limits)
+        servable = [
+            request for request in requests
+            if not v1_rejection_reason(request, engine, v1_pool_slots)
+        ]  # fmt: skip
     if not has_prefix_identity(servable):
         return {"ideal_prefix_hit_rate": float("nan"), "ideal_prefix_block_hit_rate": float("nan")}
     if by_radix_tree:  # the same ideal, on runs of tokens: fast at page 1 too

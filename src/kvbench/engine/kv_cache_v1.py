@@ -1,0 +1,297 @@
+"""vLLM v1's KV-cache manager for one full-attention group: block pool, free queue, prefix cache.
+
+The memory side of ``scheduler=vllm_v1`` (``engine.scheduler_v1``), modelled on vLLM 0.32's
+``KVCacheManager``, ``FullAttentionManager`` and ``BlockPool`` (``vllm/v1/core/``), refereed step
+for step by the real ones (docs/referee.md). What it reproduces, because each changes which
+blocks are free, cached or evicted later:
+
+- the pool is ``allocator.num_slots // block_size`` blocks: vLLM's ``num_gpu_blocks`` less its
+  null block, which never holds tokens;
+- the free queue (vLLM's ``FreeKVCacheBlockQueue``): blocks are taken from its head; a freed
+  request's blocks are released tail first, those without a hash to the *front* of the queue
+  (reused first) and hashed ones to the back (LRU order for eviction); taking a hashed block
+  from the head evicts its hash;
+- prefix caching (``enable_caching``): every full block of a request's tokens (prompt and
+  generated) is named by a chained hash; a block is cached as soon as it is allocated for tokens
+  that fill it (before they are computed), so a later request of the same step can hit it;
+  duplicates are kept (a hash may name several blocks; a lookup takes the first cached); a lookup
+  finds whole blocks from the start, at most ``num_tokens - 1`` tokens (a full hit still
+  recomputes its last token); a hit on a free cached block takes it back out of the queue.
+
+Block identities: kvbench knows prompt tokens only by their prefix identity
+(``allocators.prefix_hashes.prompt_block_hashes``); every later block (a prompt's own tokens, the
+generated ones) belongs to its request alone, so its hash chains the request id. The referee's
+token ids (``referee.token_ids``) give vLLM the same equalities.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+from kvbench.allocators.base import MemoryUsage
+from kvbench.allocators.prefix_hashes import prompt_block_hashes
+from kvbench.core.request import Request
+
+_OWN_BLOCK_TAG = 3  # keeps a request's own blocks apart from prefix identities (tags 1, 2)
+
+
+class V1Sequence:
+    """One request's state in the v1 engine: its tokens, what is computed, its blocks.
+
+    Attributes:
+        request: the request.
+        num_output_tokens: tokens sampled so far (kept across preemptions: vLLM recomputes them).
+        num_computed_tokens: tokens whose KV is (or is being) computed, hits included.
+        num_preemptions: times it was preempted (its lookups are then counted apart).
+        blocks: its block table (pool block ids).
+        num_cached_blocks: leading blocks already offered to the prefix cache.
+    """
+
+    __slots__ = (
+        "_hashes",
+        "blocks",
+        "num_cached_blocks",
+        "num_computed_tokens",
+        "num_output_tokens",
+        "num_preemptions",
+        "request",
+    )
+
+    def __init__(self, request: Request) -> None:
+        self.request = request
+        self.num_output_tokens = 0
+        self.num_computed_tokens = 0
+        self.num_preemptions = 0
+        self.blocks: list[int] = []
+        self.num_cached_blocks = 0
+        self._hashes: list[int] | None = None
+
+    @property
+    def request_id(self) -> int:
+        """The request's id."""
+        return self.request.request_id
+
+    @property
+    def num_tokens(self) -> int:
+        """Prompt plus sampled tokens: the input a (re)admission computes."""
+        return self.request.prompt_tokens + self.num_output_tokens
+
+    def block_hashes(self, num_blocks: int, block_size: int) -> list[int]:
+        """The chained hashes of its first ``num_blocks`` full blocks (prompt known prefix, then
+        blocks of its own)."""
+        hashes = self._hashes
+        if hashes is None:
+            hashes = self._hashes = list(prompt_block_hashes(self.request, block_size))
+        while len(hashes) < num_blocks:
+            parent = hashes[-1] if hashes else 0
+            hashes.append(hash((parent, _OWN_BLOCK_TAG, self.request.request_id)))
+        return hashes
+
+
+class V1KVCache:
+    """vLLM v1's block pool of ``num_blocks`` blocks, with or without its prefix cache.
+
+    The scheduler (``engine.scheduler_v1``) calls it as vLLM's scheduler calls its
+    ``KVCacheManager``: ``find_hit`` and ``can_admit`` / ``admit`` for a waiting request,
+    ``can_grow`` / ``grow`` for a running one, ``free`` on preemption and on finishing.
+    """
+
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        max_model_len: int,
+        *,
+        enable_caching: bool,
+        num_slots: int | None = None,
+    ) -> None:
+        """``num_slots``: the pool's slots when they are more than ``num_blocks`` whole blocks
+        (the rest is external fragmentation, as for the ``paged`` allocator)."""
+        if block_size < 1 or num_blocks < 0:
+            raise ValueError(f"block_size={block_size}, num_blocks={num_blocks}: invalid pool")
+        self.num_slots = num_blocks * block_size if num_slots is None else num_slots
+        if self.num_slots < num_blocks * block_size:
+            raise ValueError(f"num_slots={num_slots}: fewer than {num_blocks} blocks hold")
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.max_model_len = max_model_len
+        self.enable_caching = enable_caching
+        self._free_queue: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
+        self._ref_counts = [0] * num_blocks
+        self._hash_of_block: list[int | None] = [None] * num_blocks
+        # hash -> the blocks caching it, in insertion order (a lookup takes the first).
+        self._blocks_of_hash: dict[int, dict[int, None]] = {}
+        self._num_shared_blocks = 0
+        self.num_evicted_blocks = 0
+
+    @property
+    def num_free_blocks(self) -> int:
+        """Blocks in the free queue (cached free blocks included)."""
+        return len(self._free_queue)
+
+    @property
+    def num_blocks_in_use(self) -> int:
+        """Blocks referenced by requests."""
+        return self.num_blocks - len(self._free_queue)
+
+    def find_hit(self, seq: V1Sequence) -> list[int]:
+        """The cached blocks of the sequence's leading full blocks, up to the first miss, covering
+        at most ``num_tokens - 1`` tokens (vLLM's ``get_computed_blocks``); none without caching."""
+        if not self.enable_caching:
+            return []
+        block_size = self.block_size
+        max_hit_blocks = (seq.num_tokens - 1) // block_size
+        hits = []
+        blocks_of_hash = self._blocks_of_hash
+        for block_hash in seq.block_hashes(max_hit_blocks, block_size)[:max_hit_blocks]:
+            blocks = blocks_of_hash.get(block_hash)
+            if not blocks:
+                break
+            hits.append(next(iter(blocks)))
+        return hits
+
+    def can_admit(self, seq: V1Sequence, hits: list[int]) -> bool:
+        """Whether the sequence's whole input fits (vLLM 0.32's ``full_sequence_must_fit``):
+        the blocks it lacks beyond its hits, plus the hits that wait in the free queue."""
+        num_tokens = min(seq.num_tokens, self.max_model_len)
+        num_required = -(-num_tokens // self.block_size)
+        ref_counts = self._ref_counts
+        num_free_hits = sum(1 for block_id in hits if ref_counts[block_id] == 0)
+        return max(num_required - len(hits), 0) + num_free_hits <= len(self._free_queue)
+
+    def admit(self, seq: V1Sequence, hits: list[int], num_new_tokens: int) -> None:
+        """Give a waiting sequence its hits and blocks for ``num_new_tokens`` more tokens (the
+        caller checked ``can_admit``); its computed tokens become the hit tokens."""
+        for block_id in hits:  # touched before allocating: allocation cannot evict them
+            self._touch(block_id)
+        seq.blocks = list(hits)
+        seq.num_cached_blocks = len(hits)
+        seq.num_computed_tokens = len(hits) * self.block_size
+        self.grow(seq, num_new_tokens)
+
+    def can_grow(self, seq: V1Sequence, num_new_tokens: int) -> bool:
+        """Whether ``grow`` has the blocks it needs."""
+        return self._num_new_blocks(seq, num_new_tokens) <= len(self._free_queue)
+
+    def grow(self, seq: V1Sequence, num_new_tokens: int) -> None:
+        """Allocate for ``num_new_tokens`` more tokens and cache the blocks they fill."""
+        num_new_blocks = self._num_new_blocks(seq, num_new_tokens)
+        if num_new_blocks > len(self._free_queue):
+            raise RuntimeError("too few free blocks: check can_grow first")
+        if num_new_blocks > 0:
+            seq.blocks += self._take_free_blocks(num_new_blocks)
+        if self.enable_caching:
+            num_cached_tokens = min(seq.num_computed_tokens + num_new_tokens, seq.num_tokens)
+            self._cache_full_blocks(seq, num_cached_tokens // self.block_size)
+
+    def free(self, seq: V1Sequence) -> None:
+        """Release the sequence's blocks, tail first: unhashed ones to the front of the free
+        queue, hashed ones (still cached) to its back."""
+        ref_counts = self._ref_counts
+        hash_of_block = self._hash_of_block
+        reuse_first = []
+        reuse_last = []
+        for block_id in reversed(seq.blocks):
+            num_refs = ref_counts[block_id] - 1
+            ref_counts[block_id] = num_refs
+            if num_refs == 1:
+                self._num_shared_blocks -= 1
+            elif num_refs == 0:
+                if hash_of_block[block_id] is None:
+                    reuse_first.append(block_id)
+                else:
+                    reuse_last.append(block_id)
+        queue = self._free_queue
+        for block_id in reversed(reuse_first):  # the first of them ends at the head
+            queue[block_id] = None
+            queue.move_to_end(block_id, last=False)
+        for block_id in reuse_last:
+            queue[block_id] = None
+        seq.blocks = []
+        seq.num_cached_blocks = 0
+
+    def held_slots(self, seq: V1Sequence) -> int:
+        """Slots of the sequence's blocks (shared ones included)."""
+        return len(seq.blocks) * self.block_size
+
+    def usage(self, sequences: list[V1Sequence]) -> MemoryUsage:
+        """The pool in the paper's categories; ``sequences`` are those holding blocks.
+
+        Held blocks hold the tokens scheduled into them (``token_states``); a sequence's partly
+        filled last block splits into the slots its later tokens will fill (``reservation``) and
+        those it never fills (``internal_frag``). Cached free blocks are free.
+        """
+        block_size = self.block_size
+        num_held = self.num_blocks_in_use
+        num_logical = 0
+        partial_filled = 0
+        partial_usable = 0
+        num_partial = 0
+        for seq in sequences:
+            num_logical += len(seq.blocks)
+            filled = seq.num_computed_tokens % block_size
+            if filled and seq.blocks:
+                first_token = seq.num_computed_tokens - filled
+                final_tokens = min(seq.request.total_tokens, self.max_model_len)
+                usable = min(max(final_tokens, seq.num_computed_tokens) - first_token, block_size)
+                num_partial += 1
+                partial_filled += filled
+                partial_usable += usable
+        return MemoryUsage(
+            num_slots=self.num_slots,
+            token_states=(num_held - num_partial) * block_size + partial_filled,
+            reservation=partial_usable - partial_filled,
+            internal_frag=num_partial * block_size - partial_usable,
+            external_frag=self.num_slots - self.num_blocks * block_size,
+            free=len(self._free_queue) * block_size,
+            shared_slots=self._num_shared_blocks * block_size,
+            saved_slots=(num_logical - num_held) * block_size,
+        )
+
+    def _num_new_blocks(self, seq: V1Sequence, num_new_tokens: int) -> int:
+        num_tokens = min(seq.num_computed_tokens + num_new_tokens, self.max_model_len)
+        return max(-(-num_tokens // self.block_size) - len(seq.blocks), 0)
+
+    def _touch(self, block_id: int) -> None:
+        num_refs = self._ref_counts[block_id]
+        if num_refs == 0:
+            del self._free_queue[block_id]
+        elif num_refs == 1:
+            self._num_shared_blocks += 1
+        self._ref_counts[block_id] = num_refs + 1
+
+    def _take_free_blocks(self, num_blocks: int) -> list[int]:
+        """The free queue's first blocks, their cached hashes evicted."""
+        popitem = self._free_queue.popitem
+        block_ids = [popitem(last=False)[0] for _ in range(num_blocks)]
+        ref_counts = self._ref_counts
+        hash_of_block = self._hash_of_block
+        for block_id in block_ids:
+            ref_counts[block_id] = 1
+            block_hash = hash_of_block[block_id]
+            if block_hash is not None:
+                hash_of_block[block_id] = None
+                blocks = self._blocks_of_hash[block_hash]
+                del blocks[block_id]
+                if not blocks:
+                    del self._blocks_of_hash[block_hash]
+                self.num_evicted_blocks += 1
+        return block_ids
+
+    def _cache_full_blocks(self, seq: V1Sequence, num_full_blocks: int) -> None:
+        """Cache the sequence's blocks ``[num_cached_blocks, num_full_blocks)`` (duplicates of a
+        hash another block caches are cached too, as vLLM does not deduplicate)."""
+        first_block = seq.num_cached_blocks
+        if num_full_blocks <= first_block:
+            return
+        hashes = seq.block_hashes(num_full_blocks, self.block_size)
+        hash_of_block = self._hash_of_block
+        blocks_of_hash = self._blocks_of_hash
+        for index in range(first_block, num_full_blocks):
+            block_id = seq.blocks[index]
+            if hash_of_block[block_id] is not None:
+                continue  # already cached (a hit)
+            block_hash = hashes[index]
+            hash_of_block[block_id] = block_hash
+            blocks_of_hash.setdefault(block_hash, {})[block_id] = None
+        seq.num_cached_blocks = num_full_blocks

@@ -1,0 +1,201 @@
+"""``simulate_v1``: replay requests through vLLM v1's policy (``scheduler=vllm_v1``) on the clock.
+
+The loop of ``engine.simulate`` for ``engine.scheduler_v1``: requests join the waiting queue when
+the clock passes their arrival (an idle engine jumps to the next one), each step is one
+``V1StepScheduler.step`` priced by the cost model, and the records are the same ``RequestRecord``
+and ``StepRecords`` rows, so requests.parquet, steps.parquet, the summary and the charts work
+unchanged. Pure and deterministic.
+
+A step's price: every prefill chunk's tokens attend to their context (the tokens before them, hits
+included, and the chunk's earlier tokens), a decode token to the whole sequence; the step is one
+iteration of the cost model with those prefill tokens and decode tokens. A request's first token
+comes out at the end of the step whose chunk completes its prompt.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from collections.abc import Sequence as SequenceOf
+
+from kvbench.core.request import Request
+from kvbench.engine.cost_model import CostModel, IterationShape
+from kvbench.engine.kv_cache_v1 import V1Sequence
+from kvbench.engine.records import (
+    EMPTY_PROMPT,
+    EXCEEDS_MAX_MODEL_LEN,
+    EXCEEDS_POOL,
+    PROMPT_EXCEEDS_MAX_MODEL_LEN,
+    RequestRecord,
+    SimulationResult,
+    StepRecords,
+    StepSink,
+)
+from kvbench.engine.scheduler_v1 import V1Batch, V1Limits, V1Memory, V1Step, V1StepScheduler
+
+ProgressCallback = Callable[[int], None]
+
+
+def v1_rejection_reason(request: Request, limits: V1Limits, num_pool_slots: int) -> str:
+    """Why ``request`` can never run under vLLM v1 (one of ``records.REJECT_REASONS``), or ''.
+
+    As vLLM: an empty prompt, or one that leaves no room for an output token within
+    ``max_model_len``; a prompt longer than ``max_num_batched_tokens`` is served in chunks. Beyond
+    vLLM, which would preempt such a request forever: one whose whole sequence needs more than
+    the pool (``num_pool_slots``, in the allocator's own reservation for a contiguous one).
+    """
+    if request.prompt_tokens == 0:
+        return EMPTY_PROMPT
+    if request.prompt_tokens >= limits.max_model_len:
+        return PROMPT_EXCEEDS_MAX_MODEL_LEN
+    if request.total_tokens > limits.max_model_len:
+        return EXCEEDS_MAX_MODEL_LEN
+    if request.total_tokens > num_pool_slots:
+        return EXCEEDS_POOL
+    return ""
+
+
+def simulate_v1(
+    requests: SequenceOf[Request],
+    memory: V1Memory,
+    limits: V1Limits,
+    cost_model: CostModel,
+    num_pool_slots: int,
+    on_finish: ProgressCallback | None = None,
+    *,
+    step_sink: StepSink | None = None,
+    fast: bool = True,
+) -> SimulationResult:
+    """Serve ``requests`` under vLLM v1's policy over ``memory`` and record every step and request.
+
+    ``num_pool_slots`` is the most one request may ever hold (``v1_rejection_reason``); the
+    records are ``simulate``'s (``on_finish`` and ``step_sink`` as there); ``fast=False`` runs
+    every token through the KV manager (``V1StepScheduler``'s reference), with identical records.
+    """
+    pending = sorted(requests, key=lambda r: (r.arrival_s, r.request_id))
+    scheduler = V1StepScheduler(memory, limits, record_usage=True, fast=fast)
+    steps = StepRecords(sink=step_sink, block_size=memory.block_size)
+    records: list[RequestRecord] = []
+    record_of: dict[int, RequestRecord] = {}
+    num_arrived = 0
+    now_s = 0.0
+    while num_arrived < len(pending) or scheduler.has_unfinished:
+        if not scheduler.has_unfinished and pending[num_arrived].arrival_s > now_s:
+            now_s = pending[num_arrived].arrival_s  # idle: jump to the next arrival
+        num_ended = 0
+        while num_arrived < len(pending) and pending[num_arrived].arrival_s <= now_s:
+            request = pending[num_arrived]
+            num_arrived += 1
+            record = _new_record(request)
+            records.append(record)
+            reason = v1_rejection_reason(request, limits, num_pool_slots)
+            if reason:
+                record.mark_rejected(reason)
+                num_ended += 1
+            else:
+                record_of[request.request_id] = record
+                scheduler.add(request)
+        if scheduler.has_unfinished:
+            step = scheduler.step()
+            if not step.scheduled_tokens:
+                # Nothing runs and the first waiting request does not fit the empty pool (a
+                # contiguous allocator's reservation larger than it): it never will.
+                record_of.pop(scheduler.drop_first_waiting().request_id).mark_rejected(EXCEEDS_POOL)
+                num_ended += 1
+                continue
+            now_s, num_finished = _record_step(step, scheduler, cost_model, now_s, steps, record_of)
+            num_ended += num_finished
+        if num_ended and on_finish is not None:
+            on_finish(num_ended)
+    steps.close()
+    return SimulationResult(steps=steps, requests=records, num_slots=num_pool_slots)
+
+
+def _record_step(
+    step: V1Step,
+    scheduler: V1StepScheduler,
+    cost_model: CostModel,
+    now_s: float,
+    steps: StepRecords,
+    record_of: dict[int, RequestRecord],
+) -> tuple[float, int]:
+    """Price the step, append its row and update its requests' records; (end time, finished)."""
+    batch = scheduler.last_batch
+    assert batch.usage is not None  # the scheduler records it
+    usage = batch.usage.with_free_blocked() if batch.memory_blocked else batch.usage
+    shape, num_prefill_seqs = step_shape(batch)
+    duration_s = cost_model.iteration_time_s(shape)
+    end_s = now_s + duration_s
+    steps.append(
+        time_s=now_s,
+        duration_s=duration_s,
+        batch_size=len(batch.scheduled),
+        num_prefill_seqs=num_prefill_seqs,
+        num_prefill_tokens=shape.num_prefill_tokens,
+        num_decode_tokens=shape.num_decode_tokens,
+        num_waiting=step.num_waiting,
+        num_swapped=0,
+        num_preempted=len(batch.preempted),
+        memory_blocked=batch.memory_blocked,
+        usage=usage,
+        prefix_lookups=(step.prefix_query_tokens, step.prefix_hit_tokens,
+                        step.resumed_query_tokens, step.resumed_hit_tokens),
+    )  # fmt: skip
+    for seq, hit_tokens in batch.admitted:
+        record_of[seq.request_id].mark_admitted(now_s, hit_tokens)
+    for seq in batch.preempted:
+        record_of[seq.request_id].mark_preempted(swapped=False)
+    for seq in batch.sampled:
+        if seq.num_output_tokens == 1:
+            record_of[seq.request_id].mark_first_token(end_s)
+    for seq, held_slots in batch.finished:
+        record = record_of.pop(seq.request_id)
+        record.mark_held_slots(held_slots)
+        record.mark_finished(end_s)
+    return end_s, len(batch.finished)
+
+
+def step_shape(batch: V1Batch) -> tuple[IterationShape, int]:
+    """What the step computes (prefill chunks with their context, decode tokens), and how many
+    sequences it prefills. A decode is the one token of a sequence whose input was computed."""
+    num_prefill_tokens = 0
+    prefill_attention_pairs = 0
+    num_prefill_seqs = 0
+    num_decode_tokens = 0
+    decode_context_tokens = 0
+    for seq, computed_before, num_tokens in batch.scheduled:
+        if _is_decode(seq, computed_before, num_tokens):
+            num_decode_tokens += 1
+            decode_context_tokens += computed_before + 1
+            continue
+        num_prefill_seqs += 1
+        num_prefill_tokens += num_tokens
+        end = computed_before + num_tokens
+        # Causal attention: token i sees i + 1 tokens, the cached or earlier ones included.
+        before = computed_before
+        prefill_attention_pairs += end * (end + 1) // 2 - before * (before + 1) // 2
+    shape = IterationShape(
+        num_prefill_tokens=num_prefill_tokens,
+        prefill_attention_pairs=prefill_attention_pairs,
+        num_decode_tokens=num_decode_tokens,
+        decode_context_tokens=decode_context_tokens,
+    )
+    return shape, num_prefill_seqs
+
+
+def _is_decode(seq: V1Sequence, computed_before: int, num_tokens: int) -> bool:
+    # One token past the prompt: the last sampled token (or a resumed request's last one).
+    return num_tokens == 1 and computed_before >= seq.request.prompt_tokens
+
+
+def _new_record(request: Request) -> RequestRecord:
+    requested_output_tokens = request.requested_output_tokens
+    if requested_output_tokens is None:
+        requested_output_tokens = request.output_tokens
+    return RequestRecord(
+        request_id=request.request_id,
+        arrival_s=request.arrival_s,
+        prompt_tokens=request.prompt_tokens,
+        output_tokens=request.output_tokens,
+        requested_output_tokens=requested_output_tokens,
+        output_clipped=requested_output_tokens > request.output_tokens,
+    )
