@@ -120,6 +120,7 @@ def test_v0_steps_carry_blocks_in_use_and_zero_lookups() -> None:
         (["scheduler=vllm_v1", "+workload.num_samples=2"], "scheduler=vllm_v0 only"),
         (["scheduler=vllm_v1", "scheduler.max_num_batched_tokens=16"], "token budget"),
         (["scheduler.name=vllm_v2"], "scheduler.name='vllm_v2': allowed are vllm_v0, vllm_v1"),
+        (["scheduler=vllm_v1", "scheduler.policy=lpm"], "lpm runs under scheduler=vllm_v0"),
     ],
 )
 def test_v1_config_errors_name_the_problem(overrides: list[str], message: str) -> None:
