@@ -4,9 +4,10 @@ vLLM's hybrid KV-cache manager (``_get_kv_cache_groups_uniform_page_size`` in
 ``vllm.v1.core.kv_cache_utils``) buckets the layers by attention type (full; sliding window
 of a given size), then splits every bucket into groups of the same number of layers,
 ``group_size``: the fewest layers of any type (the "1" of a 5:1 pattern), or the most when
-no type has 1.5 times as many as another. A bucket that does not divide evenly gets padding layers in its last groups ("Add N padding layers, may
-waste at most X % KV cache memory"); bucket ``b`` splits into ``ceil(len(b) / group_size)``
-groups, group ``i`` taking layers ``i, i + num_groups, ...`` of the bucket.
+no type has 1.5 times as many as another. A bucket that does not divide evenly gets padding
+layers ("Add N padding layers, may waste at most X % KV cache memory"); bucket ``b`` splits
+into ``ceil(len(b) / group_size)`` groups, group ``i`` taking layers ``i, i + num_groups, ...``
+of the bucket.
 
 Every group's block holds ``block_size`` tokens of ``group_size`` layers, so every block has one
 size whatever group holds it: the pool is one list of block ids any group draws from, and vLLM
