@@ -26,7 +26,9 @@ from kvbench.allocators.contiguous import (
     NaivePow2Allocator,
 )
 from kvbench.allocators.paged import PagedAllocator
+from kvbench.allocators.paged_hybrid import PagedHybridAllocator
 from kvbench.allocators.prefix_cache import PrefixCache
+from kvbench.core.kv_capacity import HybridPool
 
 # name -> factory(num_slots, block_size, max_model_len); contiguous allocators ignore block_size.
 _FACTORIES: dict[str, Callable[[int, int, int], Allocator]] = {
@@ -38,20 +40,37 @@ _FACTORIES: dict[str, Callable[[int, int, int], Allocator]] = {
     "paged_prefix": lambda slots, block_size, max_len: PagedAllocator(
         slots, block_size, max_len, enable_prefix_caching=True
     ),
+    # vLLM v1's hybrid KV-cache manager; without a model's groups (make_allocator's hybrid_pool)
+    # one group of full attention.
+    PagedHybridAllocator.name: PagedHybridAllocator,
 }
 
 ALLOCATOR_NAMES: tuple[str, ...] = tuple(_FACTORIES)
 
 
-def make_allocator(name: str, num_slots: int, block_size: int, max_model_len: int) -> Allocator:
+def make_allocator(
+    name: str,
+    num_slots: int,
+    block_size: int,
+    max_model_len: int,
+    *,
+    hybrid_pool: HybridPool | None = None,
+) -> Allocator:
     """A fresh allocator of kind ``name`` over ``num_slots`` token slots.
 
     ``block_size`` (tokens per block) applies to the paged allocators; the contiguous ones always
-    use 1. ValueError names the allowed names when ``name`` is unknown.
+    use 1. ``hybrid_pool`` (``core.kv_capacity.hybrid_pool``) gives ``paged_hybrid`` the model's
+    KV-cache groups and vLLM's block count, and its slots replace ``num_slots``; the other
+    allocators ignore it. ValueError names the allowed names when ``name`` is unknown.
     """
     factory = _FACTORIES.get(name)
     if factory is None:
         raise ValueError(f"unknown allocator {name!r}; allowed: {', '.join(ALLOCATOR_NAMES)}")
+    if name == PagedHybridAllocator.name and hybrid_pool is not None:
+        return PagedHybridAllocator(
+            hybrid_pool.num_slots, block_size, max_model_len,
+            layout=hybrid_pool.layout, num_blocks=hybrid_pool.num_blocks,
+        )  # fmt: skip
     return factory(num_slots, block_size, max_model_len)
 
 
@@ -65,6 +84,7 @@ __all__ = [
     "NaiveOracleAllocator",
     "NaivePow2Allocator",
     "PagedAllocator",
+    "PagedHybridAllocator",
     "PrefixCache",
     "make_allocator",
 ]

@@ -17,7 +17,7 @@ from tqdm import tqdm
 
 from kvbench.allocators import make_allocator
 from kvbench.config import KvbenchConfig, run_workloads
-from kvbench.core.kv_capacity import pool_slots
+from kvbench.core.kv_capacity import hybrid_pool, pool_slots
 from kvbench.core.request import Request
 from kvbench.core.specs import GIB, Deployment
 from kvbench.engine import RooflineCostModel, Scheduler, SchedulerLimits, simulate
@@ -117,6 +117,8 @@ def run_experiment(
     costs = cost_model(cfg, deployment)
     metadata = provenance(raw_cfg)
     num_slots = pool_slots(deployment, cfg.allocator.block_size, cfg.allocator.num_gpu_blocks)
+    # paged_hybrid's pool: the model's KV-cache groups, blocks counted as vLLM's hybrid manager.
+    groups_pool = hybrid_pool(deployment, cfg.allocator.block_size, cfg.allocator.num_gpu_blocks)
     summaries: list[dict] = []
     all_steps: list[pd.DataFrame] = []
     all_requests: list[pd.DataFrame] = []
@@ -138,7 +140,7 @@ def run_experiment(
             if all_steps and checkpoint.is_due():
                 checkpoint.write(_write_large_tables, output_dir, all_steps, all_requests, metadata)
             allocator = make_allocator(
-                name, num_slots, cfg.allocator.block_size, max_model_len
+                name, num_slots, cfg.allocator.block_size, max_model_len, hybrid_pool=groups_pool
             )
             labels = _run_labels(cfg, deployment, workload_label, name, rate)
             labels["n"] = workload_cfg.num_samples
