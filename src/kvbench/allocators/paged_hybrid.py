@@ -108,17 +108,24 @@ class PagedHybridAllocator:
         self.num_copy_on_writes = 0
         self._pool = BlockPool(num_blocks)
         self._windows = [group.window_tokens for group in self.layout.groups]
+        # One group per window: groups of one window free the same entries at the same time.
+        first_group_of_window: dict[int, int] = {}
+        for group, window in enumerate(self._windows):
+            if window is not None:
+                first_group_of_window.setdefault(window, group)
+        self._sliding_groups = [(group, window) for window, group in first_group_of_window.items()]
         self._group_layers = [group.num_layers for group in self.layout.groups]
-        self._group_of_block = [0] * num_blocks
         self._held_blocks = [0] * len(self._windows)  # per group: blocks with a reference
         self._sequences: dict[int, _HybridSequence] = {}
         self._copies: list[tuple[int, int]] = []
         self._num_logical_blocks = 0  # live table entries over all sequences and groups
-        # Partially filled last blocks, block -> (filled, usable slots of one layer): only a
-        # table's last block can be partial; its sharers are forks with equal token counts.
+        # Partially filled last blocks: only a table's last block can be partial, and a sequence's
+        # last blocks in every group have the same fill and the same sharers (forks with equal
+        # token counts: a write copies all of them at once). So one entry per set, keyed by group
+        # 0's last block: (filled, usable slots of one layer), weighted by all the real layers.
         self._partial: dict[int, tuple[int, int]] = {}
-        # Over the partial blocks, in layer-slots (x their group's real layers): the blocks'
-        # slots, the filled ones, the ones the request will still fill.
+        # Over the partial blocks, in layer-slots: the blocks' slots, the filled ones, the ones the
+        # request will still fill.
         self._partial_layer_slots = 0
         self._partial_filled = 0
         self._partial_usable = 0
@@ -163,6 +170,8 @@ class PagedHybridAllocator:
         room (no change)."""
         check_token_count(num_tokens)
         seq = self._sequences[seq_id]
+        if num_tokens == 1 and self._append_within_last_blocks(seq):
+            return True
         plan = self._append_plan(seq, num_tokens)
         if plan.num_blocks_needed > self._pool.num_free_blocks + plan.num_blocks_released:
             return False
@@ -170,12 +179,11 @@ class PagedHybridAllocator:
             return True
         for group, (first, end) in enumerate(plan.freed):
             self._free_behind_window(seq, group, first, end)
-        partial = seq.num_tokens % self.block_size != 0
+        if seq.num_tokens % self.block_size and not plan.copies[0]:
+            self._untrack_partial(seq.tables[0][-1])  # it is about to fill further
         for group, table in enumerate(seq.tables):
             if plan.copies[group]:
                 self._copy_last_block(table, group)
-            elif partial:
-                self._untrack_partial(table[-1])  # it is about to fill further
             table += self._allocate(group, plan.num_new_blocks[group])
         self._num_logical_blocks += sum(plan.num_new_blocks)
         seq.num_tokens += num_tokens
@@ -210,9 +218,9 @@ class PagedHybridAllocator:
             live = [block_id for block_id in table[seq.first_live[group] :] if block_id is not None]
             self._num_logical_blocks -= len(live)
             self._release(live[::-1], group)
-            last = table[-1] if table else None
-            if last is not None and self._pool.ref_count(last) == 0:
-                self._untrack_partial(last)
+        key = seq.tables[0][-1] if seq.tables[0] else None
+        if key is not None and self._pool.ref_count(key) == 0:
+            self._untrack_partial(key)
 
     def num_tokens(self, seq_id: int) -> int:
         """Tokens the sequence currently holds (computed, or being computed)."""
@@ -296,6 +304,36 @@ class PagedHybridAllocator:
             // self._num_layers,
         )
 
+    def _append_within_last_blocks(self, seq: _HybridSequence) -> bool:
+        """The common decode step, done in O(1) when it can be: one token into partially filled,
+        unshared last blocks, with no block leaving a window. False (nothing done) otherwise."""
+        num_tokens = seq.num_tokens
+        block_size = self.block_size
+        filled = num_tokens % block_size
+        if not filled:
+            return False  # the token starts a block in every group
+        key = seq.tables[0][-1]
+        assert key is not None
+        if self._pool.ref_counts[key] > 1:
+            return False  # shared: copy on write
+        for group, window in self._sliding_groups:
+            if max(0, num_tokens - window + 1) // block_size > seq.first_live[group]:
+                return False  # a block leaves this window
+        old_filled, old_usable = self._partial[key]
+        usable = min(max(seq.final_tokens, num_tokens + 1) - (num_tokens - filled), block_size)
+        num_layers = self._num_layers
+        if filled + 1 == block_size:  # the blocks fill up: no longer partial
+            del self._partial[key]
+            self._partial_layer_slots -= num_layers * block_size
+            self._partial_filled -= num_layers * old_filled
+            self._partial_usable -= num_layers * old_usable
+        else:
+            self._partial[key] = (old_filled + 1, usable)
+            self._partial_filled += num_layers
+            self._partial_usable += num_layers * (usable - old_usable)
+        seq.num_tokens = num_tokens + 1
+        return True
+
     # --- blocks --------------------------------------------------------------------------------
 
     def _blocks_for(self, num_tokens: int) -> int:
@@ -306,8 +344,6 @@ class PagedHybridAllocator:
 
     def _allocate(self, group: int, num_blocks: int) -> list[int]:
         block_ids = self._pool.allocate_many(num_blocks)
-        for block_id in block_ids:
-            self._group_of_block[block_id] = group
         self._held_blocks[group] += num_blocks
         return block_ids
 
@@ -382,21 +418,20 @@ class PagedHybridAllocator:
             return  # no block, or every last block is full
         first_token = seq.num_tokens - filled
         usable = min(max(seq.final_tokens, seq.num_tokens) - first_token, self.block_size)
-        for group, table in enumerate(seq.tables):
-            block_id = table[-1]
-            assert block_id is not None
-            self._untrack_partial(block_id)
-            num_layers = self._group_layers[group]
-            self._partial[block_id] = (filled, usable)
-            self._partial_layer_slots += num_layers * self.block_size
-            self._partial_filled += num_layers * filled
-            self._partial_usable += num_layers * usable
+        key = seq.tables[0][-1]
+        assert key is not None  # a table's last block is never freed
+        self._untrack_partial(key)
+        num_layers = self._num_layers
+        self._partial[key] = (filled, usable)
+        self._partial_layer_slots += num_layers * self.block_size
+        self._partial_filled += num_layers * filled
+        self._partial_usable += num_layers * usable
 
-    def _untrack_partial(self, block_id: int | None) -> None:
-        if block_id is None or block_id not in self._partial:
+    def _untrack_partial(self, key: int | None) -> None:
+        if key is None or key not in self._partial:
             return
-        filled, usable = self._partial.pop(block_id)
-        num_layers = self._group_layers[self._group_of_block[block_id]]
+        filled, usable = self._partial.pop(key)
+        num_layers = self._num_layers
         self._partial_layer_slots -= num_layers * self.block_size
         self._partial_filled -= num_layers * filled
         self._partial_usable -= num_layers * usable
