@@ -81,3 +81,17 @@ def test_a_sliding_pattern_without_a_window_is_a_one_line_error() -> None:
         replace(model, attention_pattern=("local",))
     with pytest.raises(ValueError, match="no layer slides"):
         replace(get_model("llama-3-8b"), sliding_window=4096)
+
+
+def test_a_bad_attention_setting_is_a_config_error_naming_the_key() -> None:
+    from conftest import compose_config
+
+    from kvbench.config import ConfigError
+
+    with pytest.raises(ConfigError, match=r"^model=gemma-2-9b: model.sliding_window=None: a "):
+        compose_config("model=gemma-2-9b", "model.sliding_window=null")
+    with pytest.raises(ConfigError, match=r"model.attention_pattern=\['full', 'global'\]"):
+        compose_config("model=llama-3-8b", "model.attention_pattern=[full,global]")
+    # A window on a model of full attention layers, the fix named.
+    with pytest.raises(ConfigError, match="set it to null or add 'sliding'"):
+        compose_config("model=llama-3-8b", "model.sliding_window=4096")
