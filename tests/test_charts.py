@@ -136,7 +136,8 @@ def test_every_allocator_chart_draws_each_allocator_in_its_colour(main_run):
     for name in ("headline", "memory_over_time", "batch_size", "latency_vs_rate"):
         assert drawn[name].allocators == allocators, name
     shares = drawn["headline"].share_bars
-    assert [label for label, _ in shares] == list(figure.ALLOCATOR_COLORS)
+    # In the colours' order (paged_hybrid, not in this run, has one too).
+    assert [label for label, _ in shares] == [n for n in figure.ALLOCATOR_COLORS if n in allocators]
     assert all(color == figure.ALLOCATOR_COLORS[label] for label, color in shares)
 
 

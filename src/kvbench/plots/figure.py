@@ -20,6 +20,7 @@ ALLOCATOR_COLORS = {
     "naive_oracle": "#862e9c",
     "paged": "#1c7ed6",
     "paged_prefix": "#2b8a3e",
+    "paged_hybrid": "#0b7285",
 }
 OTHER_COLOR = "#868e96"
 # paged and paged_prefix often draw the same numbers (no shared prefix): a dashed line on a solid
