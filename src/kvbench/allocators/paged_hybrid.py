@@ -191,8 +191,20 @@ class PagedHybridAllocator:
         return True
 
     def try_append_round(self, seq_ids: list[int]) -> bool:
-        """Always False: the scheduler appends one by one (no batched round here)."""
-        return False
+        """One ``append(seq_id, 1)`` for each of ``seq_ids`` in order, in one call, if none of
+        them copies a shared last block and the free blocks cover every new block without
+        counting the ones the round frees; False (nothing changes) otherwise. The single appends
+        themselves, so the same blocks land in the same places."""
+        sequences = self._sequences
+        plans = [self._append_plan(sequences[seq_id], 1) for seq_id in seq_ids]
+        if any(plan.copies[0] for plan in plans):
+            return False
+        if sum(plan.num_blocks_needed for plan in plans) > self._pool.num_free_blocks:
+            return False
+        for seq_id in seq_ids:
+            appended = self.append(seq_id, 1)
+            assert appended  # covered by the free blocks alone
+        return True
 
     def fork(self, parent_id: int, child_id: int) -> bool:
         """Make ``child_id`` share every live block of ``parent_id`` (always succeeds)."""
