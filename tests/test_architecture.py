@@ -36,7 +36,10 @@ ALLOWED_IMPORTS = {
 # The pure middle (DESIGN.md: no file I/O, no torch, no plotting) and what it may import at all.
 PURE_STAGES = ("engine", "allocators")
 PURE_THIRD_PARTY = {"numpy"}
-PURE_CORE = {"kvbench.core.specs", "kvbench.core.request"}
+# kv_groups and kv_capacity: vLLM's KV-cache groups and their pool (paged_hybrid), arithmetic
+# on specs only.
+PURE_CORE = {"kvbench.core.specs", "kvbench.core.request", "kvbench.core.kv_groups",
+             "kvbench.core.kv_capacity"}  # fmt: skip
 # Standard-library modules that read or write files: the edges' business, not the middle's.
 IO_MODULES = {"importlib", "io", "os", "pathlib", "shutil", "subprocess", "tempfile"}
 SCHEDULER_QUEUES = {"waiting", "running", "swapped", "_waiting", "_running", "_swapped"}

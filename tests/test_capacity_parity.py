@@ -135,3 +135,79 @@ def test_num_gpu_blocks_has_the_meaning_of_vllms_override() -> None:
         pool = BlockPool(num_gpu_blocks=override, enable_caching=True, hash_block_size=16)
         # vLLM hands out all but its null block: kvbench's pool holds exactly those.
         assert pool.get_num_free_blocks() * 16 == pool_slots(deployment, 16, override)
+
+
+# --- hybrid models: vLLM's hybrid KV-cache manager (paged_hybrid's pool) ---------------------
+
+
+def _hybrid_model_names() -> list[str]:
+    from kvbench.core.catalog import get_model
+
+    return [name for name in model_names() if get_model(name).is_hybrid]
+
+
+def test_the_catalog_has_the_issues_hybrid_models() -> None:
+    assert set(_hybrid_model_names()) >= {
+        "mistral-7b-v0.1", "gemma-2-9b", "gemma-3-27b", "gpt-oss-20b", "gpt-oss-120b",
+    }  # fmt: skip
+
+
+def test_hybrid_pool_blocks_on_hand_worked_numbers() -> None:
+    from kvbench.core.kv_capacity import hybrid_num_gpu_blocks, hybrid_pool
+
+    # Gemma-3-27B on 2 GPUs with 10 GiB of KV: 16 KV heads x 128 dims x 2 (K, V) x 2 bytes =
+    # 8,192 B per layer and token, 4,096 B on each GPU; a block is 16 tokens of a group of 10
+    # layers (the 10 full layers set the group size): 655,360 B per GPU. 5 GiB per GPU / that =
+    # 8,192 blocks, where 62 layers of full attention get 5 GiB / (62 x 16 x 4,096) = 1,321.
+    deployment = get_deployment("gemma-3-27b", "h100-80gb", num_gpus=2, kv_cache_gib=10)
+    assert hybrid_num_gpu_blocks(deployment, 16) == 8192
+    assert num_gpu_blocks(deployment, 16) == 1321
+    pool = hybrid_pool(deployment, 16, None)
+    assert pool.num_blocks == 8192
+    # Those blocks hold 8,192 x 16 x 10 layer-tokens = 21,140.6 whole-model tokens.
+    assert pool.num_slots == max(deployment.num_kv_slots, 21141)
+    # With vLLM's num_gpu_blocks_override=N, N - 1 blocks (its null block), in slots rounded up.
+    overridden = hybrid_pool(deployment, 16, 101)
+    assert (overridden.num_blocks, overridden.num_slots) == (100, -(-100 * 16 * 10 // 62))
+
+
+def test_hybrid_startup_figures_count_a_windows_blocks_per_sliding_group() -> None:
+    from kvbench.core.kv_capacity import hybrid_startup_figures
+
+    # gpt-oss-20b, 1,000 blocks of 16: a 131,072-token request takes 8,192 blocks in the full
+    # group and ceil((128 - 1 + 8,192) / 16) + 1 = 521 in the sliding one (8,192 tokens in
+    # flight): 1,000 / 8,713 requests.
+    deployment = get_deployment("gpt-oss-20b", "h100-80gb", num_gpus=1)
+    figures = hybrid_startup_figures(deployment, 16, 8192, override=1000)
+    assert figures.max_concurrency == 1000 / 8713
+    assert figures.kv_cache_size_tokens == int(1000 / 8713 * 131072)
+
+
+@pytest.mark.parametrize("model", _hybrid_model_names())
+@peer
+def test_kvbench_and_vllm_build_the_same_groups_and_hybrid_pool(model: str) -> None:
+    from kvbench.core.kv_capacity import hybrid_num_gpu_blocks, hybrid_startup_figures
+    from kvbench.core.kv_groups import kv_group_layout
+    from kvbench.referee.vllm_capacity import (
+        vllm_group_layer_counts,
+        vllm_num_gpu_blocks,
+        vllm_startup_figures_of,
+    )
+
+    compared = 0
+    for deployment, block_size in _deployments(model):
+        where = f"{deployment.num_gpus}x {deployment.hardware.name}, block {block_size}"
+        assert hybrid_num_gpu_blocks(deployment, block_size) == vllm_num_gpu_blocks(
+            deployment, block_size, hybrid=True
+        ), where
+        # The referee's scheduler budget: max(max_model_len, 2048) tokens in flight.
+        in_flight = max(deployment.model.max_model_len, 2048)
+        assert hybrid_startup_figures(
+            deployment, block_size, in_flight
+        ) == vllm_startup_figures_of(deployment, block_size, hybrid=True), where
+        compared += 1
+    assert compared >= 2
+    layout = kv_group_layout(deployment.model.layer_windows)
+    assert [(g.window_tokens, g.num_layers) for g in layout.groups] == vllm_group_layer_counts(
+        deployment, 16
+    )

@@ -55,7 +55,7 @@ def error_line(done, exit_code):
     ("override", "expected"),
     [
         ("model=gpt-5", "kvbench: config error: model=gpt-5: no such option; expected one of "
-                        "llama-13b, llama-2-13b, llama-2-70b"),
+                        "gemma-2-9b, gemma-3-27b, gpt-oss-120b"),
         ("workload=sharegtp", "kvbench: config error: workload=sharegtp: no such option; "
                               "expected one of alpaca, arxiv, azure_conv, fixed"),
         ("hydra/launcher=nope", "kvbench: config error: hydra/launcher=nope: no such option"),

@@ -57,6 +57,8 @@ class ModelConfig:
     max_model_len: int = MISSING
     dtype: str = MISSING
     num_active_parameters: float | None = MISSING
+    attention_pattern: list[str] = MISSING
+    sliding_window: int | None = MISSING
 
 
 @dataclass
@@ -258,8 +260,8 @@ def validate_config(cfg: DictConfig | dict[str, Any]) -> tuple[KvbenchConfig, De
     """
     typed = _merge_into_schema(cfg)
     _check_values(typed)
-    deployment = deployment_from(asdict(typed.model), asdict(typed.hardware))
     try:
+        deployment = deployment_from(asdict(typed.model), asdict(typed.hardware))
         deployment.check_fits()
     except ValueError as error:
         raise ConfigError(str(error)) from None

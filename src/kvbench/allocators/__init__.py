@@ -26,8 +26,10 @@ from kvbench.allocators.contiguous import (
     NaivePow2Allocator,
 )
 from kvbench.allocators.paged import PagedAllocator
+from kvbench.allocators.paged_hybrid import PagedHybridAllocator
 from kvbench.allocators.prefix_cache import PrefixCache
 from kvbench.allocators.radix import RadixAllocator
+from kvbench.core.kv_capacity import HybridPool
 
 # name -> factory(num_slots, block_size, max_model_len); contiguous allocators ignore block_size.
 _FACTORIES: dict[str, Callable[[int, int, int], Allocator]] = {
@@ -41,6 +43,9 @@ _FACTORIES: dict[str, Callable[[int, int, int], Allocator]] = {
     ),
     # SGLang's RadixAttention cache (its page size is radix_page_tokens, not block_size).
     RadixAllocator.name: lambda slots, _, max_len: RadixAllocator(slots, max_len),
+    # vLLM v1's hybrid KV-cache manager; without a model's groups (make_allocator's hybrid_pool)
+    # one group of full attention.
+    PagedHybridAllocator.name: PagedHybridAllocator,
 }
 
 ALLOCATOR_NAMES: tuple[str, ...] = tuple(_FACTORIES)
@@ -54,14 +59,17 @@ def make_allocator(
     *,
     radix_page_tokens: int = 1,
     cpu_cache_slots: int = 0,
+    hybrid_pool: HybridPool | None = None,
 ) -> Allocator:
     """A fresh allocator of kind ``name`` over ``num_slots`` token slots.
 
     ``block_size`` (tokens per block) applies to the paged allocators; the contiguous ones always
     use 1; ``radix`` uses ``radix_page_tokens``. ``cpu_cache_slots`` > 0 gives the
     prefix-caching allocators (``paged_prefix``, ``radix``) a CPU tier of that many token slots
-    (whole blocks or pages); the others have no cache to offload. ValueError names the allowed
-    names when ``name`` is unknown.
+    (whole blocks or pages); the others have no cache to offload. ``hybrid_pool``
+    (``core.kv_capacity.hybrid_pool``) gives ``paged_hybrid`` the model's KV-cache groups and
+    vLLM's block count, and its slots replace ``num_slots``; the other allocators ignore it.
+    ValueError names the allowed names when ``name`` is unknown.
     """
     factory = _FACTORIES.get(name)
     if factory is None:
@@ -72,6 +80,11 @@ def make_allocator(
     if name == "paged_prefix" and cpu_cache_slots:
         return PagedAllocator(num_slots, block_size, max_model_len, enable_prefix_caching=True,
                               cpu_cache_blocks=cpu_cache_slots // block_size)  # fmt: skip
+    if name == PagedHybridAllocator.name and hybrid_pool is not None:
+        return PagedHybridAllocator(
+            hybrid_pool.num_slots, block_size, max_model_len,
+            layout=hybrid_pool.layout, num_blocks=hybrid_pool.num_blocks,
+        )  # fmt: skip
     return factory(num_slots, block_size, max_model_len)
 
 
@@ -85,6 +98,7 @@ __all__ = [
     "NaiveOracleAllocator",
     "NaivePow2Allocator",
     "PagedAllocator",
+    "PagedHybridAllocator",
     "PrefixCache",
     "RadixAllocator",
     "make_allocator",

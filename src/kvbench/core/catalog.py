@@ -36,6 +36,8 @@ def model_spec_from(values: dict[str, Any]) -> ModelSpec:
     for key in ("num_parameters", "num_active_parameters"):
         if kwargs.get(key) is not None:
             kwargs[key] = float(kwargs[key])
+    if "attention_pattern" in kwargs:  # a YAML list; the spec is frozen (hashable)
+        kwargs["attention_pattern"] = tuple(kwargs["attention_pattern"])
     return ModelSpec(**kwargs)
 
 

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 GIB = 1024**3
 DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1}
+# A layer's attention: every token of the context ("full"), or the last ``sliding_window``.
+ATTENTION_TYPES = ("full", "sliding")
 
 
 @dataclass(frozen=True)
@@ -32,6 +34,11 @@ class ModelSpec:
             None means all of them.
         max_model_len: the longest sequence (prompt + output) the model serves, in tokens.
         dtype: storage dtype of weights and KV cache (fp16, bf16, fp32, fp8).
+        attention_pattern: the layers' attention types (``ATTENTION_TYPES``) from layer 0 on,
+            repeated over the layers: ``("full",)`` for a model of full attention only,
+            ``("sliding", "full")`` for Gemma-2's alternation.
+        sliding_window: tokens a sliding-window layer attends to (the token itself included,
+            as Hugging Face's ``sliding_window``), or None when no layer slides.
     """
 
     name: str
@@ -45,6 +52,42 @@ class ModelSpec:
     max_model_len: int
     dtype: str
     num_active_parameters: float | None
+    attention_pattern: tuple[str, ...]
+    sliding_window: int | None
+
+    def __post_init__(self) -> None:
+        problem = self._attention_problem()
+        if problem:
+            raise ValueError(f"model={self.name}: {problem}")
+
+    def _attention_problem(self) -> str | None:
+        """What is wrong with the attention pattern and window, with the fix (None: nothing)."""
+        unknown = [kind for kind in self.attention_pattern if kind not in ATTENTION_TYPES]
+        if not self.attention_pattern or unknown:
+            return (f"model.attention_pattern={list(self.attention_pattern)}: give a non-empty "
+                    f"list of {' / '.join(ATTENTION_TYPES)}")  # fmt: skip
+        slides = "sliding" in self.attention_pattern
+        if slides and (self.sliding_window is None or self.sliding_window < 1):
+            return (f"model.sliding_window={self.sliding_window}: a sliding layer needs a "
+                    "window of >= 1 token")  # fmt: skip
+        if not slides and self.sliding_window is not None:
+            return (f"model.sliding_window={self.sliding_window} but no layer slides: set it "
+                    "to null or add 'sliding' to model.attention_pattern")  # fmt: skip
+        return None
+
+    @property
+    def layer_windows(self) -> tuple[int | None, ...]:
+        """Per layer, the tokens its attention reads (None: the whole context)."""
+        pattern = self.attention_pattern
+        return tuple(
+            self.sliding_window if pattern[layer % len(pattern)] == "sliding" else None
+            for layer in range(self.num_layers)
+        )
+
+    @property
+    def is_hybrid(self) -> bool:
+        """Whether some layer attends to a sliding window (its KV can be freed behind it)."""
+        return "sliding" in self.attention_pattern
 
     @property
     def dtype_bytes(self) -> int:

@@ -24,6 +24,7 @@ ALLOCATOR_COLORS = {
     "paged": "#1c7ed6",
     "paged_prefix": "#2b8a3e",
     "radix": "#0c8599",
+    "paged_hybrid": "#d6336c",
 }
 OTHER_COLOR = "#868e96"
 # paged and paged_prefix often draw the same numbers (no shared prefix): a dashed line on a solid

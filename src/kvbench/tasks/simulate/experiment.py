@@ -18,7 +18,7 @@ from tqdm import tqdm
 from kvbench.allocators import Allocator, make_allocator
 from kvbench.allocators.radix import unbounded_radix_hits
 from kvbench.config import KvbenchConfig, run_workloads
-from kvbench.core.kv_capacity import pool_slots
+from kvbench.core.kv_capacity import hybrid_pool, pool_slots
 from kvbench.core.request import Request
 from kvbench.core.specs import GIB, Deployment
 from kvbench.engine import RooflineCostModel, Scheduler, SchedulerLimits, simulate
@@ -145,6 +145,8 @@ def run_experiment(
     costs = cost_model(cfg, deployment)
     metadata = provenance(raw_cfg)
     num_slots = pool_slots(deployment, cfg.allocator.block_size, cfg.allocator.num_gpu_blocks)
+    # paged_hybrid's pool: the model's KV-cache groups, blocks counted as vLLM's hybrid manager.
+    groups_pool = hybrid_pool(deployment, cfg.allocator.block_size, cfg.allocator.num_gpu_blocks)
     summaries: list[dict] = []
     all_steps: list[pd.DataFrame] = []
     all_requests: list[pd.DataFrame] = []
@@ -171,6 +173,7 @@ def run_experiment(
                 radix_page_tokens=cfg.allocator.radix_page_tokens,
                 cpu_cache_slots=int(cfg.allocator.cpu_cache_gib * GIB
                                     // deployment.kv_bytes_per_token),
+                hybrid_pool=groups_pool,
             )
             labels = _run_labels(cfg, deployment, workload_label, name, rate)
             if name == "radix":  # its block-table entry is a page: hit rates count pages

@@ -24,11 +24,11 @@ from omegaconf import DictConfig, OmegaConf
 from kvbench.analysis.capacity import fleet_frame, with_fleet_memory
 from kvbench.analysis.curves import knee_ratios, knees_frame
 from kvbench.config import KvbenchConfig
-from kvbench.core.kv_capacity import deployment_startup_figures
+from kvbench.core.kv_capacity import deployment_startup_figures, hybrid_startup_figures
 from kvbench.core.specs import Deployment
 from kvbench.tables.parquet import write_table
 from kvbench.tables.provenance import provenance
-from kvbench.tasks.simulate.experiment import run_experiment
+from kvbench.tasks.simulate.experiment import run_experiment, scheduler_limits
 from kvbench.tasks.simulate.plot import plot_analyses
 from kvbench.tasks.simulate.run_outputs import (
     hydra_command,
@@ -136,6 +136,14 @@ def run_study(
             deployment, cfg.allocator.block_size, cfg.allocator.num_gpu_blocks
         )
         print(f"kvbench: as vLLM v1 would log this pool: {figures.log_line()}")
+        if "paged_hybrid" in cfg.allocators and deployment.model.is_hybrid:
+            hybrid = hybrid_startup_figures(
+                deployment, cfg.allocator.block_size,
+                scheduler_limits(cfg, deployment).max_num_batched_tokens,
+                cfg.allocator.num_gpu_blocks,
+            )  # fmt: skip
+            print(f"kvbench: as vLLM v1's hybrid KV-cache manager would log it (paged_hybrid): "
+                  f"{hybrid.log_line()}")  # fmt: skip
     command = hydra_command(output_dir)
     points: list[Path] = []
     if is_grid(cfg):

@@ -1,0 +1,463 @@
+"""vLLM v1's hybrid KV-cache manager: one block table per KV-cache group over one shared pool.
+
+A model whose layers differ in attention (sliding windows beside full attention) is split into
+KV-cache groups of ``group_size`` layers each (``core.kv_groups``); every block holds
+``block_size`` tokens of one group's layers, so all blocks have one size and every group draws
+from the same ``BlockPool``. A sequence holds one table per group. A full-attention group keeps
+every block until the sequence ends, like ``paged``; a sliding-window group of window ``w`` frees,
+before each append, the blocks that lie wholly before its window: with ``n`` tokens computed, the
+first ``(n - w + 1) // block_size`` blocks (vLLM's ``SlidingWindowManager.remove_skipped_blocks``;
+their table entries then point at vLLM's null block, None here). A sliding group therefore holds
+at most ``ceil((w - 1) / block_size) + 2`` blocks of a long sequence, where ``paged`` on the same
+model (every layer keeps every token) holds them all.
+
+Units. The pool's blocks are counted by vLLM's rule from the KV memory
+(``kv_capacity.hybrid_pool``); the usage breakdown is in the token slots of every other
+allocator (one slot: the K and V of one token in all the model's layers), so a block held by a
+group is worth ``block_size x group_size / num_layers`` slots. Categories are added up in
+layer-slots (one token of one layer) and turned into slots once, rounding their running sums, so
+they still add up to the pool: token states are the tokens a group's real layers hold; vLLM's
+padding layers are internal fragmentation (held, never written); memory beyond the last whole
+block is external fragmentation.
+
+Without a layout (the registry's default), the allocator is one group of full attention: plain
+paging (``paged`` without the fast path), which the registry's property tests check.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kvbench.allocators.base import MemoryUsage, check_token_count
+from kvbench.allocators.block_pool import BlockPool
+from kvbench.core.kv_groups import KvCacheGroup, KvGroupLayout
+from kvbench.core.request import Request
+
+# The layout without one: a single full-attention layer, so that a slot is a layer-slot.
+_UNIFORM = KvGroupLayout((KvCacheGroup(None, 1),), group_size=1, num_model_layers=1)
+
+
+@dataclass(slots=True, eq=False)
+class _HybridSequence:
+    """One sequence: its token count and, per group, its block table (None where a sliding group
+    freed a block behind its window: vLLM's null block)."""
+
+    request: Request
+    final_tokens: int  # the request's true final length, capped at max_model_len
+    num_tokens: int
+    tables: list[list[int | None]]
+    first_live: list[int]  # per group: entries before it are None
+
+
+@dataclass(frozen=True, slots=True)
+class _AppendPlan:
+    """What an append takes and gives back, per group, before anything changes."""
+
+    freed: tuple[tuple[int, int], ...]  # per group: table entries [first_live, end) to free
+    num_new_blocks: tuple[int, ...]
+    copies: tuple[bool, ...]  # the shared partial last block is copied first
+    num_blocks_released: int  # of the freed entries, blocks nobody else references
+
+    @property
+    def num_blocks_needed(self) -> int:
+        return sum(self.num_new_blocks) + sum(self.copies)
+
+
+class PagedHybridAllocator:
+    """Per-group block tables over one ``BlockPool`` of ``num_blocks`` blocks (module doc).
+
+    Args:
+        num_slots: the pool in token slots of the whole model (its memory).
+        block_size: tokens per block.
+        max_model_len: the longest sequence.
+        layout: the model's KV-cache groups; None: one group of full attention.
+        num_blocks: blocks in the pool (vLLM's count); None: as many as ``num_slots`` holds.
+    """
+
+    name = "paged_hybrid"
+    forks_share_blocks = True  # a fork references the parent's blocks in every group
+    prefix_cache = None  # no prefix cache (vLLM's hybrid prefix hits are not modelled yet)
+
+    def __init__(
+        self,
+        num_slots: int,
+        block_size: int,
+        max_model_len: int,
+        *,
+        layout: KvGroupLayout | None = None,
+        num_blocks: int | None = None,
+    ) -> None:
+        if block_size < 1:
+            raise ValueError(f"block_size={block_size}: must be >= 1")
+        if num_slots < 0:
+            raise ValueError(f"num_slots={num_slots}: must be >= 0")
+        self.layout = layout or _UNIFORM
+        self.num_slots = num_slots
+        self.block_size = block_size
+        self.max_model_len = max_model_len
+        self._num_layers = self.layout.num_model_layers
+        self._block_layer_slots = block_size * self.layout.group_size
+        pool_layer_slots = num_slots * self._num_layers
+        if num_blocks is None:
+            num_blocks = pool_layer_slots // self._block_layer_slots
+        if num_blocks * self._block_layer_slots > pool_layer_slots:
+            raise ValueError(
+                f"num_blocks={num_blocks} blocks of {block_size} tokens x "
+                f"{self.layout.group_size} layers exceed the {num_slots}-slot pool"
+            )
+        self.num_copy_on_writes = 0
+        self._pool = BlockPool(num_blocks)
+        self._windows = [group.window_tokens for group in self.layout.groups]
+        # One group per window: groups of one window free the same entries at the same time.
+        first_group_of_window: dict[int, int] = {}
+        for group, window in enumerate(self._windows):
+            if window is not None:
+                first_group_of_window.setdefault(window, group)
+        self._sliding_groups = [(group, window) for window, group in first_group_of_window.items()]
+        self._group_layers = [group.num_layers for group in self.layout.groups]
+        self._held_blocks = [0] * len(self._windows)  # per group: blocks with a reference
+        self._sequences: dict[int, _HybridSequence] = {}
+        self._copies: list[tuple[int, int]] = []
+        self._num_logical_blocks = 0  # live table entries over all sequences and groups
+        # Partially filled last blocks: only a table's last block can be partial, and a sequence's
+        # last blocks in every group have the same fill and the same sharers (forks with equal
+        # token counts: a write copies all of them at once). So one entry per set, keyed by group
+        # 0's last block: (filled, usable slots of one layer), weighted by all the real layers.
+        self._partial: dict[int, tuple[int, int]] = {}
+        # Over the partial blocks, in layer-slots: the blocks' slots, the filled ones, the ones the
+        # request will still fill.
+        self._partial_layer_slots = 0
+        self._partial_filled = 0
+        self._partial_usable = 0
+
+    # --- the Allocator protocol ----------------------------------------------------------------
+
+    def can_admit(self, request: Request, num_tokens: int) -> bool:
+        """Whether ``admit`` would succeed now, without changing anything."""
+        check_token_count(num_tokens)
+        return self._admit_blocks(num_tokens) <= self._pool.num_free_blocks
+
+    def admit(self, seq_id: int, request: Request, num_tokens: int) -> bool:
+        """Give a new sequence ``ceil(num_tokens / block_size)`` blocks in every group (its
+        prefill writes them all before any of them leaves a window); False if no room."""
+        if seq_id in self._sequences:
+            raise ValueError(f"sequence {seq_id} is already allocated")
+        check_token_count(num_tokens)
+        if self._admit_blocks(num_tokens) > self._pool.num_free_blocks:
+            return False
+        num_blocks = self._blocks_for(num_tokens)
+        seq = _HybridSequence(
+            request=request,
+            final_tokens=min(request.total_tokens, self.max_model_len),
+            num_tokens=num_tokens,
+            tables=[list(self._allocate(group, num_blocks)) for group in range(len(self._windows))],
+            first_live=[0] * len(self._windows),
+        )
+        self._sequences[seq_id] = seq
+        self._num_logical_blocks += num_blocks * len(self._windows)
+        self._track_last_blocks(seq)
+        return True
+
+    def can_append(self, seq_id: int, num_tokens: int = 1) -> bool:
+        """Whether ``append`` would succeed now, without changing anything."""
+        check_token_count(num_tokens)
+        plan = self._append_plan(self._sequences[seq_id], num_tokens)
+        return plan.num_blocks_needed <= self._pool.num_free_blocks + plan.num_blocks_released
+
+    def append(self, seq_id: int, num_tokens: int = 1) -> bool:
+        """Free each sliding group's blocks behind its window (every held token is computed),
+        then grow every group's table, copying a shared partial last block first. False if no
+        room (no change)."""
+        check_token_count(num_tokens)
+        seq = self._sequences[seq_id]
+        if num_tokens == 1 and self._append_within_last_blocks(seq):
+            return True
+        plan = self._append_plan(seq, num_tokens)
+        if plan.num_blocks_needed > self._pool.num_free_blocks + plan.num_blocks_released:
+            return False
+        if num_tokens == 0:
+            return True
+        for group, (first, end) in enumerate(plan.freed):
+            self._free_behind_window(seq, group, first, end)
+        if seq.num_tokens % self.block_size and not plan.copies[0]:
+            self._untrack_partial(seq.tables[0][-1])  # it is about to fill further
+        for group, table in enumerate(seq.tables):
+            if plan.copies[group]:
+                self._copy_last_block(table, group)
+            table += self._allocate(group, plan.num_new_blocks[group])
+        self._num_logical_blocks += sum(plan.num_new_blocks)
+        seq.num_tokens += num_tokens
+        self._track_last_blocks(seq)
+        return True
+
+    def try_append_round(self, seq_ids: list[int]) -> bool:
+        """One ``append(seq_id, 1)`` for each of ``seq_ids`` in order, in one call, if none of
+        them copies a shared last block and the free blocks cover every new block without
+        counting the ones the round frees; False (nothing changes) otherwise. The single appends
+        themselves, so the same blocks land in the same places."""
+        sequences = self._sequences
+        plans = [self._append_plan(sequences[seq_id], 1) for seq_id in seq_ids]
+        if any(plan.copies[0] for plan in plans):
+            return False
+        if sum(plan.num_blocks_needed for plan in plans) > self._pool.num_free_blocks:
+            return False
+        for seq_id in seq_ids:
+            appended = self.append(seq_id, 1)
+            assert appended  # covered by the free blocks alone
+        return True
+
+    def fork(self, parent_id: int, child_id: int) -> bool:
+        """Make ``child_id`` share every live block of ``parent_id`` (always succeeds)."""
+        if child_id in self._sequences:
+            raise ValueError(f"sequence {child_id} is already allocated")
+        parent = self._sequences[parent_id]
+        for block_id in self._live_blocks(parent):
+            self._pool.incref(block_id)
+        self._sequences[child_id] = _HybridSequence(
+            request=parent.request,
+            final_tokens=parent.final_tokens,
+            num_tokens=parent.num_tokens,
+            tables=[list(table) for table in parent.tables],
+            first_live=list(parent.first_live),
+        )
+        self._num_logical_blocks += len(self._live_blocks(parent))
+        return True
+
+    def free(self, seq_id: int) -> None:
+        """Drop the sequence's references, each group's tail first (vLLM frees in reverse)."""
+        seq = self._sequences.pop(seq_id)
+        for group, table in enumerate(seq.tables):
+            live = [block_id for block_id in table[seq.first_live[group] :] if block_id is not None]
+            self._num_logical_blocks -= len(live)
+            self._release(live[::-1], group)
+        key = seq.tables[0][-1] if seq.tables[0] else None
+        if key is not None and self._pool.ref_count(key) == 0:
+            self._untrack_partial(key)
+
+    def num_tokens(self, seq_id: int) -> int:
+        """Tokens the sequence currently holds (computed, or being computed)."""
+        return self._sequences[seq_id].num_tokens
+
+    def block_table(self, seq_id: int) -> tuple[int, ...]:
+        """Every block the sequence references, group by group, in table order (freed entries
+        left out). One group (no layout): exactly its block table."""
+        return tuple(self._live_blocks(self._sequences[seq_id]))
+
+    def group_tables(self, seq_id: int) -> tuple[tuple[int | None, ...], ...]:
+        """The sequence's block table in each group (None: freed behind the window)."""
+        return tuple(tuple(table) for table in self._sequences[seq_id].tables)
+
+    def group_held_tokens(self, seq_id: int) -> tuple[int, ...]:
+        """Per group, the token slots of one layer the sequence's live blocks hold."""
+        seq = self._sequences[seq_id]
+        return tuple(
+            sum(1 for block_id in table[first:] if block_id is not None) * self.block_size
+            for table, first in zip(seq.tables, seq.first_live, strict=True)
+        )
+
+    def held_slots(self, seq_id: int) -> int:
+        """Slots of the sequence's live blocks (padding layers included), rounded up."""
+        num_live_blocks = len(self._live_blocks(self._sequences[seq_id]))
+        return -(-num_live_blocks * self._block_layer_slots // self._num_layers)
+
+    def ref_count(self, block_id: int) -> int:
+        """Number of table entries that point at ``block_id``."""
+        return self._pool.ref_count(block_id)
+
+    def num_free_blocks(self) -> int:
+        """Blocks free for new allocations."""
+        return self._pool.num_free_blocks
+
+    def free_blocks(self) -> tuple[int, ...]:
+        """The free block ids in the order they will be reused (least recently freed first)."""
+        return self._pool.free_queue()
+
+    def take_copy_on_writes(self) -> list[tuple[int, int]]:
+        """(src_block, dst_block) copies made since the last call, for the executor to perform."""
+        copies, self._copies = self._copies, []
+        return copies
+
+    def usage(self) -> MemoryUsage:
+        """The pool split into the paper's categories, in slots (module doc: the units)."""
+        block_size = self.block_size
+        group_size = self.layout.group_size
+        held = self._held_blocks
+        full_layer_slots = sum(
+            num_layers * block_size * num_held
+            for num_layers, num_held in zip(self._group_layers, held, strict=True)
+        )
+        padding_layer_slots = sum(
+            (group_size - num_layers) * block_size * num_held
+            for num_layers, num_held in zip(self._group_layers, held, strict=True)
+        )
+        token_states = full_layer_slots - self._partial_layer_slots + self._partial_filled
+        reservation = self._partial_usable - self._partial_filled
+        internal_frag = self._partial_layer_slots - self._partial_usable + padding_layer_slots
+        pool = self._pool
+        free = pool.num_free_blocks * self._block_layer_slots
+        external_frag = (
+            self.num_slots * self._num_layers - pool.num_blocks * self._block_layer_slots
+        )
+        token_slots, reserved_slots, internal_slots, external_slots, free_slots = (
+            _layer_slots_to_slots(
+                [token_states, reservation, internal_frag, external_frag, free], self._num_layers
+            )
+        )
+        return MemoryUsage(
+            num_slots=self.num_slots,
+            token_states=token_slots,
+            reservation=reserved_slots,
+            internal_frag=internal_slots,
+            external_frag=external_slots,
+            free=free_slots,
+            shared_slots=pool.num_shared_blocks * self._block_layer_slots // self._num_layers,
+            saved_slots=(self._num_logical_blocks - pool.num_held_blocks)
+            * self._block_layer_slots
+            // self._num_layers,
+        )
+
+    def _append_within_last_blocks(self, seq: _HybridSequence) -> bool:
+        """The common decode step, done in O(1) when it can be: one token into partially filled,
+        unshared last blocks, with no block leaving a window. False (nothing done) otherwise."""
+        num_tokens = seq.num_tokens
+        block_size = self.block_size
+        filled = num_tokens % block_size
+        if not filled:
+            return False  # the token starts a block in every group
+        key = seq.tables[0][-1]
+        assert key is not None
+        if self._pool.ref_counts[key] > 1:
+            return False  # shared: copy on write
+        for group, window in self._sliding_groups:
+            if max(0, num_tokens - window + 1) // block_size > seq.first_live[group]:
+                return False  # a block leaves this window
+        old_filled, old_usable = self._partial[key]
+        usable = min(max(seq.final_tokens, num_tokens + 1) - (num_tokens - filled), block_size)
+        num_layers = self._num_layers
+        if filled + 1 == block_size:  # the blocks fill up: no longer partial
+            del self._partial[key]
+            self._partial_layer_slots -= num_layers * block_size
+            self._partial_filled -= num_layers * old_filled
+            self._partial_usable -= num_layers * old_usable
+        else:
+            self._partial[key] = (old_filled + 1, usable)
+            self._partial_filled += num_layers
+            self._partial_usable += num_layers * (usable - old_usable)
+        seq.num_tokens = num_tokens + 1
+        return True
+
+    # --- blocks --------------------------------------------------------------------------------
+
+    def _blocks_for(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    def _admit_blocks(self, num_tokens: int) -> int:
+        return self._blocks_for(num_tokens) * len(self._windows)
+
+    def _allocate(self, group: int, num_blocks: int) -> list[int]:
+        block_ids = self._pool.allocate_many(num_blocks)
+        self._held_blocks[group] += num_blocks
+        return block_ids
+
+    def _release(self, block_ids: list[int], group: int) -> None:
+        """Drop one reference to each block (of ``group``); count those that become free."""
+        before = self._pool.num_free_blocks
+        self._pool.release(block_ids)
+        self._held_blocks[group] -= self._pool.num_free_blocks - before
+
+    def _live_blocks(self, seq: _HybridSequence) -> list[int]:
+        return [
+            block_id
+            for table, first in zip(seq.tables, seq.first_live, strict=True)
+            for block_id in table[first:]
+            if block_id is not None
+        ]
+
+    def _skipped_blocks(self, group: int, num_computed_tokens: int, num_table_blocks: int) -> int:
+        """Leading blocks wholly behind the window once ``num_computed_tokens`` are computed:
+        the next token attends to the last ``window`` tokens, itself included."""
+        window = self._windows[group]
+        if window is None:
+            return 0
+        num_skipped_tokens = max(0, num_computed_tokens - window + 1)
+        return min(num_skipped_tokens // self.block_size, num_table_blocks)
+
+    def _append_plan(self, seq: _HybridSequence, num_tokens: int) -> _AppendPlan:
+        freed = []
+        num_new_blocks = []
+        copies = []
+        num_released = 0
+        ref_counts = self._pool.ref_counts
+        partial = seq.num_tokens % self.block_size != 0
+        num_blocks_after = self._blocks_for(seq.num_tokens + num_tokens)
+        for group, table in enumerate(seq.tables):
+            end = self._skipped_blocks(group, seq.num_tokens, len(table)) if num_tokens else 0
+            first = min(seq.first_live[group], end)
+            freed.append((first, end))
+            num_released += sum(
+                1
+                for block_id in table[first:end]
+                if block_id is not None and ref_counts[block_id] == 1
+            )
+            num_new_blocks.append(num_blocks_after - len(table))
+            last = table[-1] if table else None
+            copies.append(num_tokens > 0 and partial and last is not None and ref_counts[last] > 1)
+        return _AppendPlan(tuple(freed), tuple(num_new_blocks), tuple(copies), num_released)
+
+    def _free_behind_window(self, seq: _HybridSequence, group: int, first: int, end: int) -> None:
+        table = seq.tables[group]
+        behind = [block_id for block_id in table[first:end] if block_id is not None]
+        for index in range(first, end):
+            table[index] = None
+        seq.first_live[group] = max(seq.first_live[group], end)
+        self._num_logical_blocks -= len(behind)
+        self._release(behind[::-1], group)  # the newest first, as vLLM frees the range
+
+    def _copy_last_block(self, table: list[int | None], group: int) -> None:
+        source_block = table[-1]
+        assert source_block is not None  # a table's last block is never freed
+        [copy_block] = self._allocate(group, 1)
+        self._release([source_block], group)  # the other sharers keep it
+        table[-1] = copy_block
+        self._copies.append((source_block, copy_block))
+        self.num_copy_on_writes += 1
+
+    # --- partial last blocks -------------------------------------------------------------------
+
+    def _track_last_blocks(self, seq: _HybridSequence) -> None:
+        filled = seq.num_tokens % self.block_size
+        if filled == 0:
+            return  # no block, or every last block is full
+        first_token = seq.num_tokens - filled
+        usable = min(max(seq.final_tokens, seq.num_tokens) - first_token, self.block_size)
+        key = seq.tables[0][-1]
+        assert key is not None  # a table's last block is never freed
+        self._untrack_partial(key)
+        num_layers = self._num_layers
+        self._partial[key] = (filled, usable)
+        self._partial_layer_slots += num_layers * self.block_size
+        self._partial_filled += num_layers * filled
+        self._partial_usable += num_layers * usable
+
+    def _untrack_partial(self, key: int | None) -> None:
+        if key is None or key not in self._partial:
+            return
+        filled, usable = self._partial.pop(key)
+        num_layers = self._num_layers
+        self._partial_layer_slots -= num_layers * self.block_size
+        self._partial_filled -= num_layers * filled
+        self._partial_usable -= num_layers * usable
+
+
+def _layer_slots_to_slots(parts: list[int], num_layers: int) -> list[int]:
+    """Layer-slot counts as slots of ``num_layers`` layers, rounding their running sums down:
+    each part is within one slot of its exact share and the parts add up to the total's."""
+    slots = []
+    running = 0
+    rounded_before = 0
+    for part in parts:
+        running += part
+        rounded = running // num_layers
+        slots.append(rounded - rounded_before)
+        rounded_before = rounded
+    return slots
