@@ -135,3 +135,24 @@ def test_num_gpu_blocks_has_the_meaning_of_vllms_override() -> None:
         pool = BlockPool(num_gpu_blocks=override, enable_caching=True, hash_block_size=16)
         # vLLM hands out all but its null block: kvbench's pool holds exactly those.
         assert pool.get_num_free_blocks() * 16 == pool_slots(deployment, 16, override)
+
+
+@pytest.mark.parametrize("model", ["llama-3-8b", "llama-2-70b", "opt-13b"])
+@peer
+def test_kvbench_and_vllm_size_the_same_fp8_pool(model: str) -> None:
+    # vLLM's cache_dtype=fp8 stores one byte per K/V element: its blocks are half the bytes, and
+    # kvbench's model.kv_dtype=fp8 must count the same pool.
+    from dataclasses import replace
+
+    from kvbench.referee.vllm_capacity import vllm_num_gpu_blocks, vllm_startup_figures_of
+
+    compared = 0
+    for deployment, block_size in _deployments(model):
+        fp8 = replace(deployment, model=replace(deployment.model, kv_dtype="fp8"))
+        where = f"fp8, {fp8.num_gpus}x {fp8.hardware.name}, block {block_size}"
+        assert num_gpu_blocks(fp8, block_size) == vllm_num_gpu_blocks(fp8, block_size), where
+        assert deployment_startup_figures(fp8, block_size) == vllm_startup_figures_of(
+            fp8, block_size
+        ), where
+        compared += 1
+    assert compared >= 2

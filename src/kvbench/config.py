@@ -22,7 +22,7 @@ from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationE
 from kvbench.allocators import ALLOCATOR_NAMES
 from kvbench.core.catalog import deployment_from
 from kvbench.core.kv_capacity import NUM_NULL_BLOCKS
-from kvbench.core.specs import DTYPE_BYTES, Deployment
+from kvbench.core.specs import DTYPE_BYTES, KV_DTYPES, Deployment
 from kvbench.engine.scheduler import PREEMPTION_MODES
 from kvbench.tasks.equivalence import names as equivalence_names
 from kvbench.workloads import WorkloadConfig, validate_workload_config
@@ -51,6 +51,8 @@ class ModelConfig:
     max_model_len: int = MISSING
     dtype: str = MISSING
     num_active_parameters: float | None = MISSING
+    # KV-cache storage dtype (core.specs.KV_DTYPES); None: the model's dtype.
+    kv_dtype: str | None = MISSING
 
 
 @dataclass
@@ -374,6 +376,11 @@ def _check_values(cfg: KvbenchConfig) -> None:
     _require(
         cfg.model.dtype in DTYPE_BYTES,
         f"model.dtype={cfg.model.dtype!r}: allowed dtypes are {', '.join(DTYPE_BYTES)}",
+    )
+    _require(
+        cfg.model.kv_dtype is None or cfg.model.kv_dtype in KV_DTYPES,
+        f"model.kv_dtype={cfg.model.kv_dtype!r}: allowed are {', '.join(KV_DTYPES)} (or null for "
+        f"the model's {cfg.model.dtype})",
     )
     for label, workload in run_workloads(cfg).items():
         try:

@@ -13,6 +13,9 @@ from dataclasses import dataclass
 
 GIB = 1024**3
 DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1}
+# KV-cache storage dtypes a model may be served with (``model.kv_dtype``): 16-bit, or fp8 (e4m3,
+# vLLM's ``kv_cache_dtype=fp8``: 1 byte per element, dequantized by the attention kernel on load).
+KV_DTYPES = ("fp16", "bf16", "fp8")
 
 
 @dataclass(frozen=True)
@@ -31,7 +34,9 @@ class ModelSpec:
         num_active_parameters: parameters used per token (differs for mixture-of-experts);
             None means all of them.
         max_model_len: the longest sequence (prompt + output) the model serves, in tokens.
-        dtype: storage dtype of weights and KV cache (fp16, bf16, fp32, fp8).
+        dtype: storage dtype of the weights (fp16, bf16, fp32, fp8), and of the KV cache unless
+            ``kv_dtype`` says otherwise.
+        kv_dtype: storage dtype of the KV cache (``KV_DTYPES``), or None for ``dtype``.
     """
 
     name: str
@@ -45,16 +50,23 @@ class ModelSpec:
     max_model_len: int
     dtype: str
     num_active_parameters: float | None
+    kv_dtype: str | None
 
     @property
     def dtype_bytes(self) -> int:
-        """Bytes per element of the storage dtype."""
+        """Bytes per element of the weights' storage dtype."""
         return DTYPE_BYTES[self.dtype]
 
     @property
+    def kv_dtype_bytes(self) -> int:
+        """Bytes per K/V element of the KV cache's storage dtype (1 for fp8)."""
+        return DTYPE_BYTES[self.kv_dtype or self.dtype]
+
+    @property
     def kv_bytes_per_token(self) -> int:
-        """K and V of one token over all layers: 2 x layers x KV heads x head dim x dtype bytes."""
-        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.dtype_bytes
+        """K and V of one token over all layers: 2 x layers x KV heads x head dim x KV dtype
+        bytes."""
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.kv_dtype_bytes
 
     @property
     def weight_bytes(self) -> float:
