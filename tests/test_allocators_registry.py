@@ -14,7 +14,9 @@ from kvbench.allocators import (
 
 
 def test_names_in_report_order() -> None:
-    assert ALLOCATOR_NAMES == ("naive_max", "naive_pow2", "naive_oracle", "paged", "paged_prefix")
+    assert ALLOCATOR_NAMES == (
+        "naive_max", "naive_pow2", "naive_oracle", "paged", "paged_prefix", "vattention"
+    )
 
 
 @pytest.mark.parametrize("name", ALLOCATOR_NAMES)
@@ -23,7 +25,8 @@ def test_make_allocator_builds_each_by_name(name: str) -> None:
     assert isinstance(allocator, Allocator)
     assert allocator.name == name
     assert allocator.num_slots == 1000
-    assert allocator.block_size == (16 if name.startswith("paged") else 1)
+    # vattention's pages hold block_size tokens unless its settings say otherwise.
+    assert allocator.block_size == (16 if name.startswith("paged") or name == "vattention" else 1)
     assert allocator.usage().num_slots == 1000
 
 
@@ -34,7 +37,8 @@ def test_each_declares_its_abilities(name: str) -> None:
     is_paged = name.startswith("paged")
     assert (allocator.prefix_cache is not None) == (name == "paged_prefix")
     assert allocator.forks_share_blocks == is_paged
-    assert isinstance(allocator, CopyOnWriteCounter) == is_paged
+    # vattention keeps paged's block pool underneath (a counter that stays 0: it never shares).
+    assert isinstance(allocator, CopyOnWriteCounter) == (is_paged or name == "vattention")
     assert isinstance(allocator, CohortAllocator)
 
 

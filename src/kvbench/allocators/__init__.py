@@ -3,7 +3,8 @@
 ``base`` holds the contract (the ``Allocator`` protocol, the optional abilities an allocator
 declares, ``MemoryUsage``); ``contiguous`` the Orca baselines over a ``buddy`` arena; ``paged``
 the block tables over a ``block_pool``, advanced lazily by a ``cohort``, and optionally given a
-``prefix_cache`` (keyed by ``prefix_hashes``).
+``prefix_cache`` (keyed by ``prefix_hashes``); ``vattention`` the virtual spans of vAttention,
+paged underneath in page groups.
 
 ``make_allocator(name, ...)`` builds one by its registry name; ``ALLOCATOR_NAMES`` lists them in
 the order reports show them. ``paged_prefix`` is the ``paged`` allocator with a prefix cache.
@@ -27,6 +28,7 @@ from kvbench.allocators.contiguous import (
 )
 from kvbench.allocators.paged import PagedAllocator
 from kvbench.allocators.prefix_cache import PrefixCache
+from kvbench.allocators.vattention import VAttentionAllocator, VAttentionSettings
 
 # name -> factory(num_slots, block_size, max_model_len); contiguous allocators ignore block_size.
 _FACTORIES: dict[str, Callable[[int, int, int], Allocator]] = {
@@ -38,17 +40,34 @@ _FACTORIES: dict[str, Callable[[int, int, int], Allocator]] = {
     "paged_prefix": lambda slots, block_size, max_len: PagedAllocator(
         slots, block_size, max_len, enable_prefix_caching=True
     ),
+    # vAttention: virtual spans with pages mapped on demand. By default a page holds block_size
+    # tokens, spans are unbounded and a finished request's pages are unmapped at once (the
+    # registry-wide tests recount it as paged); make_allocator's `vattention` settings give the
+    # run's pages, spans and deferred reclamation.
+    "vattention": lambda slots, block_size, max_len: VAttentionAllocator(
+        slots, max_len, VAttentionSettings(tokens_per_page=block_size, retain_pages=0)
+    ),
 }
 
 ALLOCATOR_NAMES: tuple[str, ...] = tuple(_FACTORIES)
 
 
-def make_allocator(name: str, num_slots: int, block_size: int, max_model_len: int) -> Allocator:
+def make_allocator(
+    name: str,
+    num_slots: int,
+    block_size: int,
+    max_model_len: int,
+    *,
+    vattention: VAttentionSettings | None = None,
+) -> Allocator:
     """A fresh allocator of kind ``name`` over ``num_slots`` token slots.
 
     ``block_size`` (tokens per block) applies to the paged allocators; the contiguous ones always
-    use 1. ValueError names the allowed names when ``name`` is unknown.
+    use 1. ``vattention`` sets the ``vattention`` allocator's pages and spans (ignored by the
+    others). ValueError names the allowed names when ``name`` is unknown.
     """
+    if name == "vattention" and vattention is not None:
+        return VAttentionAllocator(num_slots, max_model_len, vattention)
     factory = _FACTORIES.get(name)
     if factory is None:
         raise ValueError(f"unknown allocator {name!r}; allowed: {', '.join(ALLOCATOR_NAMES)}")
@@ -66,5 +85,7 @@ __all__ = [
     "NaivePow2Allocator",
     "PagedAllocator",
     "PrefixCache",
+    "VAttentionAllocator",
+    "VAttentionSettings",
     "make_allocator",
 ]

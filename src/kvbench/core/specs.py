@@ -141,6 +141,20 @@ class Deployment:
         return self.model.kv_bytes_per_token * stored_heads // self.model.num_kv_heads
 
     @property
+    def kv_heads_per_gpu(self) -> int:
+        """KV heads each GPU stores (at least one: heads are replicated when GPUs outnumber
+        them)."""
+        return max(self.model.num_kv_heads, self.num_gpus) // self.num_gpus
+
+    def tokens_per_page(self, page_bytes: int) -> int:
+        """Tokens one physical page of ``page_bytes`` holds in one layer's K (or V) tensor on one
+        GPU: ``page_bytes / (KV heads per GPU x head dim x KV dtype bytes)`` (vAttention's pages;
+        0 when a page is smaller than one token's slice)."""
+        model = self.model
+        token_bytes = self.kv_heads_per_gpu * model.head_dim * model.kv_dtype_bytes
+        return page_bytes // token_bytes
+
+    @property
     def usable_bytes(self) -> float:
         """Memory the engine may use over all GPUs, before weights."""
         per_gpu_bytes = self.hardware.memory_bytes * self.gpu_memory_utilization
