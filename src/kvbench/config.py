@@ -19,7 +19,8 @@ from typing import Any, cast, get_args, get_origin, get_type_hints
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
 
-from kvbench.allocators import ALLOCATOR_NAMES
+from kvbench.allocators import ALLOCATOR_NAMES, ALLOCATOR_VARIANTS
+from kvbench.allocators.vattention import PAGE_BYTES_CHOICES, page_bytes_of
 from kvbench.core.catalog import deployment_from
 from kvbench.core.kv_capacity import NUM_NULL_BLOCKS
 from kvbench.core.specs import DTYPE_BYTES, KV_DTYPES, Deployment
@@ -82,6 +83,17 @@ class AllocatorConfig:
     # Pool size in blocks, vLLM's num_gpu_blocks_override (its null block included: N - 1 blocks
     # hold tokens); None: sized from the KV memory. kvbench.core.kv_capacity.pool_slots.
     num_gpu_blocks: int | None = MISSING
+    # vattention: bytes of one physical page (64/128/256 KiB, 2 MiB); vattention_64k ... _2m fix it.
+    page_bytes: int = MISSING
+    # vattention: virtual spans, i.e. requests that can run at once; None: scheduler.max_num_seqs.
+    max_batch_size: int | None = MISSING
+    # vattention: page groups a finished request's span keeps mapped for its next request
+    # (deferred reclamation, reclaimed on demand); None: all of them.
+    vattention_retain_pages: int | None = MISSING
+    # vattention: map decode pages in the background while the previous iteration computes.
+    vattention_overlap_mapping: bool = MISSING
+    # vattention: seconds to map one physical page (one layer's K or V tensor on one GPU).
+    vattention_map_latency_s: float = MISSING
 
 
 @dataclass
@@ -245,6 +257,7 @@ def validate_config(cfg: DictConfig | dict[str, Any]) -> tuple[KvbenchConfig, De
         deployment.check_fits()
     except ValueError as error:
         raise ConfigError(str(error)) from None
+    check_pages_hold_a_token(typed, deployment)
     return typed, deployment
 
 
@@ -361,14 +374,16 @@ def _check_values(cfg: KvbenchConfig) -> None:
     _check_knee_and_capacity(cfg)
     for name in cfg.allocators:
         _require(
-            name in ALLOCATOR_NAMES,
-            f"allocators contains {name!r}: allowed allocators are {', '.join(ALLOCATOR_NAMES)}",
+            name in ALLOCATOR_NAMES or name in ALLOCATOR_VARIANTS,
+            f"allocators contains {name!r}: allowed allocators are "
+            f"{', '.join(ALLOCATOR_NAMES + ALLOCATOR_VARIANTS)}",
         )
     _require(len(cfg.allocators) > 0, "allocators=[]: name at least one allocator")
     for rate in cfg.request_rates:
         _require(rate > 0, f"request_rates contains {rate}: rates are request/s and must be > 0")
     _check_workload_request_rates(cfg)
     _check_hardware(cfg.hardware)
+    _check_vattention(cfg.allocator)
     _check_scheduler(cfg.scheduler)
     _check_executor(cfg.executor)
     _check_kernel_bench(cfg.kernel_bench)
@@ -411,6 +426,39 @@ def _check_workload_request_rates(cfg: KvbenchConfig) -> None:
                 f"workload_request_rates.{label} contains {rate}: rates are request/s and must "
                 "be > 0",
             )
+
+
+def _check_vattention(allocator: AllocatorConfig) -> None:
+    choices = ", ".join(str(size) for size in PAGE_BYTES_CHOICES)
+    _require(
+        allocator.page_bytes in PAGE_BYTES_CHOICES,
+        f"allocator.page_bytes={allocator.page_bytes}: vAttention's pages are {choices} bytes "
+        "(64, 128, 256 KiB or 2 MiB)",
+    )
+    for key in ("max_batch_size", "vattention_retain_pages"):
+        value = getattr(allocator, key)
+        least = 1 if key == "max_batch_size" else 0
+        _require(
+            value is None or value >= least,
+            f"allocator.{key}={value}: must be >= {least} (or null for "
+            f"{'scheduler.max_num_seqs' if least else 'every page'})",
+        )
+    _require(
+        allocator.vattention_map_latency_s >= 0,
+        f"allocator.vattention_map_latency_s={allocator.vattention_map_latency_s}: must be >= 0 "
+        "seconds",
+    )
+
+
+def check_pages_hold_a_token(cfg: KvbenchConfig, deployment: Deployment) -> None:
+    """A vattention page must hold at least one token of one layer's K (or V) on one GPU."""
+    for name in cfg.allocators:
+        page_bytes = page_bytes_of(name, cfg.allocator.page_bytes)
+        _require(
+            page_bytes is None or deployment.tokens_per_page(page_bytes) >= 1,
+            f"allocators contains {name!r}: a {page_bytes}-byte page holds no token of "
+            f"model={deployment.model.name} on one GPU; use a larger allocator.page_bytes",
+        )
 
 
 def _check_num_gpu_blocks(num_gpu_blocks: int | None) -> None:

@@ -28,7 +28,11 @@ from kvbench.allocators.contiguous import (
 )
 from kvbench.allocators.paged import PagedAllocator
 from kvbench.allocators.prefix_cache import PrefixCache
-from kvbench.allocators.vattention import VAttentionAllocator, VAttentionSettings
+from kvbench.allocators.vattention import (
+    VATTENTION_PAGE_NAMES,
+    VAttentionAllocator,
+    VAttentionSettings,
+)
 
 # name -> factory(num_slots, block_size, max_model_len); contiguous allocators ignore block_size.
 _FACTORIES: dict[str, Callable[[int, int, int], Allocator]] = {
@@ -50,6 +54,8 @@ _FACTORIES: dict[str, Callable[[int, int, int], Allocator]] = {
 }
 
 ALLOCATOR_NAMES: tuple[str, ...] = tuple(_FACTORIES)
+# Names a run may also list: vattention with its page size fixed (vattention_64k, ..., _2m).
+ALLOCATOR_VARIANTS: tuple[str, ...] = VATTENTION_PAGE_NAMES
 
 
 def make_allocator(
@@ -66,8 +72,10 @@ def make_allocator(
     use 1. ``vattention`` sets the ``vattention`` allocator's pages and spans (ignored by the
     others). ValueError names the allowed names when ``name`` is unknown.
     """
-    if name == "vattention" and vattention is not None:
+    if name.startswith("vattention") and vattention is not None:
         return VAttentionAllocator(num_slots, max_model_len, vattention)
+    if name in ALLOCATOR_VARIANTS:
+        name = "vattention"  # without settings, pages of block_size tokens like plain vattention
     factory = _FACTORIES.get(name)
     if factory is None:
         raise ValueError(f"unknown allocator {name!r}; allowed: {', '.join(ALLOCATOR_NAMES)}")
@@ -76,6 +84,7 @@ def make_allocator(
 
 __all__ = [
     "ALLOCATOR_NAMES",
+    "ALLOCATOR_VARIANTS",
     "Allocator",
     "CohortAllocator",
     "CopyOnWriteCounter",

@@ -32,6 +32,21 @@ KIB = 1024
 # The page sizes vAttention supports: 2 MiB with the stock CUDA driver (cuMemCreate's smallest
 # granularity), 64/128/256 KiB with its modified open-source UVM driver.
 PAGE_BYTES_CHOICES = (64 * KIB, 128 * KIB, 256 * KIB, 2048 * KIB)
+# Allocator names that fix the page size (``vattention`` alone takes ``allocator.page_bytes``), so
+# one run can compare page sizes: vattention_64k, vattention_128k, vattention_256k, vattention_2m.
+PAGE_SUFFIXES = {"64k": 64 * KIB, "128k": 128 * KIB, "256k": 256 * KIB, "2m": 2048 * KIB}
+VATTENTION_PAGE_NAMES = tuple(f"vattention_{suffix}" for suffix in PAGE_SUFFIXES)
+
+
+def page_bytes_of(name: str, default_page_bytes: int) -> int | None:
+    """The page size the allocator called ``name`` uses: its suffix's, ``default_page_bytes``
+    for plain ``vattention``, None for an allocator that is not vAttention."""
+    if name == "vattention":
+        return default_page_bytes
+    prefix, _, suffix = name.partition("_")
+    if prefix == "vattention" and suffix in PAGE_SUFFIXES:
+        return PAGE_SUFFIXES[suffix]
+    return None
 
 
 @dataclass(frozen=True)
