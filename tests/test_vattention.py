@@ -146,7 +146,7 @@ def test_the_fast_path_gives_the_step_by_step_records_with_spans_and_idle_pages(
     assert max(results[0].steps.columns["batch_size"]) == 24  # the spans bind
 
 
-def test_page_mapping_is_priced_synchronously_or_hidden_behind_decode() -> None:
+def test_page_mapping_is_priced_synchronously_or_hidden_behind_the_iteration() -> None:
     base = RooflineCostModel(LLAMA3_8B)
     # 2 MiB pages: 1,024 tokens; 64 pages (K and V of 32 layers) of 20 us per page group.
     mapping = PageMapping(tokens_per_page=1024, pages_per_group=64, latency_s_per_page=20e-6,
@@ -159,14 +159,16 @@ def test_page_mapping_is_priced_synchronously_or_hidden_behind_decode() -> None:
     overlapped = RooflineCostModel(LLAMA3_8B, page_mapping=replace(mapping, overlapped=True))
     assert body_s > decode_map_s
     assert overlapped.iteration_time_s(decode) == body_s  # hidden behind the iteration
-    # Prefill pages are mapped before the iteration in both modes: 1,024 tokens, 64 pages.
+    # A 1,024-token prefill maps 64 pages (1.28 ms): added when synchronous, hidden when not.
     prefill = IterationShape(1024, 1024 * 1025 // 2, 0, 0)
-    for model in (sync, overlapped):
-        assert model.iteration_time_s(prefill) == pytest.approx(
-            base.iteration_time_s(prefill) + 64 * 20e-6
-        )
+    prefill_s = base.iteration_time_s(prefill)
+    assert sync.iteration_time_s(prefill) == pytest.approx(prefill_s + 64 * 20e-6)
+    assert overlapped.iteration_time_s(prefill) == prefill_s
+    # Mapping that outlasts the iteration shows through: 64 KiB pages at 1 ms a page.
+    slow = RooflineCostModel(LLAMA3_8B, page_mapping=PageMapping(32, 64, 1e-3, overlapped=True))
+    assert slow.iteration_time_s(decode) == pytest.approx(64 / 32 * 64 * 1e-3)
     # The fast path's function gives the same floats.
-    for model in (sync, overlapped):
+    for model in (sync, overlapped, slow):
         assert model.decode_time_fn(64)(64 * 1000) == model.iteration_time_s(decode)
 
 

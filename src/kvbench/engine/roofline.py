@@ -74,14 +74,17 @@ class RooflineTerms:
 
 @dataclass(frozen=True, slots=True)
 class PageMapping:
-    """What mapping vAttention's physical pages costs an iteration (``docs/cost_model.md``).
+    """What mapping vAttention's physical pages costs an iteration (``docs/kv_designs.md``).
 
     A request's K/V grows into a new page group every ``tokens_per_page`` tokens: one
     ``cuMemMap`` per layer and K/V tensor (``pages_per_group``), on every GPU at once. Priced at
-    its expectation, ``tokens / tokens_per_page x pages_per_group x latency_s_per_page``. Prefill
-    pages are mapped before the iteration runs (vAttention's ``step_async`` maps them
-    synchronously); decode pages are mapped by a background thread while the previous iteration
-    computes when ``overlapped`` (they cost only what exceeds the iteration), else before it.
+    its expectation, ``tokens / tokens_per_page x pages_per_group x latency_s_per_page``, for the
+    iteration's new tokens. Synchronous (vAttention's ``_sync`` backends): before the iteration
+    runs, so it adds up. ``overlapped`` (its default ``step_async``): a background thread maps the
+    next iteration's pages ahead while this one computes, and a new request mostly takes over an
+    idle span's pages (deferred reclamation), so the mapping costs only what exceeds the
+    iteration. (vAttention's own code maps a prefill's missing pages synchronously, a path its
+    comments expect "not to get triggered frequently" with those optimizations.)
     """
 
     tokens_per_page: int
@@ -93,13 +96,11 @@ class PageMapping:
         """Seconds of mapping the pages ``num_tokens`` new tokens need, on average."""
         return num_tokens / self.tokens_per_page * self.pages_per_group * self.latency_s_per_page
 
-    def with_mapping_s(
-        self, body_s: float, num_prefill_tokens: int, num_decode_tokens: int
-    ) -> float:
-        """An iteration of ``body_s`` seconds with its pages mapped."""
-        decode_s = self.mapping_s(num_decode_tokens)
-        decode_part_s = max(body_s, decode_s) if self.overlapped else body_s + decode_s
-        return decode_part_s + self.mapping_s(num_prefill_tokens)
+    def with_mapping_s(self, body_s: float, num_tokens: int) -> float:
+        """An iteration of ``body_s`` seconds that writes ``num_tokens`` new tokens, its pages
+        mapped."""
+        mapping_s = self.mapping_s(num_tokens)
+        return max(body_s, mapping_s) if self.overlapped else body_s + mapping_s
 
 
 @dataclass(frozen=True)
@@ -147,9 +148,7 @@ class RooflineCostModel:
             return 0.0
         if self.page_mapping is not None:
             body_s = self._body_time_s(shape, num_tokens)
-            return self.page_mapping.with_mapping_s(
-                body_s, shape.num_prefill_tokens, shape.num_decode_tokens
-            )
+            return self.page_mapping.with_mapping_s(body_s, num_tokens)
         return self._body_time_s(shape, num_tokens)
 
     def _body_time_s(self, shape: IterationShape, num_tokens: int) -> float:
@@ -174,7 +173,7 @@ class RooflineCostModel:
             return body_time_s
 
         def time_s(decode_context_tokens: int) -> float:
-            return mapping.with_mapping_s(body_time_s(decode_context_tokens), 0, num_decode_tokens)
+            return mapping.with_mapping_s(body_time_s(decode_context_tokens), num_decode_tokens)
 
         return time_s
 
