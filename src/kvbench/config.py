@@ -193,6 +193,9 @@ class EquivalenceConfig:
     # contiguous cache and read by the stock SDPA attention (must be bit-identical).
     backends: list[str] = MISSING
     dtype: str = MISSING
+    # K/V storage dtype of the paged pools: None (the model's, ``dtype``) or fp8 (e4m3, scale 1),
+    # compared with the stock cache in ``dtype`` (argmax agreement, KL per step).
+    kv_dtype: str | None = MISSING
 
 
 @dataclass
@@ -556,6 +559,11 @@ def _check_equivalence(settings: EquivalenceConfig) -> None:
                 value in allowed,
                 f"equivalence.{key} contains {value!r}: allowed are {', '.join(allowed)}",
             )
+    _require(
+        settings.kv_dtype in (None, "fp8"),
+        f"equivalence.kv_dtype={settings.kv_dtype!r}: allowed are fp8 (or null for "
+        f"equivalence.dtype, {settings.dtype})",
+    )
     for key in ("num_prompts", "num_decode_steps", "num_samples"):
         value = getattr(settings, key)
         _require(value >= 1, f"equivalence.{key}={value}: must be >= 1")
