@@ -10,7 +10,13 @@ kvbench.kernels``. Modules here import each other relatively and nothing from th
 so ``kernels/gpu_check.py`` can load the folder standalone on a machine without hydra.
 """
 
-from .bench_batch import DecodeBatch, compact_block_ids, materialize_batch, scattered_block_tables
+from .bench_batch import (
+    DecodeBatch,
+    compact_block_ids,
+    materialize_batch,
+    scattered_block_tables,
+    virtual_spans,
+)
 from .block_copy import copy_blocks
 from .csr import CsrPageTable, to_csr_page_table
 from .deal import block_stream, deal_block_tables
@@ -47,5 +53,6 @@ __all__ = [
     "time_pair",
     "to_csr_page_table",
     "to_paged_layout",
+    "virtual_spans",
     "write_kv",
 ]

@@ -108,3 +108,23 @@ def materialize_batch(
     valid = torch.arange(max_len, device=device)[None, :] < layout.context_lens[:, None].long()
     write_kv(key[valid], value[valid], key_cache, value_cache, slots, backend="torch")
     return DecodeBatch(query, key, value, key_cache, value_cache, layout, max_len)
+
+
+def virtual_spans(batch: DecodeBatch, span_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The batch's K/V in vAttention's layout: each sequence at the start of its own span of
+    ``span_tokens`` tokens (the model's maximum length) in one tensor of spans, read through a
+    view of the first ``max_context_len`` tokens of each span.
+
+    Returns (key, value), each [num_seqs, max_context_len, num_kv_heads, head_dim], contiguous
+    within a sequence and ``span_tokens`` rows apart between sequences: what the contiguous
+    kernel reads under vAttention (on a GPU only the mapped pages of a span are physical memory).
+    """
+    num_seqs, max_len, num_kv_heads, head_dim = batch.key.shape
+    if span_tokens < max_len:
+        raise ValueError(f"span_tokens={span_tokens}: shorter than the batch's {max_len} tokens")
+    shape = (num_seqs, span_tokens, num_kv_heads, head_dim)  # [num_seqs, span, heads, head_dim]
+    key_spans = torch.zeros(shape, dtype=batch.key.dtype, device=batch.key.device)
+    value_spans = torch.zeros_like(key_spans)
+    key_spans[:, :max_len] = batch.key
+    value_spans[:, :max_len] = batch.value
+    return key_spans[:, :max_len], value_spans[:, :max_len]

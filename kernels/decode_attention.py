@@ -18,6 +18,9 @@ from .tiling import plan_splits
 
 BACKENDS = ("triton", "torch")
 STORAGE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+# fp8 K/V (e4m3, vLLM's kv_cache_dtype=fp8): stored in one byte, dequantized on load, times the
+# per-tensor scales k_scale/v_scale, to the query's dtype.
+FP8_KV_DTYPE = torch.float8_e4m3fn
 
 
 def _check_common(
@@ -30,10 +33,11 @@ def _check_common(
             f"shapes: query {tuple(query.shape)} must be [num_seqs, num_q_heads, head_dim], "
             f"key {tuple(key.shape)} and value {tuple(value.shape)} equal 4-d"
         )
-    if not query.dtype == key.dtype == value.dtype or query.dtype not in STORAGE_DTYPES:
+    kv_ok = key.dtype == value.dtype and key.dtype in (query.dtype, FP8_KV_DTYPE)
+    if not kv_ok or query.dtype not in STORAGE_DTYPES:
         raise ValueError(
             f"dtypes: query {query.dtype}, key {key.dtype}, value {value.dtype}: must be one of "
-            f"{', '.join(map(str, STORAGE_DTYPES))}, all the same"
+            f"{', '.join(map(str, STORAGE_DTYPES))}, all the same (or K/V in {FP8_KV_DTYPE})"
         )
     num_q_heads, head_dim = query.shape[1], query.shape[2]
     num_kv_heads = key.shape[2]
@@ -69,6 +73,8 @@ def paged_decode_attention(
     *,
     max_context_len: int | None = None,
     num_splits: int | None = None,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> torch.Tensor:
     """One decode step of attention, reading K/V through per-sequence block tables.
 
@@ -88,6 +94,9 @@ def paged_decode_attention(
             identical plan.
         num_splits: programs per (sequence, KV head) along the context (default: enough to fill
             the device).
+        k_scale, v_scale: per-tensor scales of fp8 K/V (``FP8_KV_DTYPE``): a stored element
+            ``e`` means ``e x scale``, dequantized on load to the query's dtype (vLLM's fp8 KV
+            cache); ignored for K/V in the query's dtype.
 
     Returns:
         [num_seqs, num_q_heads, head_dim] in the query's dtype; accumulation is fp32.
@@ -103,13 +112,14 @@ def paged_decode_attention(
     scale = _scale(scale, query.shape[2])
     if backend == "torch":
         loader = paged_tile_loader(key_cache, value_cache, block_tables)
-        return torch_decode(query, context_lens, loader, bound, scale)
+        return torch_decode(query, context_lens, loader, bound, scale, kv_scales=(k_scale, v_scale))
     from .decode_triton import num_programs_wanted, triton_decode  # triton imported lazily
 
     plan = plan_splits(
         num_seqs, key_cache.shape[2], bound, num_programs_wanted(query.device), num_splits
     )
-    return triton_decode(query, key_cache, value_cache, block_tables, context_lens, scale, plan)
+    return triton_decode(query, key_cache, value_cache, block_tables, context_lens, scale, plan,
+                         kv_scales=(k_scale, v_scale))  # fmt: skip
 
 
 def contiguous_decode_attention(
@@ -122,6 +132,8 @@ def contiguous_decode_attention(
     *,
     max_context_len: int | None = None,
     num_splits: int | None = None,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> torch.Tensor:
     """One decode step of attention over per-sequence contiguous K/V (the naive layout).
 
@@ -130,7 +142,7 @@ def contiguous_decode_attention(
         key, value: [num_seqs, max_len, num_kv_heads, head_dim]: sequence ``i``'s tokens are
             ``key[i, :context_lens[i]]``.
         context_lens: int32 [num_seqs], each in ``[1, max_len]``.
-        scale, backend, num_splits: as ``paged_decode_attention``.
+        scale, backend, num_splits, k_scale, v_scale: as ``paged_decode_attention``.
         max_context_len: bound on ``context_lens`` (default ``max_len``).
 
     Returns:
@@ -144,8 +156,10 @@ def contiguous_decode_attention(
     bound = max_context_len or key.shape[1]
     scale = _scale(scale, query.shape[2])
     if backend == "torch":
-        return torch_decode(query, context_lens, contiguous_tile_loader(key, value), bound, scale)
+        return torch_decode(query, context_lens, contiguous_tile_loader(key, value), bound, scale,
+                            kv_scales=(k_scale, v_scale))  # fmt: skip
     from .decode_triton import num_programs_wanted, triton_decode  # triton imported lazily
 
     plan = plan_splits(num_seqs, key.shape[2], bound, num_programs_wanted(query.device), num_splits)
-    return triton_decode(query, key, value, None, context_lens, scale, plan)
+    return triton_decode(query, key, value, None, context_lens, scale, plan,
+                         kv_scales=(k_scale, v_scale))  # fmt: skip

@@ -59,10 +59,17 @@ def contiguous_tile_loader(key: torch.Tensor, value: torch.Tensor) -> TileLoader
     def load(tile_start: int, tile_end: int) -> tuple[torch.Tensor, torch.Tensor]:
         if tile_end <= max_len:
             return key[:, tile_start:tile_end], value[:, tile_start:tile_end]
-        # A tile overhanging the extent: pad with zeros (masked out below).
+        # A tile overhanging the extent: pad with zeros (masked out below). fp8 has no pad
+        # kernel: pad its bytes (0x00 is +0.0 in e4m3).
         pad = (0, 0, 0, 0, 0, tile_end - max_len)
-        tail_key = torch.nn.functional.pad(key[:, tile_start:], pad)
-        return tail_key, torch.nn.functional.pad(value[:, tile_start:], pad)
+
+        def padded(tensor: torch.Tensor) -> torch.Tensor:
+            if tensor.element_size() == 1 and tensor.is_floating_point():
+                bytes_view = tensor[:, tile_start:].view(torch.uint8)
+                return torch.nn.functional.pad(bytes_view, pad).view(tensor.dtype)
+            return torch.nn.functional.pad(tensor[:, tile_start:], pad)
+
+        return padded(key), padded(value)
 
     return load
 
@@ -74,11 +81,14 @@ def torch_decode(
     max_context_len: int,
     scale: float,
     tile_tokens: int = TILE_TOKENS,
+    kv_scales: tuple[float, float] = (1.0, 1.0),
 ) -> torch.Tensor:
     """Tiled online-softmax decode attention; returns [num_seqs, num_q_heads, head_dim].
 
     query [num_seqs, num_q_heads, head_dim]; context_lens [num_seqs]; ``load_tile`` yields K/V
     tiles of the layout; ``max_context_len`` bounds the tiles walked (>= every context length).
+    K/V stored in fp8 are dequantized on load: times ``kv_scales`` (K, V), rounded to the query's
+    dtype, as the Triton kernel does.
     """
     num_seqs, num_q_heads, head_dim = query.shape
     storage_dtype = query.dtype
@@ -91,6 +101,9 @@ def torch_decode(
         tile_end = tile_start + tile_tokens
         # key, value: [num_seqs, tile, num_kv_heads, head_dim]
         key, value = load_tile(tile_start, tile_end)
+        if key.element_size() == 1:  # fp8: dequantize on load, to the query's dtype
+            key = (key.float() * kv_scales[0]).to(storage_dtype)
+            value = (value.float() * kv_scales[1]).to(storage_dtype)
         num_kv_heads = key.shape[2]
         # [num_seqs, num_kv_heads, group, head_dim]: query heads grouped by the KV head they read.
         grouped_query = query.float().view(num_seqs, num_kv_heads, -1, head_dim)

@@ -49,6 +49,8 @@ def _decode_split_kernel(
     out_ptr,  # [num_seqs, num_q_heads, num_splits, head_dim]: fp32 partials, or the output
     lse_ptr,  # [num_seqs, num_q_heads, num_splits] fp32: log-sum-exp of each split's scores
     scale,
+    k_scale,  # fp8 K/V: dequantization scales (read only when KV_FP8)
+    v_scale,
     split_tokens,
     stride_q_seq,
     stride_q_head,
@@ -69,6 +71,7 @@ def _decode_split_kernel(
     BLOCK_SIZE: tl.constexpr,
     PAGED: tl.constexpr,
     DOT_FP32: tl.constexpr,
+    KV_FP8: tl.constexpr,
 ):
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -109,6 +112,9 @@ def _decode_split_kernel(
         kv_mask = token_mask[:, None] & dim_mask[None, :]
         key = tl.load(key_ptr + kv_offsets, mask=kv_mask, other=0.0)  # [TILE, PADDED_HEAD_DIM]
         value = tl.load(value_ptr + kv_offsets, mask=kv_mask, other=0.0)  # [TILE, PADDED_HEAD_DIM]
+        if KV_FP8:  # dequantize on load: one byte per element in memory, the query's dtype after
+            key = (key.to(tl.float32) * k_scale).to(query.dtype)
+            value = (value.to(tl.float32) * v_scale).to(query.dtype)
 
         scores = _dot(query, tl.trans(key), DOT_FP32) * scale  # [PADDED_GROUP, TILE]
         scores = tl.where(token_mask[None, :], scores, float("-inf"))
@@ -201,6 +207,7 @@ def triton_decode(
     context_lens: torch.Tensor,
     scale: float,
     plan: SplitPlan,
+    kv_scales: tuple[float, float] = (1.0, 1.0),
 ) -> torch.Tensor:
     """Decode attention over a paged (``block_tables`` given) or contiguous K/V; see the module.
 
@@ -232,7 +239,7 @@ def triton_decode(
     dot_fp32 = query.dtype == torch.float32 or query.device.type == "cpu"
     _decode_split_kernel[(num_seqs, num_kv_heads, plan.num_splits)](
         query, key, value, tables, context_lens, partial, lse,
-        scale, plan.split_tokens,
+        scale, kv_scales[0], kv_scales[1], plan.split_tokens,
         query.stride(0), query.stride(1),
         key.stride(0), key.stride(1), key.stride(2),
         tables.stride(0),
@@ -246,6 +253,7 @@ def triton_decode(
         BLOCK_SIZE=key.shape[1] if paged else 1,
         PAGED=paged,
         DOT_FP32=dot_fp32,
+        KV_FP8=key.element_size() == 1,
         num_warps=NUM_WARPS,
         num_stages=NUM_STAGES,
     )  # fmt: skip

@@ -16,7 +16,7 @@ from kvbench.allocators import (
 def test_names_in_report_order() -> None:
     assert ALLOCATOR_NAMES == (
         "naive_max", "naive_pow2", "naive_oracle", "paged", "paged_prefix", "radix",
-        "paged_hybrid",
+        "paged_hybrid", "vattention",
     )  # fmt: skip
 
 
@@ -26,7 +26,8 @@ def test_make_allocator_builds_each_by_name(name: str) -> None:
     assert isinstance(allocator, Allocator)
     assert allocator.name == name
     assert allocator.num_slots == 1000
-    assert allocator.block_size == (16 if name.startswith("paged") else 1)
+    # vattention's pages hold block_size tokens unless its settings say otherwise.
+    assert allocator.block_size == (16 if name.startswith("paged") or name == "vattention" else 1)
     assert allocator.usage().num_slots == 1000
 
 
@@ -37,7 +38,8 @@ def test_each_declares_its_abilities(name: str) -> None:
     is_paged = name.startswith("paged")
     assert (allocator.prefix_cache is not None) == (name in ("paged_prefix", "radix"))
     assert allocator.forks_share_blocks == is_paged
-    assert isinstance(allocator, CopyOnWriteCounter) == is_paged
+    # vattention keeps paged's block pool underneath (a counter that stays 0: it never shares).
+    assert isinstance(allocator, CopyOnWriteCounter) == (is_paged or name == "vattention")
     # paged_hybrid's sliding groups free blocks as the sequences grow: no lazy rounds (yet).
     assert isinstance(allocator, CohortAllocator) == (name != "paged_hybrid")
 

@@ -211,3 +211,24 @@ def test_kvbench_and_vllm_build_the_same_groups_and_hybrid_pool(model: str) -> N
     assert [(g.window_tokens, g.num_layers) for g in layout.groups] == vllm_group_layer_counts(
         deployment, 16
     )
+
+
+@pytest.mark.parametrize("model", ["llama-3-8b", "llama-2-70b", "opt-13b"])
+@peer
+def test_kvbench_and_vllm_size_the_same_fp8_pool(model: str) -> None:
+    # vLLM's cache_dtype=fp8 stores one byte per K/V element: its blocks are half the bytes, and
+    # kvbench's model.kv_dtype=fp8 must count the same pool.
+    from dataclasses import replace
+
+    from kvbench.referee.vllm_capacity import vllm_num_gpu_blocks, vllm_startup_figures_of
+
+    compared = 0
+    for deployment, block_size in _deployments(model):
+        fp8 = replace(deployment, model=replace(deployment.model, kv_dtype="fp8"))
+        where = f"fp8, {fp8.num_gpus}x {fp8.hardware.name}, block {block_size}"
+        assert num_gpu_blocks(fp8, block_size) == vllm_num_gpu_blocks(fp8, block_size), where
+        assert deployment_startup_figures(fp8, block_size) == vllm_startup_figures_of(
+            fp8, block_size
+        ), where
+        compared += 1
+    assert compared >= 2

@@ -57,3 +57,30 @@ def test_bad_equivalence_values_give_one_line(override, expected):
     with pytest.raises(ConfigError, match=expected.replace("[", r"\[")) as error:
         compose_config("experiment=logit_equivalence", override)
     assert "\n" not in str(error.value)
+
+
+def test_an_fp8_kv_run_reports_its_agreement_and_kl_per_step(tmp_path, capsys):
+    cfg, deployment, raw = compose_config(*SMALL, "equivalence.kv_dtype=fp8",
+                                          "equivalence.allocators=[paged]", "plots=false")
+    table = run_logit_equivalence(cfg, deployment, raw, tmp_path)
+    assert list(table.columns) == list(EQUIVALENCE_COLUMNS)
+    assert set(table["kv_dtype"]) == {"fp8"} and set(table["dtype"]) == {"fp32"}
+    # fp8 rounding (2^-4 relative) moves the logits far past the fp32 tolerance, but not to noise.
+    assert table["max_rel_diff"].max() > 1e-4
+    assert table["kl_div"].notna().all() and (table["kl_div"] >= -1e-12).all()
+    assert table["kl_div"].max() > 0
+    printed = capsys.readouterr().out
+    assert "FP8 paged/torch: argmax agreement" in printed and "PASS" not in printed
+
+
+def test_the_stock_kl_of_an_fp32_run_is_zero_where_the_logits_are_identical(tmp_path):
+    cfg, deployment, raw = compose_config(*SMALL, "equivalence.allocators=[paged]",
+                                          "equivalence.backends=[gather]", "plots=false")
+    table = run_logit_equivalence(cfg, deployment, raw, tmp_path)
+    assert (table["max_abs_diff"] == 0).all() and (table["kl_div"] == 0).all()
+    assert set(table["kv_dtype"]) == {"fp32"}
+
+
+def test_a_kv_dtype_the_pools_cannot_store_is_a_config_error():
+    with pytest.raises(ConfigError, match=r"equivalence.kv_dtype='int8': allowed are fp8"):
+        compose_config(*SMALL, "equivalence.kv_dtype=int8")

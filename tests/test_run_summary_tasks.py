@@ -25,7 +25,8 @@ EQUIVALENCE = (
 def kernel_rows(*cells):
     return pd.DataFrame([
         {"device": "cpu", "backend": "torch", "block_size": block, "batch_size": 8,
-         "context_len": context, "overhead_pct": overhead}
+         "context_len": context, "overhead_pct": overhead,
+         "virtual_overhead_pct": overhead + 1.0}
         for block, context, overhead in cells
     ])  # fmt: skip
 
@@ -39,6 +40,10 @@ def test_the_overhead_table_is_block_size_by_context_length():
     assert text.splitlines()[0] == ("kernel overhead: paged vs contiguous decode attention, torch "
                                     "on cpu, batch 8: paged time / contiguous time - 1, in %")
     assert text.splitlines()[2].split() == ["block", "size", "256", "tok", "512", "tok"]
+    # Then the same table against vAttention's virtual-contiguous layout.
+    virtual = text.split("\n\n")[2:]
+    assert virtual[0].startswith("paged vs virtual-contiguous")
+    assert virtual[1].splitlines()[1].split() == ["8", "+13.0", "-"]
 
 
 def test_a_kernel_run_prints_its_overhead_and_writes_its_report(tmp_path, capsys):

@@ -19,10 +19,11 @@ from typing import Any, cast, get_args, get_origin, get_type_hints
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
 
-from kvbench.allocators import ALLOCATOR_NAMES
+from kvbench.allocators import ALLOCATOR_NAMES, ALLOCATOR_VARIANTS
+from kvbench.allocators.vattention import PAGE_BYTES_CHOICES, page_bytes_of
 from kvbench.core.catalog import deployment_from
 from kvbench.core.kv_capacity import NUM_NULL_BLOCKS
-from kvbench.core.specs import DTYPE_BYTES, Deployment
+from kvbench.core.specs import DTYPE_BYTES, KV_DTYPES, Deployment
 from kvbench.engine.scheduler import POLICIES, PREEMPTION_MODES
 from kvbench.plots import CHART_FORMATS
 from kvbench.tasks.equivalence import names as equivalence_names
@@ -59,6 +60,8 @@ class ModelConfig:
     num_active_parameters: float | None = MISSING
     attention_pattern: list[str] = MISSING
     sliding_window: int | None = MISSING
+    # KV-cache storage dtype (core.specs.KV_DTYPES); None: the model's dtype.
+    kv_dtype: str | None = MISSING
 
 
 @dataclass
@@ -93,6 +96,17 @@ class AllocatorConfig:
     # CPU memory (GiB, over all GPUs of the deployment) holding the prefix blocks the GPU cache
     # evicts, for paged_prefix and radix (vLLM's CPU offloading, LMCache); 0: no CPU tier.
     cpu_cache_gib: float = MISSING
+    # vattention: bytes of one physical page (64/128/256 KiB, 2 MiB); vattention_64k ... _2m fix it.
+    page_bytes: int = MISSING
+    # vattention: virtual spans, i.e. requests that can run at once; None: scheduler.max_num_seqs.
+    max_batch_size: int | None = MISSING
+    # vattention: page groups a finished request's span keeps mapped for its next request
+    # (deferred reclamation, reclaimed on demand); None: all of them.
+    vattention_retain_pages: int | None = MISSING
+    # vattention: map decode pages in the background while the previous iteration computes.
+    vattention_overlap_mapping: bool = MISSING
+    # vattention: seconds to map one physical page (one layer's K or V tensor on one GPU).
+    vattention_map_latency_s: float = MISSING
 
 
 @dataclass
@@ -199,6 +213,9 @@ class EquivalenceConfig:
     # contiguous cache and read by the stock SDPA attention (must be bit-identical).
     backends: list[str] = MISSING
     dtype: str = MISSING
+    # K/V storage dtype of the paged pools: None (the model's, ``dtype``) or fp8 (e4m3, scale 1),
+    # compared with the stock cache in ``dtype`` (argmax agreement, KL per step).
+    kv_dtype: str | None = MISSING
 
 
 @dataclass
@@ -265,6 +282,7 @@ def validate_config(cfg: DictConfig | dict[str, Any]) -> tuple[KvbenchConfig, De
         deployment.check_fits()
     except ValueError as error:
         raise ConfigError(str(error)) from None
+    check_pages_hold_a_token(typed, deployment)
     return typed, deployment
 
 
@@ -387,14 +405,16 @@ def _check_values(cfg: KvbenchConfig) -> None:
     _check_plot_formats(cfg.plot_formats)
     for name in cfg.allocators:
         _require(
-            name in ALLOCATOR_NAMES,
-            f"allocators contains {name!r}: allowed allocators are {', '.join(ALLOCATOR_NAMES)}",
+            name in ALLOCATOR_NAMES or name in ALLOCATOR_VARIANTS,
+            f"allocators contains {name!r}: allowed allocators are "
+            f"{', '.join(ALLOCATOR_NAMES + ALLOCATOR_VARIANTS)}",
         )
     _require(len(cfg.allocators) > 0, "allocators=[]: name at least one allocator")
     for rate in cfg.request_rates:
         _require(rate > 0, f"request_rates contains {rate}: rates are request/s and must be > 0")
     _check_workload_request_rates(cfg)
     _check_hardware(cfg.hardware)
+    _check_vattention(cfg.allocator)
     _check_scheduler(cfg.scheduler)
     if cfg.scheduler.name == "vllm_v1":
         _check_v1_run(cfg)
@@ -404,6 +424,11 @@ def _check_values(cfg: KvbenchConfig) -> None:
     _require(
         cfg.model.dtype in DTYPE_BYTES,
         f"model.dtype={cfg.model.dtype!r}: allowed dtypes are {', '.join(DTYPE_BYTES)}",
+    )
+    _require(
+        cfg.model.kv_dtype is None or cfg.model.kv_dtype in KV_DTYPES,
+        f"model.kv_dtype={cfg.model.kv_dtype!r}: allowed are {', '.join(KV_DTYPES)} (or null for "
+        f"the model's {cfg.model.dtype})",
     )
     for label, workload in run_workloads(cfg).items():
         try:
@@ -455,6 +480,39 @@ def _check_cpu_cache(cfg: KvbenchConfig) -> None:
         f"allocator.cpu_cache_gib={cpu_cache_gib}: a CPU tier holds evicted prefix blocks, and "
         f"none of allocators={cfg.allocators} caches prefixes: add paged_prefix or radix",
     )
+
+
+def _check_vattention(allocator: AllocatorConfig) -> None:
+    choices = ", ".join(str(size) for size in PAGE_BYTES_CHOICES)
+    _require(
+        allocator.page_bytes in PAGE_BYTES_CHOICES,
+        f"allocator.page_bytes={allocator.page_bytes}: vAttention's pages are {choices} bytes "
+        "(64, 128, 256 KiB or 2 MiB)",
+    )
+    for key in ("max_batch_size", "vattention_retain_pages"):
+        value = getattr(allocator, key)
+        least = 1 if key == "max_batch_size" else 0
+        _require(
+            value is None or value >= least,
+            f"allocator.{key}={value}: must be >= {least} (or null for "
+            f"{'scheduler.max_num_seqs' if least else 'every page'})",
+        )
+    _require(
+        allocator.vattention_map_latency_s >= 0,
+        f"allocator.vattention_map_latency_s={allocator.vattention_map_latency_s}: must be >= 0 "
+        "seconds",
+    )
+
+
+def check_pages_hold_a_token(cfg: KvbenchConfig, deployment: Deployment) -> None:
+    """A vattention page must hold at least one token of one layer's K (or V) on one GPU."""
+    for name in cfg.allocators:
+        page_bytes = page_bytes_of(name, cfg.allocator.page_bytes)
+        _require(
+            page_bytes is None or deployment.tokens_per_page(page_bytes) >= 1,
+            f"allocators contains {name!r}: a {page_bytes}-byte page holds no token of "
+            f"model={deployment.model.name} on one GPU; use a larger allocator.page_bytes",
+        )
 
 
 def _check_num_gpu_blocks(num_gpu_blocks: int | None) -> None:
@@ -552,6 +610,11 @@ def _check_equivalence(settings: EquivalenceConfig) -> None:
                 value in allowed,
                 f"equivalence.{key} contains {value!r}: allowed are {', '.join(allowed)}",
             )
+    _require(
+        settings.kv_dtype in (None, "fp8"),
+        f"equivalence.kv_dtype={settings.kv_dtype!r}: allowed are fp8 (or null for "
+        f"equivalence.dtype, {settings.dtype})",
+    )
     for key in ("num_prompts", "num_decode_steps", "num_samples"):
         value = getattr(settings, key)
         _require(value >= 1, f"equivalence.{key}={value}: must be >= 1")

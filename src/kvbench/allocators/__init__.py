@@ -3,7 +3,8 @@
 ``base`` holds the contract (the ``Allocator`` protocol, the optional abilities an allocator
 declares, ``MemoryUsage``); ``contiguous`` the Orca baselines over a ``buddy`` arena; ``paged``
 the block tables over a ``block_pool``, advanced lazily by a ``cohort``, and optionally given a
-``prefix_cache`` (keyed by ``prefix_hashes``); ``radix`` SGLang's radix tree of prefixes.
+``prefix_cache`` (keyed by ``prefix_hashes``); ``radix`` SGLang's radix tree of prefixes;
+``vattention`` the virtual spans of vAttention, paged underneath in page groups.
 
 ``make_allocator(name, ...)`` builds one by its registry name; ``ALLOCATOR_NAMES`` lists them in
 the order reports show them. ``paged_prefix`` is the ``paged`` allocator with a prefix cache.
@@ -29,6 +30,11 @@ from kvbench.allocators.paged import PagedAllocator
 from kvbench.allocators.paged_hybrid import PagedHybridAllocator
 from kvbench.allocators.prefix_cache import PrefixCache
 from kvbench.allocators.radix import RadixAllocator
+from kvbench.allocators.vattention import (
+    VATTENTION_PAGE_NAMES,
+    VAttentionAllocator,
+    VAttentionSettings,
+)
 from kvbench.core.kv_capacity import HybridPool
 
 # name -> factory(num_slots, block_size, max_model_len); contiguous allocators ignore block_size.
@@ -46,9 +52,18 @@ _FACTORIES: dict[str, Callable[[int, int, int], Allocator]] = {
     # vLLM v1's hybrid KV-cache manager; without a model's groups (make_allocator's hybrid_pool)
     # one group of full attention.
     PagedHybridAllocator.name: PagedHybridAllocator,
+    # vAttention: virtual spans with pages mapped on demand. By default a page holds block_size
+    # tokens, spans are unbounded and a finished request's pages are unmapped at once (the
+    # registry-wide tests recount it as paged); make_allocator's `vattention` settings give the
+    # run's pages, spans and deferred reclamation.
+    "vattention": lambda slots, block_size, max_len: VAttentionAllocator(
+        slots, max_len, VAttentionSettings(tokens_per_page=block_size, retain_pages=0)
+    ),
 }
 
 ALLOCATOR_NAMES: tuple[str, ...] = tuple(_FACTORIES)
+# Names a run may also list: vattention with its page size fixed (vattention_64k, ..., _2m).
+ALLOCATOR_VARIANTS: tuple[str, ...] = VATTENTION_PAGE_NAMES
 
 
 def make_allocator(
@@ -60,6 +75,7 @@ def make_allocator(
     radix_page_tokens: int = 1,
     cpu_cache_slots: int = 0,
     hybrid_pool: HybridPool | None = None,
+    vattention: VAttentionSettings | None = None,
 ) -> Allocator:
     """A fresh allocator of kind ``name`` over ``num_slots`` token slots.
 
@@ -69,8 +85,13 @@ def make_allocator(
     (whole blocks or pages); the others have no cache to offload. ``hybrid_pool``
     (``core.kv_capacity.hybrid_pool``) gives ``paged_hybrid`` the model's KV-cache groups and
     vLLM's block count, and its slots replace ``num_slots``; the other allocators ignore it.
+    ``vattention`` sets the ``vattention`` allocator's pages and spans (ignored by the others).
     ValueError names the allowed names when ``name`` is unknown.
     """
+    if name.startswith("vattention") and vattention is not None:
+        return VAttentionAllocator(num_slots, max_model_len, vattention)
+    if name in ALLOCATOR_VARIANTS:
+        name = "vattention"  # without settings, pages of block_size tokens like plain vattention
     factory = _FACTORIES.get(name)
     if factory is None:
         raise ValueError(f"unknown allocator {name!r}; allowed: {', '.join(ALLOCATOR_NAMES)}")
@@ -90,6 +111,7 @@ def make_allocator(
 
 __all__ = [
     "ALLOCATOR_NAMES",
+    "ALLOCATOR_VARIANTS",
     "Allocator",
     "CohortAllocator",
     "CopyOnWriteCounter",
@@ -101,5 +123,7 @@ __all__ = [
     "PagedHybridAllocator",
     "PrefixCache",
     "RadixAllocator",
+    "VAttentionAllocator",
+    "VAttentionSettings",
     "make_allocator",
 ]

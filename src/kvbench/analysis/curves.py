@@ -17,6 +17,7 @@ LATENCY = "normalized_latency_s_per_token"
 # A curve's identity, less its allocator; older tables without a column are grouped without it.
 CURVE_KEYS = (
     "experiment", "workload", "model", "hardware", "num_gpus", "block_size", "preemption",
+    "kv_dtype",
 )  # fmt: skip
 REFERENCE_ALLOCATOR = "paged"
 MIN_RATES = 2

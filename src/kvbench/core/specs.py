@@ -15,6 +15,9 @@ GIB = 1024**3
 DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1}
 # A layer's attention: every token of the context ("full"), or the last ``sliding_window``.
 ATTENTION_TYPES = ("full", "sliding")
+# KV-cache storage dtypes a model may be served with (``model.kv_dtype``): 16-bit, or fp8 (e4m3,
+# vLLM's ``kv_cache_dtype=fp8``: 1 byte per element, dequantized by the attention kernel on load).
+KV_DTYPES = ("fp16", "bf16", "fp8")
 
 
 @dataclass(frozen=True)
@@ -33,7 +36,9 @@ class ModelSpec:
         num_active_parameters: parameters used per token (differs for mixture-of-experts);
             None means all of them.
         max_model_len: the longest sequence (prompt + output) the model serves, in tokens.
-        dtype: storage dtype of weights and KV cache (fp16, bf16, fp32, fp8).
+        dtype: storage dtype of the weights (fp16, bf16, fp32, fp8), and of the KV cache unless
+            ``kv_dtype`` says otherwise.
+        kv_dtype: storage dtype of the KV cache (``KV_DTYPES``), or None for ``dtype``.
         attention_pattern: the layers' attention types (``ATTENTION_TYPES``) from layer 0 on,
             repeated over the layers: ``("full",)`` for a model of full attention only,
             ``("sliding", "full")`` for Gemma-2's alternation.
@@ -54,6 +59,7 @@ class ModelSpec:
     num_active_parameters: float | None
     attention_pattern: tuple[str, ...]
     sliding_window: int | None
+    kv_dtype: str | None
 
     def __post_init__(self) -> None:
         problem = self._attention_problem()
@@ -91,13 +97,19 @@ class ModelSpec:
 
     @property
     def dtype_bytes(self) -> int:
-        """Bytes per element of the storage dtype."""
+        """Bytes per element of the weights' storage dtype."""
         return DTYPE_BYTES[self.dtype]
 
     @property
+    def kv_dtype_bytes(self) -> int:
+        """Bytes per K/V element of the KV cache's storage dtype (1 for fp8)."""
+        return DTYPE_BYTES[self.kv_dtype or self.dtype]
+
+    @property
     def kv_bytes_per_token(self) -> int:
-        """K and V of one token over all layers: 2 x layers x KV heads x head dim x dtype bytes."""
-        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.dtype_bytes
+        """K and V of one token over all layers: 2 x layers x KV heads x head dim x KV dtype
+        bytes."""
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.kv_dtype_bytes
 
     @property
     def weight_bytes(self) -> float:
@@ -170,6 +182,20 @@ class Deployment:
         """
         stored_heads = max(self.model.num_kv_heads, self.num_gpus)
         return self.model.kv_bytes_per_token * stored_heads // self.model.num_kv_heads
+
+    @property
+    def kv_heads_per_gpu(self) -> int:
+        """KV heads each GPU stores (at least one: heads are replicated when GPUs outnumber
+        them)."""
+        return max(self.model.num_kv_heads, self.num_gpus) // self.num_gpus
+
+    def tokens_per_page(self, page_bytes: int) -> int:
+        """Tokens one physical page of ``page_bytes`` holds in one layer's K (or V) tensor on one
+        GPU: ``page_bytes / (KV heads per GPU x head dim x KV dtype bytes)`` (vAttention's pages;
+        0 when a page is smaller than one token's slice)."""
+        model = self.model
+        token_bytes = self.kv_heads_per_gpu * model.head_dim * model.kv_dtype_bytes
+        return page_bytes // token_bytes
 
     @property
     def usable_bytes(self) -> float:

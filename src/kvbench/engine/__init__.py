@@ -5,7 +5,7 @@ No file I/O, no torch, no plotting: requests in, records out.
 
 from kvbench.engine.cost_model import CostModel, IterationShape
 from kvbench.engine.records import RequestRecord, SimulationResult, StepRecords
-from kvbench.engine.roofline import RooflineCostModel
+from kvbench.engine.roofline import PageMapping, RooflineCostModel
 from kvbench.engine.scheduler import PREEMPTION_MODES, Scheduler, SchedulerLimits
 from kvbench.engine.simulate import simulate
 
@@ -13,6 +13,7 @@ __all__ = [
     "PREEMPTION_MODES",
     "CostModel",
     "IterationShape",
+    "PageMapping",
     "RequestRecord",
     "RooflineCostModel",
     "Scheduler",

@@ -72,6 +72,37 @@ class RooflineTerms:
         return time_s
 
 
+@dataclass(frozen=True, slots=True)
+class PageMapping:
+    """What mapping vAttention's physical pages costs an iteration (``docs/kv_designs.md``).
+
+    A request's K/V grows into a new page group every ``tokens_per_page`` tokens: one
+    ``cuMemMap`` per layer and K/V tensor (``pages_per_group``), on every GPU at once. Priced at
+    its expectation, ``tokens / tokens_per_page x pages_per_group x latency_s_per_page``, for the
+    iteration's new tokens. Synchronous (vAttention's ``_sync`` backends): before the iteration
+    runs, so it adds up. ``overlapped`` (its default ``step_async``): a background thread maps the
+    next iteration's pages ahead while this one computes, and a new request mostly takes over an
+    idle span's pages (deferred reclamation), so the mapping costs only what exceeds the
+    iteration. (vAttention's own code maps a prefill's missing pages synchronously, a path its
+    comments expect "not to get triggered frequently" with those optimizations.)
+    """
+
+    tokens_per_page: int
+    pages_per_group: int
+    latency_s_per_page: float
+    overlapped: bool
+
+    def mapping_s(self, num_tokens: int) -> float:
+        """Seconds of mapping the pages ``num_tokens`` new tokens need, on average."""
+        return num_tokens / self.tokens_per_page * self.pages_per_group * self.latency_s_per_page
+
+    def with_mapping_s(self, body_s: float, num_tokens: int) -> float:
+        """An iteration of ``body_s`` seconds that writes ``num_tokens`` new tokens, its pages
+        mapped."""
+        mapping_s = self.mapping_s(num_tokens)
+        return max(body_s, mapping_s) if self.overlapped else body_s + mapping_s
+
+
 @dataclass(frozen=True)
 class RooflineCostModel:
     """Prices an iteration and a swap from a Deployment and efficiency factors (a ``CostModel``)."""
@@ -83,6 +114,8 @@ class RooflineCostModel:
     iteration_overhead_s: float = 0.002
     allreduce_latency_s: float = 1.0e-5
     attention_time_s: AttentionTimer | None = None
+    # vAttention's page mapping (None: an allocator that maps nothing at run time).
+    page_mapping: PageMapping | None = None
 
     @cached_property
     def terms(self) -> RooflineTerms:
@@ -113,6 +146,14 @@ class RooflineCostModel:
         num_tokens = shape.num_prefill_tokens + shape.num_decode_tokens
         if num_tokens == 0:
             return 0.0
+        if self.page_mapping is not None:
+            body_s = self._body_time_s(shape, num_tokens)
+            return self.page_mapping.with_mapping_s(body_s, num_tokens)
+        return self._body_time_s(shape, num_tokens)
+
+    def _body_time_s(self, shape: IterationShape, num_tokens: int) -> float:
+        """The iteration's compute and memory traffic (what ``iteration_time_s`` prices without
+        page mapping)."""
         if self.attention_time_s is not None:
             # Measured kernels replace decode attention (its FLOPs and KV reads); prefill
             # attention stays in the roofline.
@@ -126,7 +167,15 @@ class RooflineCostModel:
         a function of their summed context (identical floats: the same formula)."""
         if self.attention_time_s is not None:
             return decode_time_by_shape(self, num_decode_tokens)
-        return self.terms.time_fn(num_decode_tokens)
+        body_time_s = self.terms.time_fn(num_decode_tokens)
+        mapping = self.page_mapping
+        if mapping is None:
+            return body_time_s
+
+        def time_s(decode_context_tokens: int) -> float:
+            return mapping.with_mapping_s(body_time_s(decode_context_tokens), num_decode_tokens)
+
+        return time_s
 
     def swap_time_s(self, num_tokens: int) -> float:
         """Seconds to copy ``num_tokens`` tokens of KV over PCIe (one direction, all GPUs)."""

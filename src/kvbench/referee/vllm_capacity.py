@@ -55,7 +55,10 @@ def vllm_kv_cache_config(
     config.cache_config.kv_cache_layout = "LBNHC"
     model_config = _model_config(model.max_model_len, _config_key(deployment))
     parallel = ParallelConfig(tensor_parallel_size=deployment.num_gpus)
-    dtype = getattr(vllm.torch, _TORCH_DTYPES[model.dtype])
+    # vLLM's cache_dtype=fp8 stores K/V in one byte (its spec's dtype), whatever the weights'.
+    if model.kv_dtype == "fp8":
+        config.cache_config.cache_dtype = "fp8"
+    dtype = getattr(vllm.torch, _TORCH_DTYPES[model.kv_dtype or model.dtype])
     page = {
         "block_size": block_size,
         "num_kv_heads": model_config.get_num_kv_heads(parallel),

@@ -105,6 +105,8 @@ def _stock_on_gathered(
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     key, value = step.pool.gather(layer, step.block_table[0], step.context_len)
+    # An fp8 pool is dequantized (scale 1) to the query's dtype before SDPA.
+    key, value = key.to(query.dtype), value.to(query.dtype)
     num_new = query.shape[2]
     # [1, 1, num_new, context_len] or None. A prefill after a prefix-cache hit has fewer queries
     # than keys and needs the offset causal mask; otherwise the stock code's own choice (None:

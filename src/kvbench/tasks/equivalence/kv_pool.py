@@ -22,6 +22,8 @@ class KVPool:
         head_dim: int,
         dtype: torch.dtype,
     ) -> None:
+        """``dtype`` is the pool's storage dtype: the model's, or ``torch.float8_e4m3fn`` (K/V
+        rounded to fp8 with scale 1 on write, vLLM's uncalibrated ``kv_cache_dtype=fp8``)."""
         shape = (num_blocks, block_size, num_kv_heads, head_dim)
         # Zero-filled, not NaN-filled: the kernels read the unused rows of a sequence's last block
         # and mask their scores, but multiply them by probability 0, and 0 * NaN is NaN.
@@ -38,8 +40,10 @@ class KVPool:
             key, value: [1, num_kv_heads, num_tokens, head_dim], the model's layout.
             slots: int64 [num_tokens], pool slots; -1 leaves a token unwritten.
         """
-        token_key = key[0].transpose(0, 1).contiguous()  # [num_tokens, num_kv_heads, head_dim]
-        token_value = value[0].transpose(0, 1).contiguous()  # [num_tokens, num_kv_heads, head_dim]
+        storage = self.keys[layer].dtype  # fp8 pools round on write
+        # [num_tokens, num_kv_heads, head_dim]
+        token_key = key[0].transpose(0, 1).contiguous().to(storage)
+        token_value = value[0].transpose(0, 1).contiguous().to(storage)
         write_kv(token_key, token_value, self.keys[layer], self.values[layer], slots, "torch")
 
     def gather(

@@ -30,6 +30,7 @@ class PagedRunner:
         block_size: tokens per block.
         mode: ``paged`` (paged decode kernel) or ``gather`` (gather-into-contiguous + SDPA).
         backend: the paged kernel's backend.
+        kv_dtype: the pools' storage dtype (None: the model's; ``torch.float8_e4m3fn``: fp8 K/V).
     """
 
     def __init__(
@@ -40,6 +41,7 @@ class PagedRunner:
         block_size: int,
         mode: str = "paged",
         backend: str = "torch",
+        kv_dtype: torch.dtype | None = None,
     ) -> None:
         register_paged_attention()
         config = model.config
@@ -55,7 +57,7 @@ class PagedRunner:
         )
         self.pool = KVPool(
             config.num_hidden_layers, num_blocks, block_size, config.num_key_value_heads,
-            head_dim, model.dtype,
+            head_dim, kv_dtype or model.dtype,
         )  # fmt: skip
 
     def prefill(self, seq_id: int, request: Request, prompt_ids: list[int]) -> torch.Tensor:

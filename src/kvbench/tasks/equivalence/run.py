@@ -28,6 +28,8 @@ from kvbench.tasks.equivalence.trajectories import (
 from kvbench.tasks.simulate.run_outputs import print_files, write_task_report
 
 _TORCH_DTYPES = {"fp32": torch.float32}
+# equivalence.kv_dtype -> the pool's storage dtype (absent: the model's).
+_KV_DTYPES = {"fp8": torch.float8_e4m3fn}
 
 
 def build_cases(model_name: str, model: Any, num_prompts: int, num_samples: int,
@@ -62,11 +64,13 @@ def run_logit_equivalence(
     table = pd.DataFrame(columns=list(EQUIVALENCE_COLUMNS))
     for allocator in settings.allocators:
         for backend in settings.backends:
-            runner = _paged_runner(model, allocator, backend, num_blocks, settings.block_size)
+            runner = _paged_runner(model, allocator, backend, num_blocks, settings.block_size,
+                                   _KV_DTYPES.get(settings.kv_dtype))  # fmt: skip
             scramble_free_blocks(runner, cfg.seed)
             paged = paged_trajectories(runner, cases, steps)
             labels = {"model": settings.model, "allocator": allocator, "backend": backend,
-                      "dtype": settings.dtype}  # fmt: skip
+                      "dtype": settings.dtype,
+                      "kv_dtype": settings.kv_dtype or settings.dtype}  # fmt: skip
             rows.extend(comparison_rows(labels, paged, stock))
             table = pd.DataFrame(rows, columns=list(EQUIVALENCE_COLUMNS))
             write_table(table, output_dir / "equivalence.parquet", provenance(raw_cfg))
@@ -82,16 +86,23 @@ def run_logit_equivalence(
 
 
 def _paged_runner(
-    model: Any, allocator: str, backend: str, num_blocks: int, block_size: int
+    model: Any,
+    allocator: str,
+    backend: str,
+    num_blocks: int,
+    block_size: int,
+    kv_dtype: torch.dtype | None = None,
 ) -> PagedRunner:
-    """A runner for ``backend``: ``gather`` or a paged-kernel backend (``torch``)."""
+    """A runner for ``backend``: ``gather`` or a paged-kernel backend (``torch``), its pools in
+    ``kv_dtype`` (None: the model's)."""
     if backend == "gather":
-        return PagedRunner(model, allocator, num_blocks, block_size, "gather")
-    return PagedRunner(model, allocator, num_blocks, block_size, "paged", backend)
+        return PagedRunner(model, allocator, num_blocks, block_size, "gather", kv_dtype=kv_dtype)
+    return PagedRunner(model, allocator, num_blocks, block_size, "paged", backend, kv_dtype)
 
 
 def _print_summary(table: pd.DataFrame, num_prompts: int, settings: Any, elapsed_s: float) -> None:
-    print(f"logit equivalence: {settings.model} ({settings.dtype}), {num_prompts} prompts x "
+    kv = f", K/V in {settings.kv_dtype}" if settings.kv_dtype else ""
+    print(f"logit equivalence: {settings.model} ({settings.dtype}{kv}), {num_prompts} prompts x "
           f"{settings.num_samples} samples x {settings.num_decode_steps} decode steps, block "
           f"size {settings.block_size}, {elapsed_s:.0f} s")  # fmt: skip
     for verdict in verdicts(table):

@@ -5,7 +5,9 @@ busiest iteration after ``kernel_bench.warmup_steps`` (most KV blocks in its dec
 snapshotted, its block tables are dealt into batches of each context length
 (``kvbench.kernels.deal_block_tables``), random K/V is written into both layouts, and the paged
 and contiguous kernels are timed on the same logical data: Triton on a GPU, the torch backend on
-one CPU thread otherwise. Writes ``kernels.parquet`` and ``plots/kernel_overhead.png``.
+one CPU thread otherwise. The contiguous kernel is also timed over vAttention's layout (each
+sequence in a span of ``max_model_len`` tokens: virtual-contiguous). Writes ``kernels.parquet``
+and ``plots/kernel_overhead.png``.
 Method and reading: ``docs/kernels.md``; columns: ``docs/metrics.md``.
 """
 
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 
 import pandas as pd
@@ -32,6 +35,7 @@ from kvbench.kernels import (
     deal_block_tables,
     materialize_batch,
     time_pair,
+    virtual_spans,
 )
 from kvbench.kernels.bench_batch import TORCH_DTYPES
 from kvbench.tables.parquet import write_table
@@ -148,9 +152,15 @@ def measure_block_size(
         )  # fmt: skip
         paged, contiguous = batch_calls(batch, backend)
         timing = time_pair(paged, contiguous, device, repeats=bench.repeats)
-        rows.append(
-            kernel_row(device_name, backend, block_size, context_len, batch, timing)
-        )
+        # vAttention's layout: the contiguous kernel over spans of the model's maximum length.
+        key_view, value_view = virtual_spans(batch, max(deployment.model.max_model_len,
+                                                        batch.max_context_len))  # fmt: skip
+        virtual = replace(batch, key=key_view, value=value_view)
+        _, virtual_contiguous = batch_calls(virtual, backend)
+        virtual_timing = time_pair(paged, virtual_contiguous, device, repeats=bench.repeats)
+        del key_view, value_view, virtual  # the spans hold max_model_len tokens per sequence
+        rows.append(kernel_row(device_name, backend, block_size, context_len, batch, timing,
+                               virtual_timing))  # fmt: skip
     return rows
 
 

@@ -17,10 +17,17 @@ def overhead_title(table: pd.DataFrame) -> str:
             "time - 1, in %")  # fmt: skip
 
 
-def overhead_cells(table: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
+VIRTUAL_TITLE = ("paged vs virtual-contiguous (vAttention: the contiguous kernel over spans of "
+                 "max_model_len tokens): paged time / virtual-contiguous time - 1, in %")
+
+
+def overhead_cells(
+    table: pd.DataFrame, values: str = "overhead_pct"
+) -> tuple[list[str], list[list[str]]]:
     """(header, rows): one row per block size, one column per context length, cells the
-    overhead in % with one decimal (``-`` where not measured)."""
-    pivot = table.pivot_table(index="block_size", columns="context_len", values="overhead_pct")
+    overhead (``values``: vs contiguous, or ``virtual_overhead_pct``) in % with one decimal
+    (``-`` where not measured)."""
+    pivot = table.pivot_table(index="block_size", columns="context_len", values=values)
     header = ["block size", *(f"{int(length)} tok" for length in pivot.columns)]
     rows = [
         [str(int(block_size)), *("-" if pd.isna(value) else f"{value:+.1f}" for value in values)]
@@ -30,17 +37,26 @@ def overhead_cells(table: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
 
 
 def overhead_text(table: pd.DataFrame) -> str:
-    """The terminal's summary: the title and the block size x context length table."""
-    header, rows = overhead_cells(table)
-    widths = [max(len(line[i]) for line in [header, *rows]) for i in range(len(header))]
-    lines = ["  ".join(cell.rjust(width) for cell, width in zip(line, widths, strict=True))
-             for line in [header, *rows]]  # fmt: skip
-    return "\n".join([overhead_title(table), "", *lines])
+    """The terminal's summary: the title and the block size x context length table, then the
+    same against the virtual-contiguous layout."""
+    blocks = []
+    for title, values in ((overhead_title(table), "overhead_pct"),
+                          (VIRTUAL_TITLE, "virtual_overhead_pct")):  # fmt: skip
+        header, rows = overhead_cells(table, values)
+        widths = [max(len(line[i]) for line in [header, *rows]) for i in range(len(header))]
+        lines = ["  ".join(cell.rjust(width) for cell, width in zip(line, widths, strict=True))
+                 for line in [header, *rows]]  # fmt: skip
+        blocks.append("\n".join([title, "", *lines]))
+    return "\n\n".join(blocks)
 
 
 def overhead_markdown(table: pd.DataFrame) -> str:
-    """The same table in markdown, under a heading (for ``report.md``)."""
-    header, rows = overhead_cells(table)
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---:" for _ in header) + "|"]
-    lines += ["| " + " | ".join(row) + " |" for row in rows]
-    return "## Overhead\n\n" + overhead_title(table) + ".\n\n" + "\n".join(lines)
+    """The same tables in markdown, under a heading (for ``report.md``)."""
+    sections = []
+    for title, values in ((overhead_title(table), "overhead_pct"),
+                          (VIRTUAL_TITLE, "virtual_overhead_pct")):  # fmt: skip
+        header, rows = overhead_cells(table, values)
+        lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---:" for _ in header) + "|"]
+        lines += ["| " + " | ".join(row) + " |" for row in rows]
+        sections.append(title + ".\n\n" + "\n".join(lines))
+    return "## Overhead\n\n" + "\n\n".join(sections)

@@ -18,6 +18,8 @@ KERNEL_COLUMNS = (
     "contiguous_ms",
     "overhead_pct",
     "achieved_gb_per_s",
+    "virtual_contiguous_ms",
+    "virtual_overhead_pct",
 )
 
 
@@ -28,9 +30,11 @@ def kernel_row(
     context_len: int,
     batch: DecodeBatch,
     timing: PairTiming,
+    virtual_timing: PairTiming,
 ) -> dict[str, Any]:
     """The paged and contiguous kernels' times on one batch, with the overhead and the paged
-    kernel's achieved K/V read bandwidth."""
+    kernel's achieved K/V read bandwidth; and the contiguous kernel over vAttention's spans
+    (``virtual_timing``: paged vs virtual-contiguous, timed as a pair of its own)."""
     return {
         "device": device_name,
         "backend": backend,
@@ -42,6 +46,9 @@ def kernel_row(
         "overhead_pct": 100.0 * (timing.paged_ms / timing.contiguous_ms - 1.0),
         # bytes / (ms x 1e6) = GB/s
         "achieved_gb_per_s": batch.kv_bytes / (timing.paged_ms * 1e6),
+        "virtual_contiguous_ms": virtual_timing.contiguous_ms,
+        "virtual_overhead_pct": 100.0 * (virtual_timing.paged_ms / virtual_timing.contiguous_ms
+                                         - 1.0),
     }  # fmt: skip
 
 

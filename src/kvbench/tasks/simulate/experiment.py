@@ -15,13 +15,14 @@ import pandas as pd
 from omegaconf import DictConfig
 from tqdm import tqdm
 
-from kvbench.allocators import Allocator, make_allocator
+from kvbench.allocators import Allocator, VAttentionAllocator, VAttentionSettings, make_allocator
 from kvbench.allocators.radix import unbounded_radix_hits
+from kvbench.allocators.vattention import page_bytes_of
 from kvbench.config import KvbenchConfig, run_workloads
 from kvbench.core.kv_capacity import hybrid_pool, pool_slots
 from kvbench.core.request import Request
 from kvbench.core.specs import GIB, Deployment
-from kvbench.engine import RooflineCostModel, Scheduler, SchedulerLimits, simulate
+from kvbench.engine import PageMapping, RooflineCostModel, Scheduler, SchedulerLimits, simulate
 from kvbench.engine.kv_cache_v1 import V1KVCache
 from kvbench.engine.scheduler import rejection_reason
 from kvbench.engine.scheduler_v1 import ReservingV1Memory, V1Limits, V1Memory
@@ -81,8 +82,41 @@ def v1_memory(name: str, allocator: Allocator, max_model_len: int) -> V1Memory:
     return ReservingV1Memory(allocator, max_model_len)
 
 
-def cost_model(cfg: KvbenchConfig, deployment: Deployment) -> RooflineCostModel:
-    """The roofline cost model from the ``executor`` config."""
+def vattention_settings(
+    cfg: KvbenchConfig, deployment: Deployment, allocator: str
+) -> VAttentionSettings | None:
+    """The pages and spans of a vattention allocator (None for any other): tokens per page from
+    its page size and the deployment, spans from ``allocator.max_batch_size``."""
+    page_bytes = page_bytes_of(allocator, cfg.allocator.page_bytes)
+    if page_bytes is None:
+        return None
+    return VAttentionSettings(
+        tokens_per_page=deployment.tokens_per_page(page_bytes),
+        max_batch_size=cfg.allocator.max_batch_size or cfg.scheduler.max_num_seqs,
+        retain_pages=cfg.allocator.vattention_retain_pages,
+    )
+
+
+def page_mapping(
+    cfg: KvbenchConfig, deployment: Deployment, allocator: str | None
+) -> PageMapping | None:
+    """What mapping pages costs ``allocator``'s iterations (None: nothing, all but vattention)."""
+    settings = vattention_settings(cfg, deployment, allocator) if allocator else None
+    if settings is None:
+        return None
+    return PageMapping(
+        tokens_per_page=settings.tokens_per_page,
+        pages_per_group=2 * deployment.model.num_layers,  # K and V of every layer, per GPU
+        latency_s_per_page=cfg.allocator.vattention_map_latency_s,
+        overlapped=cfg.allocator.vattention_overlap_mapping,
+    )
+
+
+def cost_model(
+    cfg: KvbenchConfig, deployment: Deployment, allocator: str | None = None
+) -> RooflineCostModel:
+    """The roofline cost model from the ``executor`` config, with ``allocator``'s page mapping
+    priced in (vattention)."""
     executor = cfg.executor
     return RooflineCostModel(
         deployment=deployment,
@@ -91,6 +125,7 @@ def cost_model(cfg: KvbenchConfig, deployment: Deployment) -> RooflineCostModel:
         pcie_efficiency=executor.pcie_efficiency,
         iteration_overhead_s=executor.iteration_overhead_s,
         allreduce_latency_s=executor.allreduce_latency_s,
+        page_mapping=page_mapping(cfg, deployment, allocator),
     )
 
 
@@ -113,6 +148,7 @@ def _run_labels(
         "preemption": cfg.scheduler.preemption,
         "policy": cfg.scheduler.policy,
         "cpu_cache_gib": cfg.allocator.cpu_cache_gib,
+        "kv_dtype": deployment.model.kv_dtype or deployment.model.dtype,
     }
 
 
@@ -142,7 +178,6 @@ def run_experiment(
     """
     max_model_len = deployment.model.max_model_len
     limits = scheduler_limits(cfg, deployment)
-    costs = cost_model(cfg, deployment)
     metadata = provenance(raw_cfg)
     num_slots = pool_slots(deployment, cfg.allocator.block_size, cfg.allocator.num_gpu_blocks)
     # paged_hybrid's pool: the model's KV-cache groups, blocks counted as vLLM's hybrid manager.
@@ -168,13 +203,16 @@ def run_experiment(
             # Checkpoint before a run, not after: the last run's tables are written once.
             if all_steps and checkpoint.is_due():
                 checkpoint.write(_write_large_tables, output_dir, all_steps, all_requests, metadata)
+            settings = vattention_settings(cfg, deployment, name)
             allocator = make_allocator(
                 name, num_slots, cfg.allocator.block_size, max_model_len,
                 radix_page_tokens=cfg.allocator.radix_page_tokens,
                 cpu_cache_slots=int(cfg.allocator.cpu_cache_gib * GIB
                                     // deployment.kv_bytes_per_token),
                 hybrid_pool=groups_pool,
+                vattention=settings,
             )
+            costs = cost_model(cfg, deployment, name)
             labels = _run_labels(cfg, deployment, workload_label, name, rate)
             if name == "radix":  # its block-table entry is a page: hit rates count pages
                 labels["block_size"] = allocator.block_size
@@ -207,6 +245,7 @@ def run_experiment(
             request_table = requests_frame(result).assign(**labels)
             summary = {**labels, **summarize(request_table, result, deployment), **ideal}
             summary["simulation_wall_s"] = wall_s
+            summary.update(_virtual_columns(allocator, settings, deployment))
             summaries.append(summary)
             if streamed:
                 streamed.end_run(request_table)
@@ -229,6 +268,25 @@ def run_experiment(
         plot_run(summary_table, pd.concat(plot_steps, ignore_index=True), output_dir / "plots",
                  deployment, limits.max_num_seqs)  # fmt: skip
     return summary_table
+
+
+def _virtual_columns(
+    allocator: Allocator, settings: VAttentionSettings | None, deployment: Deployment
+) -> dict[str, float]:
+    """The KV address space the allocator reserves, beside the physical memory it holds: every
+    allocator but vattention maps its whole pool at startup; vattention reserves a
+    ``max_model_len`` span per request it can run (in whole pages) and maps pages into them."""
+    if settings is None or not isinstance(allocator, VAttentionAllocator):
+        virtual_slots = allocator.num_slots
+        num_pages_mapped = 0
+    else:
+        virtual_slots = allocator.virtual_slots(settings.max_batch_size or 0)
+        num_pages_mapped = allocator.num_pages_mapped
+    return {
+        "virtual_reserved_gb": deployment.slots_to_bytes(virtual_slots) / 1e9,
+        "tokens_per_page": settings.tokens_per_page if settings else 0,
+        "num_page_groups_mapped": num_pages_mapped,
+    }
 
 
 def _ideal_prefix_columns(

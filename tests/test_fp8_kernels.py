@@ -1,0 +1,81 @@
+"""fp8 K/V (e4m3, vLLM's kv_cache_dtype=fp8) read by the decode kernels and dequantized on load,
+torch and Triton (the interpreter on a CPU), against a float64 reference.
+
+Two bounds. Against the reference over the *dequantized* K/V (what the cache holds) the query
+dtype's (fp16) bound of docs/kernels.md holds: every e4m3 value times a power-of-two scale is exact
+in fp16, so dequantizing adds no error. Against the reference over the *unquantized* K/V (what the
+model computed) the fp8 rounding shows, bounded from e4m3's unit roundoff u8 = 2^-4: each V element
+moves by <= u8 |v| (the output by <= u8 max|V|), and each score by
+<= delta = scale x u8 x sum_i |q_i k_i|, which moves the softmax weights by a factor within
+exp(+-2 delta), the output by <= (exp(2 delta) - 1) max|V|.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from kvbench.kernels import (
+    contiguous_decode_attention,
+    materialize_batch,
+    paged_decode_attention,
+    reference_contiguous_decode,
+    scattered_block_tables,
+)
+
+FP8 = torch.float8_e4m3fn
+U_FP16, U_FP8 = 2.0**-11, 2.0**-4
+K_SCALE, V_SCALE = 0.5, 0.25  # powers of two: dequantization is exact in fp16
+
+
+def _quantize(tensor: torch.Tensor, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(fp8 storage, its dequantized values in float64)."""
+    stored = (tensor.float() / scale).to(FP8)
+    return stored, stored.double() * scale
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+@pytest.mark.parametrize("layout", ["paged", "contiguous"])
+def test_fp8_kv_is_dequantized_on_load_within_fp8s_bound(backend: str, layout: str) -> None:
+    context_lens = [5, 17, 40]
+    tables = scattered_block_tables(context_lens, 8, torch.Generator().manual_seed(1))
+    batch = materialize_batch(tables, context_lens, 8, num_q_heads=4, num_kv_heads=2, head_dim=16,
+                              dtype=torch.float16, seed=3)  # fmt: skip
+    lens = batch.layout.context_lens
+    scales = {"k_scale": K_SCALE, "v_scale": V_SCALE}
+    if layout == "paged":
+        key_fp8, _ = _quantize(batch.key_cache, K_SCALE)
+        value_fp8, _ = _quantize(batch.value_cache, V_SCALE)
+        out = paged_decode_attention(batch.query, key_fp8, value_fp8, batch.layout.block_tables,
+                                     lens, backend=backend, **scales)  # fmt: skip
+    else:
+        key_fp8, _ = _quantize(batch.key, K_SCALE)
+        value_fp8, _ = _quantize(batch.value, V_SCALE)
+        out = contiguous_decode_attention(batch.query, key_fp8, value_fp8, lens, backend=backend,
+                                          **scales)  # fmt: skip
+    assert out.dtype == torch.float16
+    # The contiguous copy of the same logical K/V, quantized the same way (element by element).
+    _, key_deq = _quantize(batch.key, K_SCALE)
+    _, value_deq = _quantize(batch.value, V_SCALE)
+    query = batch.query.double()
+    error = (out.double() - reference_contiguous_decode(query, key_deq, value_deq, lens)).abs()
+    value_scale = value_deq.abs().max()
+    reference = reference_contiguous_decode(query, key_deq, value_deq, lens)
+    bound = U_FP16 * (value_scale + reference.abs()) + 1e-5 * value_scale
+    assert (error <= bound).all(), f"vs dequantized: {error.max():.3g} > {bound.min():.3g}"
+    # Against the unquantized K/V: fp8's own rounding, bounded from the mechanism.
+    exact = reference_contiguous_decode(query, batch.key.double(), batch.value.double(), lens)
+    grouped = query.view(3, 2, 2, 16)  # [seqs, kv heads, group, head_dim]
+    abs_products = torch.einsum("shgd,sthd->shgt", grouped.abs(), batch.key.double().abs())
+    delta = abs_products.amax() * U_FP8 / 16**0.5
+    fp8_bound = (U_FP8 + torch.expm1(2 * delta)) * batch.value.double().abs().max()
+    fp8_error = (out.double() - exact).abs().max()
+    assert fp8_error <= fp8_bound + bound.max(), f"vs exact: {fp8_error:.3g} > {fp8_bound:.3g}"
+    assert fp8_error > 10 * error.max()  # the fp8 rounding is what shows, not the kernel's
+
+
+def test_fp8_values_need_the_query_in_a_kernel_dtype() -> None:
+    query = torch.zeros(1, 2, 16, dtype=torch.float16)
+    key = torch.zeros(1, 4, 2, 16, dtype=torch.float16)
+    with pytest.raises(ValueError, match=r"or K/V in torch\.float8_e4m3fn"):
+        contiguous_decode_attention(query, key.to(FP8), key, torch.tensor([4], dtype=torch.int32),
+                                    backend="torch")  # fmt: skip
