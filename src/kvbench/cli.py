@@ -76,6 +76,10 @@ def _task(name: str) -> Callable[..., object]:
         from kvbench.tasks.equivalence.run import run_logit_equivalence
 
         return run_logit_equivalence
+    if name == "profile":
+        from kvbench.tasks.profile.run import run_profile
+
+        return run_profile
     from kvbench.tasks.simulate.run import run_study
 
     return run_study

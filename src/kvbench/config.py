@@ -28,8 +28,8 @@ from kvbench.tasks.equivalence import names as equivalence_names
 from kvbench.workloads import WorkloadConfig, validate_workload_config
 
 MAX_BLOCK_SIZE = 256  # the largest block size the vLLM paper swept (Fig. 18b)
-EXECUTOR_KINDS = ("roofline",)
-TASKS = ("simulate", "kernel_overhead", "logit_equivalence")
+EXECUTOR_KINDS = ("roofline", "profiled", "real")
+TASKS = ("simulate", "kernel_overhead", "logit_equivalence", "profile")
 
 
 class ConfigError(ValueError):
@@ -118,6 +118,11 @@ class ExecutorConfig:
     iteration_overhead_s: float = MISSING
     # Per-GPU all-reduce cost per layer under tensor parallelism, in seconds.
     allreduce_latency_s: float = MISSING
+    # executor=profiled: the cost-model file `task=profile` wrote (docs/sim_to_real.md).
+    profile: str | None = MISSING
+    # executor=real and task=profile: torch threads (None: torch's default), pinned so that
+    # measured times do not depend on what torch guesses about a shared machine.
+    num_threads: int | None = MISSING
 
 
 @dataclass
@@ -369,6 +374,7 @@ def _check_values(cfg: KvbenchConfig) -> None:
     _check_hardware(cfg.hardware)
     _check_scheduler(cfg.scheduler)
     _check_executor(cfg.executor)
+    _check_real_executor(cfg)
     _check_kernel_bench(cfg.kernel_bench)
     _check_equivalence(cfg.equivalence)
     _require(
@@ -546,6 +552,32 @@ def _check_scheduler(scheduler: SchedulerConfig) -> None:
     )
 
 
+def _check_real_executor(cfg: KvbenchConfig) -> None:
+    """executor=real and task=profile run a real model: one the equivalence harness loads, one
+    sequence per request (no forks), in a dtype torch computes."""
+    from kvbench.executors.names import REAL_MODELS
+
+    runs_model = cfg.executor.kind == "real" or cfg.task == "profile"
+    if not runs_model:
+        return
+    what = "task=profile" if cfg.task == "profile" else "executor=real"
+    _require(
+        cfg.model.name in REAL_MODELS,
+        f"model={cfg.model.name}: {what} runs a real model on this machine; allowed models are "
+        f"{', '.join(REAL_MODELS)}",
+    )
+    _require(
+        cfg.model.dtype in ("fp32", "bf16", "fp16"),
+        f"model.dtype={cfg.model.dtype!r}: {what} computes in fp32, bf16 or fp16",
+    )
+    for label, workload in run_workloads(cfg).items():
+        _require(
+            workload.num_samples == 1 and workload.beam_width == 1,
+            f"workloads.{label}: executor=real runs one sequence per request; set "
+            "num_samples=1 and beam_width=1 (forks run in the simulated executors only)",
+        )
+
+
 def _check_executor(executor: ExecutorConfig) -> None:
     _require(
         executor.kind in EXECUTOR_KINDS,
@@ -557,3 +589,12 @@ def _check_executor(executor: ExecutorConfig) -> None:
     for name in ("iteration_overhead_s", "allreduce_latency_s"):
         value = getattr(executor, name)
         _require(value >= 0, f"executor.{name}={value}: must be >= 0 seconds")
+    _require(
+        executor.kind != "profiled" or bool(executor.profile),
+        "executor=profiled needs executor.profile=FILE: a cost-model file written by "
+        "`python -m kvbench task=profile` (docs/sim_to_real.md)",
+    )
+    _require(
+        executor.num_threads is None or executor.num_threads >= 1,
+        f"executor.num_threads={executor.num_threads}: must be >= 1 (or null for torch's default)",
+    )

@@ -4,6 +4,7 @@ No file I/O, no torch, no plotting: requests in, records out.
 """
 
 from kvbench.engine.cost_model import CostModel, IterationShape
+from kvbench.engine.profiled import ProfiledCostModel
 from kvbench.engine.records import RequestRecord, SimulationResult, StepRecords
 from kvbench.engine.roofline import RooflineCostModel
 from kvbench.engine.scheduler import PREEMPTION_MODES, Scheduler, SchedulerLimits
@@ -13,6 +14,7 @@ __all__ = [
     "PREEMPTION_MODES",
     "CostModel",
     "IterationShape",
+    "ProfiledCostModel",
     "RequestRecord",
     "RooflineCostModel",
     "Scheduler",

@@ -21,13 +21,16 @@ from kvbench.core.kv_capacity import pool_slots
 from kvbench.core.request import Request
 from kvbench.core.specs import GIB, Deployment
 from kvbench.engine import RooflineCostModel, Scheduler, SchedulerLimits, simulate
+from kvbench.engine.cost_model import CostModel
 from kvbench.engine.scheduler import rejection_reason
 from kvbench.plots.time_series import memory_chart_rows
 from kvbench.tables.parquet import write_frames, write_table
 from kvbench.tables.provenance import provenance
+from kvbench.tasks.profile.profile_file import load_profiled_cost_model
 from kvbench.tasks.simulate.accounting import workload_accounting
 from kvbench.tasks.simulate.per_run_files import StreamedTables
 from kvbench.tasks.simulate.plot import plot_run
+from kvbench.tasks.simulate.real_runner import run_on_real_model
 from kvbench.tasks.simulate.table import requests_frame, steps_frame, summarize
 from kvbench.workloads import WorkloadConfig, to_requests, with_arrivals, workload_rows
 from kvbench.workloads.beam_ancestry import load_beam_ancestry
@@ -55,9 +58,13 @@ def scheduler_limits(cfg: KvbenchConfig, deployment: Deployment) -> SchedulerLim
     )
 
 
-def cost_model(cfg: KvbenchConfig, deployment: Deployment) -> RooflineCostModel:
-    """The roofline cost model from the ``executor`` config."""
+def cost_model(cfg: KvbenchConfig, deployment: Deployment) -> CostModel:
+    """The cost model the ``executor`` config names: the roofline, or (``executor=profiled``)
+    the fitted model of ``executor.profile`` for the run's block size. ``executor=real``
+    measures its iterations; its runs never ask this model."""
     executor = cfg.executor
+    if executor.kind == "profiled" and executor.profile:
+        return load_profiled_cost_model(executor.profile, cfg.allocator.block_size, deployment)
     return RooflineCostModel(
         deployment=deployment,
         compute_efficiency=executor.compute_efficiency,
@@ -151,11 +158,18 @@ def run_experiment(
                 unit="req",
                 disable=not cfg.progress,
             ) as bar:
-                result = simulate(requests, Scheduler(limits), allocator, costs, bar.update,
-                                  beam_ancestry=beams, fast=cfg.engine.fast, step_sink=step_sink)
+                measured: dict[str, Any] = {}
+                if cfg.executor.kind == "real":
+                    result, measured = run_on_real_model(cfg, requests, Scheduler(limits),
+                                                         allocator, bar.update)  # fmt: skip
+                else:
+                    result = simulate(requests, Scheduler(limits), allocator, costs, bar.update,
+                                      beam_ancestry=beams, fast=cfg.engine.fast,
+                                      step_sink=step_sink)  # fmt: skip
             wall_s = time.perf_counter() - started_s
             request_table = requests_frame(result).assign(**labels)
-            summary = {**labels, **summarize(request_table, result, deployment), **ideal}
+            summary = {**labels, **summarize(request_table, result, deployment), **ideal,
+                       **measured}  # fmt: skip
             summary["simulation_wall_s"] = wall_s
             summaries.append(summary)
             if streamed:
