@@ -11,20 +11,15 @@ import torch
 
 from kvbench.tables.parquet import write_table
 from kvbench.tables.provenance import provenance
+from kvbench.tasks.equivalence.batched import batched_trajectories
 from kvbench.tasks.equivalence.cases import PromptCase, shared_prefix_cases
 from kvbench.tasks.equivalence.models import load_model
 from kvbench.tasks.equivalence.names import SMOLLM2
-from kvbench.tasks.equivalence.paged_runner import PagedRunner
 from kvbench.tasks.equivalence.plot import plot_equivalence
 from kvbench.tasks.equivalence.prompts import chat_prompt_ids, instructions, random_prompt_ids
 from kvbench.tasks.equivalence.stock_runner import StockRunner
 from kvbench.tasks.equivalence.table import EQUIVALENCE_COLUMNS, comparison_rows, verdicts
-from kvbench.tasks.equivalence.trajectories import (
-    blocks_needed,
-    paged_trajectories,
-    scramble_free_blocks,
-    stock_trajectories,
-)
+from kvbench.tasks.equivalence.trajectories import stock_trajectories
 from kvbench.tasks.simulate.run_outputs import print_files, write_task_report
 
 _TORCH_DTYPES = {"fp32": torch.float32}
@@ -46,7 +41,8 @@ def build_cases(model_name: str, model: Any, num_prompts: int, num_samples: int,
 def run_logit_equivalence(
     cfg: Any, deployment: Any, raw_cfg: Any, output_dir: Path
 ) -> pd.DataFrame:
-    """Decode the prompts with the stock cache, then through every (allocator, backend) pair;
+    """Decode the prompts with the stock cache (one sequence at a time), then through every
+    (allocator, backend) pair, all sequences batched (``batched``);
     write ``equivalence.parquet`` (after each pair), ``plots/equivalence.png|svg`` and
     ``report.md``, print the verdicts (and, unless ``summary_table=false``, the files).
     ``deployment`` is not used (the model is ``equivalence.model``)."""
@@ -57,14 +53,13 @@ def run_logit_equivalence(
                         cfg.seed)  # fmt: skip
     steps = settings.num_decode_steps
     stock = stock_trajectories(StockRunner(model), cases, steps)
-    num_blocks = blocks_needed(cases, steps, settings.block_size)
     rows: list[dict[str, object]] = []
     table = pd.DataFrame(columns=list(EQUIVALENCE_COLUMNS))
     for allocator in settings.allocators:
         for backend in settings.backends:
-            runner = _paged_runner(model, allocator, backend, num_blocks, settings.block_size)
-            scramble_free_blocks(runner, cfg.seed)
-            paged = paged_trajectories(runner, cases, steps)
+            # Every case's samples at once, through the real executor's batched forward.
+            paged = batched_trajectories(model, allocator, backend, cases, steps,
+                                         settings.block_size, cfg.seed)  # fmt: skip
             labels = {"model": settings.model, "allocator": allocator, "backend": backend,
                       "dtype": settings.dtype}  # fmt: skip
             rows.extend(comparison_rows(labels, paged, stock))
@@ -79,15 +74,6 @@ def run_logit_equivalence(
     if cfg.summary_table:
         print_files(output_dir)
     return table
-
-
-def _paged_runner(
-    model: Any, allocator: str, backend: str, num_blocks: int, block_size: int
-) -> PagedRunner:
-    """A runner for ``backend``: ``gather`` or a paged-kernel backend (``torch``)."""
-    if backend == "gather":
-        return PagedRunner(model, allocator, num_blocks, block_size, "gather")
-    return PagedRunner(model, allocator, num_blocks, block_size, "paged", backend)
 
 
 def _print_summary(table: pd.DataFrame, num_prompts: int, settings: Any, elapsed_s: float) -> None:
