@@ -58,13 +58,17 @@ def scheduler_limits(cfg: KvbenchConfig, deployment: Deployment) -> SchedulerLim
     )
 
 
-def cost_model(cfg: KvbenchConfig, deployment: Deployment) -> CostModel:
+def cost_model(
+    cfg: KvbenchConfig, deployment: Deployment, kernel_block_size: int | None = None
+) -> CostModel:
     """The cost model the ``executor`` config names: the roofline, or (``executor=profiled``)
-    the fitted model of ``executor.profile`` for the run's block size. ``executor=real``
+    the fitted model of ``executor.profile`` for an attention kernel of ``kernel_block_size``
+    (default ``allocator.block_size``; a contiguous allocator's is 1). ``executor=real``
     measures its iterations; its runs never ask this model."""
     executor = cfg.executor
     if executor.kind == "profiled" and executor.profile:
-        return load_profiled_cost_model(executor.profile, cfg.allocator.block_size, deployment)
+        block_size = kernel_block_size or cfg.allocator.block_size
+        return load_profiled_cost_model(executor.profile, block_size, deployment)
     return RooflineCostModel(
         deployment=deployment,
         compute_efficiency=executor.compute_efficiency,
@@ -163,6 +167,8 @@ def run_experiment(
                     result, measured = run_on_real_model(cfg, requests, Scheduler(limits),
                                                          allocator, bar.update)  # fmt: skip
                 else:
+                    if cfg.executor.kind == "profiled":  # priced at the allocator's blocks
+                        costs = cost_model(cfg, deployment, allocator.block_size)
                     result = simulate(requests, Scheduler(limits), allocator, costs, bar.update,
                                       beam_ancestry=beams, fast=cfg.engine.fast,
                                       step_sink=step_sink)  # fmt: skip
