@@ -29,7 +29,7 @@ from kvbench.workloads import WorkloadConfig, validate_workload_config
 
 MAX_BLOCK_SIZE = 256  # the largest block size the vLLM paper swept (Fig. 18b)
 EXECUTOR_KINDS = ("roofline", "profiled", "real")
-TASKS = ("simulate", "kernel_overhead", "logit_equivalence", "profile")
+TASKS = ("simulate", "kernel_overhead", "logit_equivalence", "profile", "sim_to_real")
 
 
 class ConfigError(ValueError):
@@ -557,10 +557,10 @@ def _check_real_executor(cfg: KvbenchConfig) -> None:
     sequence per request (no forks), in a dtype torch computes."""
     from kvbench.executors.names import REAL_MODELS
 
-    runs_model = cfg.executor.kind == "real" or cfg.task == "profile"
+    runs_model = cfg.executor.kind == "real" or cfg.task in ("profile", "sim_to_real")
     if not runs_model:
         return
-    what = "task=profile" if cfg.task == "profile" else "executor=real"
+    what = f"task={cfg.task}" if cfg.task != "simulate" else "executor=real"
     _require(
         cfg.model.name in REAL_MODELS,
         f"model={cfg.model.name}: {what} runs a real model on this machine; allowed models are "

@@ -25,7 +25,7 @@ import torch
 from kvbench.allocators.base import Allocator, CopyOnWriteCounter
 from kvbench.core.request import Request
 from kvbench.engine.arrival_queue import Arrivals
-from kvbench.engine.cost_model import DecodeTimeFn, IterationShape
+from kvbench.engine.cost_model import DecodeTimeFn, IterationShape, iteration_shape
 from kvbench.engine.iteration import end_iteration, record_step
 from kvbench.engine.records import EXCEEDS_POOL, SimulationResult, StepRecords
 from kvbench.engine.samples import SampleGroups
@@ -174,12 +174,14 @@ class RealRun:
         kv_pool_bytes: bytes of the pools the allocator's slots live in.
         peak_rss_bytes: the process's largest resident memory sampled after each iteration.
         num_forwards: forward passes run.
+        shapes: each recorded iteration's shape (what a profiled cost model is fitted on).
     """
 
     result: SimulationResult
     kv_pool_bytes: int
     peak_rss_bytes: int
     num_forwards: int
+    shapes: list[IterationShape]
 
 
 def run_real(
@@ -198,6 +200,7 @@ def run_real(
     steps = StepRecords()
     samples = SampleGroups(next_seq_id=arrivals.first_free_seq_id)
     peak_rss_bytes = resident_bytes()
+    shapes: list[IterationShape] = []
     start_s = clock()
     while arrivals.num_pending or scheduler.has_work:
         now_s = clock() - start_s
@@ -217,6 +220,8 @@ def run_real(
             decode_context_tokens += sum(seq.num_kv_tokens for seq in batch.swapped_in)
             record_step(steps, batch, now_s, decode_context_tokens, scheduler, allocator,
                         MeasuredTime(end_s - now_s))  # fmt: skip
+            shapes.append(iteration_shape(batch.prefill, batch.num_decode_tokens,
+                                          decode_context_tokens))  # fmt: skip
             num_ended += end_iteration(batch, now_s, end_s, scheduler, allocator, samples)
             peak_rss_bytes = max(peak_rss_bytes, resident_bytes())
         if num_ended and on_finish is not None:
@@ -226,7 +231,8 @@ def run_real(
     copies = allocator.num_copy_on_writes if isinstance(allocator, CopyOnWriteCounter) else 0
     result = SimulationResult(steps=steps, requests=arrivals.records,
                               num_slots=allocator.num_slots, num_copy_on_writes=copies)  # fmt: skip
-    return RealRun(result, executor.memory.pool_bytes, peak_rss_bytes, executor.num_forwards)
+    return RealRun(result, executor.memory.pool_bytes, peak_rss_bytes, executor.num_forwards,
+                   shapes)  # fmt: skip
 
 
 def resident_bytes() -> int:

@@ -33,12 +33,11 @@ class IterationPoint:
     decode_contexts: tuple[int, ...] = ()
     prefill_prompts: tuple[int, ...] = ()
 
-    @property
-    def num_slots(self) -> int:
-        """Slots a pool needs to hold the point (every sequence plus one token, rounded up to
-        blocks, plus a block each for the executor's warm-up)."""
-        tokens = [n + 1 for n in (*self.decode_contexts, *self.prefill_prompts)] + [17]
-        return sum(-(-n // self.block_size) * self.block_size for n in tokens)
+    def num_slots(self, output_tokens: int) -> int:
+        """Slots a pool needs to hold the point: every sequence with room for ``output_tokens``
+        (a ``naive_oracle`` reservation), in whole blocks, plus the executor's warm-up."""
+        tokens = [n + output_tokens + 1 for n in (*self.decode_contexts, *self.prefill_prompts)]
+        return sum(-(-n // self.block_size) * self.block_size for n in [*tokens, 17])
 
 
 @dataclass(frozen=True)

@@ -65,7 +65,8 @@ def time_iteration(
     """The point's shape and its measured time."""
     name = "naive_oracle" if point.block_size == 1 else "paged"
     max_model_len = max((*point.decode_contexts, *point.prefill_prompts)) + OUTPUT_TOKENS + 2
-    allocator = make_allocator(name, point.num_slots, point.block_size, max_model_len)
+    allocator = make_allocator(name, point.num_slots(OUTPUT_TOKENS), point.block_size,
+                               max_model_len)  # fmt: skip
     executor = RealExecutor(model, allocator)
     executor.warm_up()
     # A decode sequence of context c holds c - 1 computed tokens and feeds its c-th.
