@@ -130,12 +130,13 @@ def test_spread_contexts_keep_their_mean():
     assert contexts == (128, 192, 256, 320, 384) and sum(contexts) / 5 == 256
 
 
-def test_a_grid_point_times_on_a_real_model():
+@pytest.mark.parametrize("block_size", [1, 16])  # 1: a naive_oracle arena
+def test_a_grid_point_times_on_a_real_model(block_size):
     from kvbench.tasks.equivalence.models import load_model
     from kvbench.tasks.profile.measure import time_iteration
 
     model = load_model("tiny-llama-gqa")
-    point = IterationPoint(16, decode_contexts=(20, 40), prefill_prompts=(12,))
+    point = IterationPoint(block_size, decode_contexts=(20, 40), prefill_prompts=(12,))
     shape, timing = time_iteration(model, point, repeats=2)
     assert shape == IterationShape(12, 78, 2, 60, num_prefill_seqs=1)
     assert timing.median_s > 0 and timing.spread >= 0

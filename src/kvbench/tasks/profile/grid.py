@@ -35,8 +35,11 @@ class IterationPoint:
 
     def num_slots(self, output_tokens: int) -> int:
         """Slots a pool needs to hold the point: every sequence with room for ``output_tokens``
-        (a ``naive_oracle`` reservation), in whole blocks, plus the executor's warm-up."""
+        (a ``naive_oracle`` reservation), in whole blocks (a buddy arena's power-of-two extents
+        for block size 1), plus the executor's warm-up."""
         tokens = [n + output_tokens + 1 for n in (*self.decode_contexts, *self.prefill_prompts)]
+        if self.block_size == 1:  # a buddy arena: extents of powers of two, twice the room
+            return 2 * sum(1 << (n - 1).bit_length() for n in [*tokens, 17])
         return sum(-(-n // self.block_size) * self.block_size for n in [*tokens, 17])
 
 
