@@ -98,7 +98,7 @@ def test_model_and_hardware_load_and_size_the_same_pool_in_python(model, hardwar
     """
     raw = _compose(f"model={model}", f"hardware={hardware}", "hardware.num_gpus=1")
     fits = not _too_big(model, hardware)
-    with nullcontext() if fits else pytest.raises(ConfigError, match="does not fit|exceed the"):
+    with nullcontext() if fits else pytest.raises(ConfigError, match=r"does not fit|exceed the"):
         validate_config(raw)
     hydra_side = deployment_from(OmegaConf.to_container(raw.model, resolve=True),
                                  OmegaConf.to_container(raw.hardware, resolve=True))  # fmt: skip

@@ -13,7 +13,6 @@ from kvbench.core.catalog import get_deployment
 from kvbench.engine.cost_model import IterationShape
 from kvbench.engine.profiled import (
     PROFILE_TERMS,
-    SWAP_TERMS,
     ProfiledCostModel,
     iteration_features,
 )
@@ -87,7 +86,7 @@ def test_profile_file_round_trips_and_names_its_model(tmp_path):
     deployment = get_deployment("smollm2-135m", "cpu")
     model = load_profiled_cost_model(path, 16, deployment)
     assert model.coefficients == COEFFICIENTS and model.block_size == 16
-    with pytest.raises(ValueError, match="measured on model smollm2-135m.*model=opt-13b"):
+    with pytest.raises(ValueError, match=r"measured on model smollm2-135m.*model=opt-13b"):
         load_profiled_cost_model(path, 16, get_deployment("opt-13b", "a100-40gb"))
     path.write_text(json.dumps({"model": "smollm2-135m", "coefficients": {}}))
     with pytest.raises(ValueError, match="no coefficient fixed_s"):
@@ -116,7 +115,7 @@ def test_executor_profiled_simulates_with_the_profile(tmp_path):
 
 
 def test_executor_profiled_needs_a_profile():
-    with pytest.raises(ConfigError, match="executor.profile=FILE"):
+    with pytest.raises(ConfigError, match=r"executor\.profile=FILE"):
         compose_config("executor=profiled")
 
 

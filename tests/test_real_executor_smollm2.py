@@ -45,4 +45,5 @@ def test_real_runs_write_measured_tables(real_run):
     assert batch["naive_max"] == 1.0 < batch["paged"]
     steps = pd.read_parquet(out / "steps.parquet")
     assert (steps["duration_s"] > 0).all()
-    assert summary["num_forwards"].tolist() == steps.groupby("allocator", sort=False).size().tolist()
+    steps_per_run = steps.groupby("allocator", sort=False).size().tolist()
+    assert summary["num_forwards"].tolist() == steps_per_run
