@@ -15,11 +15,17 @@ from kvbench.tasks.equivalence.batched import batched_trajectories
 from kvbench.tasks.equivalence.cases import PromptCase, shared_prefix_cases
 from kvbench.tasks.equivalence.models import load_model
 from kvbench.tasks.equivalence.names import SMOLLM2
+from kvbench.tasks.equivalence.paged_runner import PagedRunner
 from kvbench.tasks.equivalence.plot import plot_equivalence
 from kvbench.tasks.equivalence.prompts import chat_prompt_ids, instructions, random_prompt_ids
 from kvbench.tasks.equivalence.stock_runner import StockRunner
 from kvbench.tasks.equivalence.table import EQUIVALENCE_COLUMNS, comparison_rows, verdicts
-from kvbench.tasks.equivalence.trajectories import stock_trajectories
+from kvbench.tasks.equivalence.trajectories import (
+    blocks_needed,
+    paged_trajectories,
+    scramble_free_blocks,
+    stock_trajectories,
+)
 from kvbench.tasks.simulate.run_outputs import print_files, write_task_report
 
 _TORCH_DTYPES = {"fp32": torch.float32}
@@ -42,7 +48,7 @@ def run_logit_equivalence(
     cfg: Any, deployment: Any, raw_cfg: Any, output_dir: Path
 ) -> pd.DataFrame:
     """Decode the prompts with the stock cache (one sequence at a time), then through every
-    (allocator, backend) pair, all sequences batched (``batched``);
+    (allocator, backend) pair (the kernel backend batched: ``_paged_trajectories``);
     write ``equivalence.parquet`` (after each pair), ``plots/equivalence.png|svg`` and
     ``report.md``, print the verdicts (and, unless ``summary_table=false``, the files).
     ``deployment`` is not used (the model is ``equivalence.model``)."""
@@ -57,9 +63,8 @@ def run_logit_equivalence(
     table = pd.DataFrame(columns=list(EQUIVALENCE_COLUMNS))
     for allocator in settings.allocators:
         for backend in settings.backends:
-            # Every case's samples at once, through the real executor's batched forward.
-            paged = batched_trajectories(model, allocator, backend, cases, steps,
-                                         settings.block_size, cfg.seed)  # fmt: skip
+            paged = _paged_trajectories(model, allocator, backend, cases, steps,
+                                        settings.block_size, cfg.seed)  # fmt: skip
             labels = {"model": settings.model, "allocator": allocator, "backend": backend,
                       "dtype": settings.dtype}  # fmt: skip
             rows.extend(comparison_rows(labels, paged, stock))
@@ -74,6 +79,19 @@ def run_logit_equivalence(
     if cfg.summary_table:
         print_files(output_dir)
     return table
+
+
+def _paged_trajectories(model: Any, allocator: str, backend: str, cases: list[PromptCase],
+                        steps: int, block_size: int, seed: int) -> dict:  # fmt: skip
+    """The kernel backend batched: every case's samples at once through the real executor's
+    forward (``batched``). ``gather`` one sequence at a time, as the stock cache runs: its check
+    is bit-identity, which a batched matmul's rounding would blur (by ~1e-7)."""
+    if backend != "gather":
+        return batched_trajectories(model, allocator, backend, cases, steps, block_size, seed)
+    runner = PagedRunner(model, allocator, blocks_needed(cases, steps, block_size), block_size,
+                         "gather")  # fmt: skip
+    scramble_free_blocks(runner, seed)
+    return paged_trajectories(runner, cases, steps)
 
 
 def _print_summary(table: pd.DataFrame, num_prompts: int, settings: Any, elapsed_s: float) -> None:
