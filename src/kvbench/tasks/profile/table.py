@@ -5,7 +5,7 @@ from __future__ import annotations
 import pandas as pd
 
 from kvbench.engine.cost_model import IterationShape
-from kvbench.engine.profiled import PROFILE_TERMS, ProfiledCostModel, swap_features
+from kvbench.engine.profiled import ProfiledCostModel
 
 PROFILE_COLUMNS = (
     "kind", "block_size", "num_seqs", "num_prefill_tokens", "num_decode_tokens",
@@ -46,7 +46,3 @@ def swap_row(num_tokens: int, block_size: int, measured_s: float, spread: float,
 def profile_frame(rows: list[dict[str, object]]) -> pd.DataFrame:
     """The table, in ``PROFILE_COLUMNS`` order."""
     return pd.DataFrame(rows, columns=list(PROFILE_COLUMNS))
-
-
-__all__ = ["PROFILE_COLUMNS", "PROFILE_TERMS", "iteration_row", "profile_frame", "swap_features",
-           "swap_row"]  # fmt: skip
