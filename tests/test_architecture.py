@@ -25,11 +25,13 @@ ALLOWED_IMPORTS = {
     "tables": {"core", "engine"},
     "analysis": {"core"},
     "plots": {"core", "allocators", "analysis"},
+    # The real executor: an edge that runs the engine's batches on a model (docs/sim_to_real.md).
+    "executors": {"core", "allocators", "engine", "kernels", "referee"},
     "tasks": {"core", "workloads", "allocators", "engine", "kernels", "tables", "analysis",
-              "plots", "config"},
+              "plots", "config", "executors"},
     # tools/bench also times vllm_v1 against the referee (--case v1_referee).
     "tools": {"core", "workloads", "allocators", "engine", "kernels", "tables", "analysis",
-              "plots", "tasks", "config", "referee"},
+              "plots", "tasks", "config", "referee", "executors"},
     # The vLLM referee: an edge beside tasks/ that only reads requests and specs.
     "referee": {"core"},
 }  # fmt: skip

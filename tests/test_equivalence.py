@@ -132,3 +132,21 @@ def test_transformers_continuous_batching_gives_the_same_greedy_tokens(tiny):
     ]
     # A near-tie may end one comparison early, not most of them.
     assert sum(agreed) >= (len(cases) - 1) * (NUM_STEPS + 1), agreed
+
+
+@pytest.mark.parametrize(("allocator", "backend"), [("paged", "torch"), ("paged_prefix", "torch"),
+                                                    ("paged_prefix", "gather")])  # fmt: skip
+def test_batched_decode_through_the_real_executor_matches_the_stock_cache(tiny, allocator,
+                                                                          backend):  # fmt: skip
+    """All cases at once through executors.forward.BatchRunner: the same criteria as one by
+    one (fp32 tolerance, every greedy continuation identical)."""
+    from kvbench.tasks.equivalence.batched import batched_trajectories
+
+    model, cases, stock = tiny
+    batched = batched_trajectories(model, allocator, backend, cases, NUM_STEPS, BLOCK_SIZE, 0)
+    assert batched.keys() == stock.keys()
+    for key, trajectory in batched.items():
+        diffs = step_diffs(trajectory, stock[key])
+        assert len(diffs) == NUM_STEPS + 1
+        assert max(diff.max_rel_diff for diff in diffs) <= FP32_REL_TOLERANCE, key
+        assert trajectory.tokens == stock[key].tokens, key

@@ -77,6 +77,14 @@ def _task(name: str) -> Callable[..., object]:
         from kvbench.tasks.equivalence.run import run_logit_equivalence
 
         return run_logit_equivalence
+    if name == "profile":
+        from kvbench.tasks.profile.run import run_profile
+
+        return run_profile
+    if name == "sim_to_real":
+        from kvbench.tasks.sim_to_real.run import run_sim_to_real
+
+        return run_sim_to_real
     from kvbench.tasks.simulate.run import run_study
 
     return run_study

@@ -30,9 +30,9 @@ from kvbench.tasks.equivalence import names as equivalence_names
 from kvbench.workloads import WorkloadConfig, validate_workload_config
 
 MAX_BLOCK_SIZE = 256  # the largest block size the vLLM paper swept (Fig. 18b)
-EXECUTOR_KINDS = ("roofline",)
+EXECUTOR_KINDS = ("roofline", "profiled", "real")
 PREFIX_CACHING_ALLOCATORS = ("paged_prefix", "radix")  # what a CPU tier offloads for
-TASKS = ("simulate", "kernel_overhead", "logit_equivalence")
+TASKS = ("simulate", "kernel_overhead", "logit_equivalence", "profile", "sim_to_real")
 SCHEDULER_NAMES = ("vllm_v0", "vllm_v1")
 # What vllm_v1 runs each allocator as (docs/scheduling.md): paged without and paged_prefix with
 # vLLM's prefix caching; the naive allocators reserve their span at admission.
@@ -152,6 +152,11 @@ class ExecutorConfig:
     iteration_overhead_s: float = MISSING
     # Per-GPU all-reduce cost per layer under tensor parallelism, in seconds.
     allreduce_latency_s: float = MISSING
+    # executor=profiled: the cost-model file `task=profile` wrote (docs/sim_to_real.md).
+    profile: str | None = MISSING
+    # executor=real and task=profile: torch threads (None: torch's default), pinned so that
+    # measured times do not depend on what torch guesses about a shared machine.
+    num_threads: int | None = MISSING
 
 
 @dataclass
@@ -419,6 +424,7 @@ def _check_values(cfg: KvbenchConfig) -> None:
     if cfg.scheduler.name == "vllm_v1":
         _check_v1_run(cfg)
     _check_executor(cfg.executor)
+    _check_real_executor(cfg)
     _check_kernel_bench(cfg.kernel_bench)
     _check_equivalence(cfg.equivalence)
     _require(
@@ -703,6 +709,37 @@ def _check_v1_run(cfg: KvbenchConfig) -> None:
             f"{workload.beam_width}: parallel sampling and beam search are modelled under "
             "scheduler=vllm_v0 only; use it, or set both to 1",
         )
+    _require(
+        cfg.executor.kind != "real",
+        "executor=real drives a real model with scheduler=vllm_v0's batches; scheduler=vllm_v1 "
+        "is simulated only (executor=roofline or profiled)",
+    )
+
+
+def _check_real_executor(cfg: KvbenchConfig) -> None:
+    """executor=real and task=profile run a real model: one the equivalence harness loads, one
+    sequence per request (no forks), in a dtype torch computes."""
+    from kvbench.executors.names import REAL_MODELS
+
+    runs_model = cfg.executor.kind == "real" or cfg.task in ("profile", "sim_to_real")
+    if not runs_model:
+        return
+    what = f"task={cfg.task}" if cfg.task != "simulate" else "executor=real"
+    _require(
+        cfg.model.name in REAL_MODELS,
+        f"model={cfg.model.name}: {what} runs a real model on this machine; allowed models are "
+        f"{', '.join(REAL_MODELS)}",
+    )
+    _require(
+        cfg.model.dtype in ("fp32", "bf16", "fp16"),
+        f"model.dtype={cfg.model.dtype!r}: {what} computes in fp32, bf16 or fp16",
+    )
+    for label, workload in run_workloads(cfg).items():
+        _require(
+            workload.num_samples == 1 and workload.beam_width == 1,
+            f"workloads.{label}: executor=real runs one sequence per request; set "
+            "num_samples=1 and beam_width=1 (forks run in the simulated executors only)",
+        )
 
 
 def _check_executor(executor: ExecutorConfig) -> None:
@@ -716,3 +753,12 @@ def _check_executor(executor: ExecutorConfig) -> None:
     for name in ("iteration_overhead_s", "allreduce_latency_s"):
         value = getattr(executor, name)
         _require(value >= 0, f"executor.{name}={value}: must be >= 0 seconds")
+    _require(
+        executor.kind != "profiled" or bool(executor.profile),
+        "executor=profiled needs executor.profile=FILE: a cost-model file written by "
+        "`python -m kvbench task=profile` (docs/sim_to_real.md)",
+    )
+    _require(
+        executor.num_threads is None or executor.num_threads >= 1,
+        f"executor.num_threads={executor.num_threads}: must be >= 1 (or null for torch's default)",
+    )

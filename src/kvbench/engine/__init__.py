@@ -4,6 +4,7 @@ No file I/O, no torch, no plotting: requests in, records out.
 """
 
 from kvbench.engine.cost_model import CostModel, IterationShape
+from kvbench.engine.profiled import ProfiledCostModel
 from kvbench.engine.records import RequestRecord, SimulationResult, StepRecords
 from kvbench.engine.roofline import PageMapping, RooflineCostModel
 from kvbench.engine.scheduler import PREEMPTION_MODES, Scheduler, SchedulerLimits
@@ -14,6 +15,7 @@ __all__ = [
     "CostModel",
     "IterationShape",
     "PageMapping",
+    "ProfiledCostModel",
     "RequestRecord",
     "RooflineCostModel",
     "Scheduler",

@@ -25,6 +25,7 @@ class IterationShape:
         decode_context_tokens: sum of the decode sequences' context lengths (KV read).
         decode_context_lens: per decode sequence context length, only when a measured attention
             hook needs it (else empty).
+        num_prefill_seqs: sequences prefilled (a profiled model prices each sequence).
     """
 
     num_prefill_tokens: int
@@ -32,6 +33,7 @@ class IterationShape:
     num_decode_tokens: int
     decode_context_tokens: int
     decode_context_lens: tuple[int, ...] = ()
+    num_prefill_seqs: int = 0
 
 
 # Seconds of a decode-only iteration as a function of its sequences' summed context (tokens).
@@ -74,7 +76,9 @@ def iteration_shape(
     sequences holding ``decode_context_tokens`` tokens in all."""
     num_prefill_tokens = 0
     prefill_attention_pairs = 0
+    num_prefill_seqs = 0
     for seq in prefill:
+        num_prefill_seqs += 1
         length = seq.num_kv_tokens
         cached = seq.num_cached_tokens
         num_prefill_tokens += length - cached
@@ -85,4 +89,5 @@ def iteration_shape(
         prefill_attention_pairs=prefill_attention_pairs,
         num_decode_tokens=num_decode_tokens,
         decode_context_tokens=decode_context_tokens,
+        num_prefill_seqs=num_prefill_seqs,
     )

@@ -11,6 +11,7 @@ import torch
 
 from kvbench.tables.parquet import write_table
 from kvbench.tables.provenance import provenance
+from kvbench.tasks.equivalence.batched import batched_trajectories
 from kvbench.tasks.equivalence.cases import PromptCase, shared_prefix_cases
 from kvbench.tasks.equivalence.models import load_model
 from kvbench.tasks.equivalence.names import SMOLLM2
@@ -48,7 +49,8 @@ def build_cases(model_name: str, model: Any, num_prompts: int, num_samples: int,
 def run_logit_equivalence(
     cfg: Any, deployment: Any, raw_cfg: Any, output_dir: Path
 ) -> pd.DataFrame:
-    """Decode the prompts with the stock cache, then through every (allocator, backend) pair;
+    """Decode the prompts with the stock cache (one sequence at a time), then through every
+    (allocator, backend) pair (the kernel backend batched: ``_paged_trajectories``);
     write ``equivalence.parquet`` (after each pair), ``plots/equivalence.png`` and
     ``report.md``, print the verdicts (and, unless ``summary_table=false``, the files).
     ``deployment`` is not used (the model is ``equivalence.model``)."""
@@ -59,15 +61,13 @@ def run_logit_equivalence(
                         cfg.seed)  # fmt: skip
     steps = settings.num_decode_steps
     stock = stock_trajectories(StockRunner(model), cases, steps)
-    num_blocks = blocks_needed(cases, steps, settings.block_size)
     rows: list[dict[str, object]] = []
     table = pd.DataFrame(columns=list(EQUIVALENCE_COLUMNS))
     for allocator in settings.allocators:
         for backend in settings.backends:
-            runner = _paged_runner(model, allocator, backend, num_blocks, settings.block_size,
-                                   _KV_DTYPES.get(settings.kv_dtype))  # fmt: skip
-            scramble_free_blocks(runner, cfg.seed)
-            paged = paged_trajectories(runner, cases, steps)
+            paged = _paged_trajectories(model, allocator, backend, cases, steps,
+                                        settings.block_size, cfg.seed,
+                                        _KV_DTYPES.get(settings.kv_dtype))  # fmt: skip
             labels = {"model": settings.model, "allocator": allocator, "backend": backend,
                       "dtype": settings.dtype,
                       "kv_dtype": settings.kv_dtype or settings.dtype}  # fmt: skip
@@ -85,19 +85,23 @@ def run_logit_equivalence(
     return table
 
 
-def _paged_runner(
-    model: Any,
-    allocator: str,
-    backend: str,
-    num_blocks: int,
-    block_size: int,
-    kv_dtype: torch.dtype | None = None,
-) -> PagedRunner:
-    """A runner for ``backend``: ``gather`` or a paged-kernel backend (``torch``), its pools in
-    ``kv_dtype`` (None: the model's)."""
+def _paged_trajectories(model: Any, allocator: str, backend: str, cases: list[PromptCase],
+                        steps: int, block_size: int, seed: int,
+                        kv_dtype: torch.dtype | None = None) -> dict:  # fmt: skip
+    """The kernel backend batched: every case's samples at once through the real executor's
+    forward (``batched``). ``gather``, and K/V stored in ``kv_dtype`` (fp8; None: the model's),
+    one sequence at a time as the stock cache runs: gather's check is bit-identity, which a
+    batched matmul's rounding would blur (by ~1e-7), and the batched pools hold the model's
+    dtype."""
+    if backend != "gather" and kv_dtype is None:
+        return batched_trajectories(model, allocator, backend, cases, steps, block_size, seed)
+    num_blocks = blocks_needed(cases, steps, block_size)
     if backend == "gather":
-        return PagedRunner(model, allocator, num_blocks, block_size, "gather", kv_dtype=kv_dtype)
-    return PagedRunner(model, allocator, num_blocks, block_size, "paged", backend, kv_dtype)
+        runner = PagedRunner(model, allocator, num_blocks, block_size, "gather", kv_dtype=kv_dtype)
+    else:
+        runner = PagedRunner(model, allocator, num_blocks, block_size, "paged", backend, kv_dtype)
+    scramble_free_blocks(runner, seed)
+    return paged_trajectories(runner, cases, steps)
 
 
 def _print_summary(table: pd.DataFrame, num_prompts: int, settings: Any, elapsed_s: float) -> None:

@@ -23,6 +23,7 @@ from kvbench.core.kv_capacity import hybrid_pool, pool_slots
 from kvbench.core.request import Request
 from kvbench.core.specs import GIB, Deployment
 from kvbench.engine import PageMapping, RooflineCostModel, Scheduler, SchedulerLimits, simulate
+from kvbench.engine.cost_model import CostModel
 from kvbench.engine.kv_cache_v1 import V1KVCache
 from kvbench.engine.scheduler import rejection_reason
 from kvbench.engine.scheduler_v1 import ReservingV1Memory, V1Limits, V1Memory
@@ -30,9 +31,11 @@ from kvbench.engine.simulate_v1 import simulate_v1, v1_rejection_reason
 from kvbench.plots.time_series import memory_chart_rows
 from kvbench.tables.parquet import write_frames, write_table
 from kvbench.tables.provenance import provenance
+from kvbench.tasks.profile.profile_file import load_profiled_cost_model
 from kvbench.tasks.simulate.accounting import workload_accounting
 from kvbench.tasks.simulate.per_run_files import StreamedTables
 from kvbench.tasks.simulate.plot import plot_run
+from kvbench.tasks.simulate.real_runner import run_on_real_model
 from kvbench.tasks.simulate.table import requests_frame, steps_frame, summarize
 from kvbench.workloads import WorkloadConfig, to_requests, with_arrivals, workload_rows
 from kvbench.workloads.beam_ancestry import load_beam_ancestry
@@ -113,11 +116,20 @@ def page_mapping(
 
 
 def cost_model(
-    cfg: KvbenchConfig, deployment: Deployment, allocator: str | None = None
-) -> RooflineCostModel:
-    """The roofline cost model from the ``executor`` config, with ``allocator``'s page mapping
-    priced in (vattention)."""
+    cfg: KvbenchConfig,
+    deployment: Deployment,
+    allocator: str | None = None,
+    kernel_block_size: int | None = None,
+) -> CostModel:
+    """The cost model the ``executor`` config names: the roofline, with ``allocator``'s page
+    mapping priced in (vattention), or (``executor=profiled``) the fitted model of
+    ``executor.profile`` for an attention kernel of ``kernel_block_size`` (default
+    ``allocator.block_size``; a contiguous allocator's is 1). ``executor=real`` measures its
+    iterations; its runs never ask this model."""
     executor = cfg.executor
+    if executor.kind == "profiled" and executor.profile:
+        block_size = kernel_block_size or cfg.allocator.block_size
+        return load_profiled_cost_model(executor.profile, block_size, deployment)
     return RooflineCostModel(
         deployment=deployment,
         compute_efficiency=executor.compute_efficiency,
@@ -233,7 +245,13 @@ def run_experiment(
                 unit="req",
                 disable=not cfg.progress,
             ) as bar:
-                if cfg.scheduler.name == "vllm_v1":
+                measured: dict[str, Any] = {}
+                if cfg.executor.kind == "profiled":  # priced at the allocator's blocks
+                    costs = cost_model(cfg, deployment, name, allocator.block_size)
+                if cfg.executor.kind == "real":
+                    result, measured = run_on_real_model(cfg, requests, Scheduler(limits),
+                                                         allocator, bar.update)  # fmt: skip
+                elif cfg.scheduler.name == "vllm_v1":
                     result = simulate_v1(requests, v1_memory(name, allocator, max_model_len),
                                          v1_limits(limits), costs, num_slots, bar.update,
                                          step_sink=step_sink, fast=cfg.engine.fast)
@@ -243,7 +261,8 @@ def run_experiment(
                                       step_sink=step_sink)
             wall_s = time.perf_counter() - started_s
             request_table = requests_frame(result).assign(**labels)
-            summary = {**labels, **summarize(request_table, result, deployment), **ideal}
+            summary = {**labels, **summarize(request_table, result, deployment), **ideal,
+                       **measured}  # fmt: skip
             summary["simulation_wall_s"] = wall_s
             summary.update(_virtual_columns(allocator, settings, deployment))
             summaries.append(summary)

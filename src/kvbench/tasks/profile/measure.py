@@ -1,0 +1,118 @@
+"""Time the grid's iterations and swaps with the real executor on this machine.
+
+Each iteration point gets a fresh allocator (``naive_oracle`` for block size 1, ``paged``
+otherwise) and executor; its sequences are admitted as the scheduler would admit them, and
+``RealExecutor.run`` is timed on the batch, as ``run_real`` times an iteration. A point runs once
+untimed, then ``repeats`` times; the median is kept, with the spread (max - min) / median.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from kvbench.allocators import make_allocator
+from kvbench.allocators.base import Allocator
+from kvbench.core.request import Request
+from kvbench.engine.cost_model import IterationShape, iteration_shape
+from kvbench.engine.records import RequestRecord
+from kvbench.engine.scheduler import Batch, Scheduler, SchedulerLimits
+from kvbench.engine.sequence import Sequence
+from kvbench.executors.kv_memory import KVMemory
+from kvbench.executors.real import RealExecutor
+from kvbench.tasks.profile.grid import IterationPoint, SwapPoint
+
+OUTPUT_TOKENS = 8  # every timed sequence's output length (its reservation under naive_oracle)
+
+
+@dataclass(frozen=True)
+class Timing:
+    """A point's median seconds over its repeats and their spread ((max - min) / median)."""
+
+    median_s: float
+    spread: float
+
+
+def time_repeats(run: Callable[[], None], prepare: Callable[[], None], repeats: int) -> Timing:
+    """``prepare(); run()`` once untimed, then ``repeats`` times with ``run`` timed."""
+    durations = []
+    for index in range(repeats + 1):
+        prepare()
+        started_s = time.perf_counter()
+        run()
+        if index:
+            durations.append(time.perf_counter() - started_s)
+    median_s = statistics.median(durations)
+    return Timing(median_s, (max(durations) - min(durations)) / median_s)
+
+
+def _sequence(seq_id: int, prompt_tokens: int, num_generated: int) -> Sequence:
+    request = Request(request_id=seq_id, arrival_s=0.0, prompt_tokens=prompt_tokens,
+                      output_tokens=OUTPUT_TOKENS)  # fmt: skip
+    record = RequestRecord(seq_id, 0.0, prompt_tokens, OUTPUT_TOKENS, OUTPUT_TOKENS)
+    return Sequence(request=request, record=record, seq_id=seq_id, num_generated=num_generated)
+
+
+def time_iteration(
+    model: Any, point: IterationPoint, repeats: int
+) -> tuple[IterationShape, Timing]:
+    """The point's shape and its measured time."""
+    name = "naive_oracle" if point.block_size == 1 else "paged"
+    max_model_len = max((*point.decode_contexts, *point.prefill_prompts)) + OUTPUT_TOKENS + 2
+    allocator = make_allocator(name, point.num_slots(OUTPUT_TOKENS), point.block_size,
+                               max_model_len)  # fmt: skip
+    executor = RealExecutor(model, allocator)
+    executor.warm_up()
+    # A decode sequence of context c holds c - 1 computed tokens and feeds its c-th.
+    decode = [_sequence(i, c - 1, 1) for i, c in enumerate(point.decode_contexts)]
+    first_prefill_id = len(decode)
+    prefill = [_sequence(first_prefill_id + i, p, 0) for i, p in enumerate(point.prefill_prompts)]
+    scheduler = Scheduler(SchedulerLimits(max_model_len=max_model_len))
+
+    def prepare() -> None:
+        for seq in decode + prefill:
+            executor.forget(seq.seq_id)
+        _readmit(allocator, decode + prefill)
+        for seq in decode:
+            executor.assume_computed(seq.seq_id, [0] * seq.num_kv_tokens)
+
+    batch = Batch(decode=decode, prefill=prefill)
+    timing = time_repeats(lambda: executor.run(batch, scheduler), prepare, repeats)
+    context = sum(seq.num_kv_tokens for seq in decode)
+    return iteration_shape(prefill, len(decode), context), timing
+
+
+def _readmit(allocator: Allocator, seqs: list[Sequence]) -> None:
+    """Free the sequences (if held) and admit each with its next token's slot."""
+    for seq in seqs:
+        with contextlib.suppress(KeyError):  # not admitted yet
+            allocator.free(seq.seq_id)
+    for seq in seqs:
+        if not allocator.admit(seq.seq_id, seq.request, seq.num_kv_tokens + 1):
+            raise RuntimeError(f"profile pool too small for sequence {seq.seq_id}")
+
+
+def time_swap(model: Any, point: SwapPoint, repeats: int) -> Timing:
+    """Seconds of one direction of a swap: (copy out + copy back) / 2."""
+    config = model.config
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // (
+        config.num_attention_heads
+    )
+    num_slots = -(-point.num_tokens // point.block_size) * point.block_size * 2
+    memory = KVMemory(config.num_hidden_layers, config.num_key_value_heads, head_dim, num_slots,
+                      point.block_size, model.dtype)  # fmt: skip
+    slots = torch.arange(point.num_tokens)  # [num_tokens], the sequence's first blocks
+    back = torch.arange(num_slots - point.num_tokens, num_slots)  # [num_tokens], other blocks
+
+    def swap_out_and_in() -> None:
+        memory.swap_out(0, slots)
+        memory.swap_in(0, back)
+
+    timing = time_repeats(swap_out_and_in, lambda: None, repeats)
+    return Timing(timing.median_s / 2, timing.spread)

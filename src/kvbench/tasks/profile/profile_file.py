@@ -1,0 +1,65 @@
+"""The profile file: a fitted cost model, named by device, model and versions.
+
+A small JSON file (``profile_<hardware>_<model>_<dtype>_torch<version>_kvbench<version>.json``)
+holding the coefficients of ``engine.profiled.ProfiledCostModel`` and what they were measured on
+(device, CPU or GPU name, threads, versions) and how well they fit. ``executor=profiled
+executor.profile=FILE`` reads it here, at the edge; the engine gets the coefficients.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from kvbench.core.specs import Deployment
+from kvbench.engine.profiled import PROFILE_TERMS, SWAP_TERMS, ProfiledCostModel
+from kvbench.tables.atomic import write_text_atomic
+
+FORMAT_VERSION = 1
+
+
+def profile_file_name(hardware: str, model: str, dtype: str, versions: dict[str, str]) -> str:
+    """The file's name: what the coefficients are valid for."""
+    return (f"profile_{hardware}_{model}_{dtype}_torch{versions['torch']}"
+            f"_kvbench{versions['kvbench']}.json")  # fmt: skip
+
+
+def write_profile(path: Path, profile: dict[str, Any]) -> None:
+    """Write ``profile`` (its ``coefficients`` and descriptive keys) as JSON, atomically."""
+    document = {"format_version": FORMAT_VERSION, **profile}
+    write_text_atomic(path, json.dumps(document, indent=2, sort_keys=True) + "\n")
+
+
+def read_profile(path: str | Path) -> dict[str, Any]:
+    """A profile file's contents; ValueError (one line) when it is not one."""
+    text = Path(path).read_text()
+    try:
+        document = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{path}: not a profile file (invalid JSON: {error.msg}); write one "
+                         "with `python -m kvbench task=profile`") from None  # fmt: skip
+    missing = [t for t in (*PROFILE_TERMS, *SWAP_TERMS)
+               if t not in document.get("coefficients", {})]  # fmt: skip
+    if missing:
+        raise ValueError(f"{path}: profile has no coefficient {missing[0]}; write it again with "
+                         "`python -m kvbench task=profile`")  # fmt: skip
+    return dict(document)
+
+
+def load_profiled_cost_model(
+    path: str | Path, block_size: int, deployment: Deployment
+) -> ProfiledCostModel:
+    """The cost model of the profile at ``path`` for a kernel block size of ``block_size``.
+
+    ValueError (one line) when the profile was measured on another model than ``deployment``'s:
+    its coefficients would price another network.
+    """
+    document = read_profile(path)
+    model = document.get("model")
+    if model != deployment.model.name:
+        raise ValueError(f"{path}: profile measured on model {model}, this run is "
+                         f"model={deployment.model.name}; profile it with `python -m kvbench "
+                         f"task=profile model={deployment.model.name}`")  # fmt: skip
+    coefficients = {name: float(value) for name, value in document["coefficients"].items()}
+    return ProfiledCostModel(coefficients, block_size)

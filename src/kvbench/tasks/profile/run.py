@@ -1,0 +1,131 @@
+"""``python -m kvbench task=profile hardware=cpu model=smollm2-135m``: time, fit, write.
+
+Times every point of ``grid`` with the real executor on this machine (``measure``), fits the
+profiled cost model (``fit``) and writes, in the run folder: the profile file (named by device,
+model and versions; ``profile_file``), ``profile.parquet`` (every point, measured and fitted),
+``plots/profile_fit.png|svg`` and ``report.md``.
+"""
+
+from __future__ import annotations
+
+import platform
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from kvbench import __version__
+from kvbench.engine.profiled import (
+    PROFILE_TERMS,
+    SWAP_TERMS,
+    ProfiledCostModel,
+    iteration_features,
+    swap_features,
+)
+from kvbench.tables.parquet import write_table
+from kvbench.tables.provenance import provenance
+from kvbench.tasks.profile.fit import fit_non_negative
+from kvbench.tasks.profile.grid import iteration_grid, swap_grid
+from kvbench.tasks.profile.plot import plot_predicted_vs_measured
+from kvbench.tasks.profile.profile_file import profile_file_name, write_profile
+from kvbench.tasks.profile.table import iteration_row, profile_frame, swap_row
+from kvbench.tasks.simulate.real_runner import load_real_model, pin_threads
+from kvbench.tasks.simulate.run_outputs import print_files, write_task_report
+
+REPEATS = 3  # timed runs per point (after one untimed); the median is kept
+
+
+def run_profile(cfg: Any, deployment: Any, raw_cfg: Any, output_dir: Path) -> pd.DataFrame:
+    """Profile ``cfg.model`` on this machine; returns the table of timed points."""
+    import torch
+    import transformers
+
+    from kvbench.tasks.profile.measure import time_iteration, time_swap
+
+    started_s = time.perf_counter()
+    pin_threads(cfg.executor.num_threads)
+    model = load_real_model(cfg.model.name, cfg.model.dtype)
+    iterations = [(point, *time_iteration(model, point, REPEATS)) for point in iteration_grid()]
+    swaps = [(point, time_swap(model, point, REPEATS)) for point in swap_grid()]
+    iteration_coefficients = fit_non_negative(
+        [iteration_features(shape, point.block_size) for point, shape, _ in iterations],
+        [timing.median_s for _, _, timing in iterations],
+    )
+    swap_coefficients = fit_non_negative(
+        [swap_features(point.num_tokens, point.block_size) for point, _ in swaps],
+        [timing.median_s for _, timing in swaps],
+    )
+    coefficients = dict(zip(PROFILE_TERMS, map(float, iteration_coefficients), strict=True))
+    coefficients.update(zip(SWAP_TERMS, map(float, swap_coefficients), strict=True))
+    rows = [
+        iteration_row(shape, point.block_size, timing.median_s, timing.spread,
+                      ProfiledCostModel(coefficients, point.block_size))
+        for point, shape, timing in iterations
+    ]  # fmt: skip
+    rows += [
+        swap_row(point.num_tokens, point.block_size, timing.median_s, timing.spread,
+                 ProfiledCostModel(coefficients, point.block_size))
+        for point, timing in swaps
+    ]  # fmt: skip
+    table = profile_frame(rows)
+    versions = {"kvbench": __version__, "torch": torch.__version__.split("+")[0],
+                "transformers": transformers.__version__}  # fmt: skip
+    iteration_errors = table.loc[table["kind"] == "iteration", "abs_pct_error"]
+    profile = {
+        "hardware": deployment.hardware.name, "model": cfg.model.name,
+        "dtype": cfg.model.dtype, "device": _device_name(), "num_threads": torch.get_num_threads(),
+        "versions": versions, "coefficients": coefficients, "repeats": REPEATS,
+        "fit": {"num_iteration_points": len(iterations), "num_swap_points": len(swaps),
+                "median_abs_pct_error": float(iteration_errors.median()),
+                "max_abs_pct_error": float(iteration_errors.max()),
+                "median_spread": float(statistics.median(table["spread"]))},
+        "profile_wall_s": time.perf_counter() - started_s,
+    }  # fmt: skip
+    name = profile_file_name(deployment.hardware.name, cfg.model.name, cfg.model.dtype, versions)
+    write_profile(output_dir / name, profile)
+    write_table(table, output_dir / "profile.parquet", provenance(raw_cfg))
+    if cfg.plots:
+        plot_predicted_vs_measured(table, output_dir / "plots", "profile_fit",
+                                   f"{cfg.model.name} on {profile['device']}: fitted vs measured")
+    lines = _summary_lines(profile, name)
+    print("\n".join(lines))
+    write_task_report(output_dir, f"{cfg.experiment_name}: profile of {cfg.model.name} on "
+                      f"{deployment.hardware.name}", raw_cfg,
+                      ["## Profile\n\n" + "\n".join(f"- {line}" for line in lines)])  # fmt: skip
+    if cfg.summary_table:
+        print_files(output_dir)
+    return table
+
+
+def _device_name() -> str:
+    """The CPU's name (the GPU's when torch sees one)."""
+    import torch
+
+    if torch.cuda.is_available():
+        return str(torch.cuda.get_device_name(0))
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _summary_lines(profile: dict[str, Any], name: str) -> list[str]:
+    fit = profile["fit"]
+    coefficients = profile["coefficients"]
+    terms = ", ".join(f"{term} {value:.3g}" for term, value in coefficients.items())
+    return [
+        f"profile: {profile['model']} ({profile['dtype']}) on {profile['device']}, "
+        f"{profile['num_threads']} threads, {fit['num_iteration_points']} iterations and "
+        f"{fit['num_swap_points']} swaps timed in {profile['profile_wall_s']:.0f} s -> {name}",
+        f"fit: median |error| {fit['median_abs_pct_error']:.1f} %, max "
+        f"{fit['max_abs_pct_error']:.1f} % (median spread of repeats "
+        f"{100 * fit['median_spread']:.1f} %)",
+        f"coefficients (s per unit): {terms}",
+        f"use it: executor=profiled executor.profile={name}",
+    ]
+

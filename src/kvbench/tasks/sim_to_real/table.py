@@ -1,0 +1,54 @@
+"""Rows of ``sim_to_real.parquet`` (one per run and profile) and its per-request pairs.
+
+Errors compare a profiled simulation with the real run of the same requests: per request, the
+absolute percentage error of E2E latency, TTFT and TPOT (medians over requests finished in both);
+per run, the signed percentage error of output throughput, mean batch and peak KV in use
+(docs/metrics.md, ``sim_to_real.parquet``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from kvbench.engine.records import SimulationResult
+
+LATENCIES = (("e2e", "e2e_latency_s"), ("ttft", "ttft_s"), ("tpot", "tpot_s"))
+
+
+def request_pairs(measured: pd.DataFrame, predicted: pd.DataFrame) -> pd.DataFrame:
+    """Requests finished in both runs, with measured and predicted latencies side by side."""
+    columns = ["request_id", *(column for _, column in LATENCIES)]
+    both = measured.loc[measured["status"] == "finished", columns].merge(
+        predicted.loc[predicted["status"] == "finished", columns], on="request_id",
+        suffixes=("_measured", "_predicted"),
+    )  # fmt: skip
+    return both
+
+
+def peak_kv_in_use_slots(result: SimulationResult) -> int:
+    """The most slots held at once (token states + reservation + internal fragmentation)."""
+    columns = result.steps.columns
+    held = (np.asarray(columns["token_states_slots"]) + np.asarray(columns["reservation_slots"])
+            + np.asarray(columns["internal_frag_slots"]))  # fmt: skip
+    return int(held.max()) if held.size else 0
+
+
+def error_row(pairs: pd.DataFrame, measured: dict[str, float],
+              predicted: dict[str, float]) -> dict[str, float]:  # fmt: skip
+    """The run's errors: median |%| per request of each latency, signed % of the run figures."""
+    row: dict[str, float] = {"num_compared": len(pairs)}
+    for name, column in LATENCIES:
+        truth = pairs[f"{column}_measured"]
+        guess = pairs[f"{column}_predicted"]
+        valid = truth > 0
+        errors = (guess[valid] - truth[valid]).abs() / truth[valid] * 100
+        row[f"{name}_mape_pct"] = float(errors.median()) if len(errors) else float("nan")
+    for name in ("output_token_throughput", "mean_batch_size", "peak_kv_in_use_slots"):
+        row[f"measured_{name}"] = measured[name]
+        row[f"predicted_{name}"] = predicted[name]
+        row[f"{name}_error_pct"] = (
+            (predicted[name] - measured[name]) / measured[name] * 100
+            if measured[name] else float("nan")
+        )
+    return row

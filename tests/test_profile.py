@@ -1,0 +1,141 @@
+"""task=profile and executor=profiled: the fit recovers known coefficients, the profiled cost model
+prices shapes by its terms, the profile file round-trips, and the grid's points time on a real
+(tiny) model."""
+
+import json
+
+import numpy as np
+import pytest
+from conftest import compose_config
+
+from kvbench.config import ConfigError
+from kvbench.core.catalog import get_deployment
+from kvbench.engine.cost_model import IterationShape
+from kvbench.engine.profiled import (
+    PROFILE_TERMS,
+    ProfiledCostModel,
+    iteration_features,
+)
+from kvbench.tasks.profile.fit import abs_pct_errors, fit_non_negative
+from kvbench.tasks.profile.grid import IterationPoint, iteration_grid, spread_contexts
+from kvbench.tasks.profile.profile_file import (
+    load_profiled_cost_model,
+    profile_file_name,
+    write_profile,
+)
+
+COEFFICIENTS = {
+    "fixed_s": 0.02, "per_seq_s": 4e-4, "per_token_s": 3e-3, "per_prefill_pair_s": 2e-7,
+    "per_context_token_s": 1e-6, "per_context_block_s": 5e-6, "per_mean_context_s": 2e-5,
+    "swap_per_token_s": 1e-6, "swap_per_block_s": 3e-6,
+}  # fmt: skip
+
+
+def _grid_shapes() -> list[tuple[IterationShape, int]]:
+    shapes = []
+    for point in iteration_grid():
+        contexts = point.decode_contexts
+        pairs = sum(n * (n + 1) // 2 for n in point.prefill_prompts)
+        shape = IterationShape(sum(point.prefill_prompts), pairs, len(contexts), sum(contexts),
+                               num_prefill_seqs=len(point.prefill_prompts))  # fmt: skip
+        shapes.append((shape, point.block_size))
+    return shapes
+
+
+def test_the_fit_recovers_the_coefficients_that_made_the_times():
+    model = ProfiledCostModel(COEFFICIENTS, 16)
+    shapes = _grid_shapes()
+    features = [iteration_features(shape, block_size) for shape, block_size in shapes]
+    times = [ProfiledCostModel(COEFFICIENTS, b).iteration_time_s(s) for s, b in shapes]
+    fitted = fit_non_negative(features, times)
+    expected = [COEFFICIENTS[term] for term in PROFILE_TERMS]
+    assert fitted == pytest.approx(expected, rel=1e-6)
+    assert model.iteration_time_s(IterationShape(0, 0, 0, 0)) == 0.0
+
+
+def test_the_fit_keeps_coefficients_non_negative():
+    # Times that fall with the batch: an unconstrained fit would give per_seq_s < 0.
+    features = [(1.0, float(n)) for n in range(1, 9)]
+    times = [0.1 - 0.001 * n for n in range(1, 9)]
+    fitted = fit_non_negative(features, times)
+    assert (fitted >= 0).all() and fitted[1] == 0.0
+    assert np.median(abs_pct_errors(np.asarray(features) @ fitted, times)) < 5
+
+
+def test_block_size_prices_decode_attention_per_block():
+    shape = IterationShape(0, 0, 8, 4096)
+    small, large = (ProfiledCostModel(COEFFICIENTS, b).iteration_time_s(shape) for b in (1, 64))
+    # 4096 context tokens: 4096 blocks of 1 vs 64 blocks of 64.
+    assert small - large == pytest.approx(COEFFICIENTS["per_context_block_s"] * (4096 - 64))
+    model = ProfiledCostModel(COEFFICIENTS, 16)
+    assert model.decode_time_fn(8)(4096) == model.iteration_time_s(shape)
+    assert model.swap_time_s(1024) == pytest.approx(1024 * 1e-6 + 64 * 3e-6)
+
+
+def test_missing_coefficients_are_refused():
+    with pytest.raises(ValueError, match="per_seq_s"):
+        ProfiledCostModel({k: v for k, v in COEFFICIENTS.items() if k != "per_seq_s"}, 16)
+
+
+def test_profile_file_round_trips_and_names_its_model(tmp_path):
+    versions = {"kvbench": "1.0", "torch": "2.13.0", "transformers": "5.0"}
+    name = profile_file_name("cpu", "smollm2-135m", "fp32", versions)
+    assert name == "profile_cpu_smollm2-135m_fp32_torch2.13.0_kvbench1.0.json"
+    path = tmp_path / name
+    write_profile(path, {"model": "smollm2-135m", "coefficients": COEFFICIENTS})
+    deployment = get_deployment("smollm2-135m", "cpu")
+    model = load_profiled_cost_model(path, 16, deployment)
+    assert model.coefficients == COEFFICIENTS and model.block_size == 16
+    with pytest.raises(ValueError, match=r"measured on model smollm2-135m.*model=opt-13b"):
+        load_profiled_cost_model(path, 16, get_deployment("opt-13b", "a100-40gb"))
+    path.write_text(json.dumps({"model": "smollm2-135m", "coefficients": {}}))
+    with pytest.raises(ValueError, match="no coefficient fixed_s"):
+        load_profiled_cost_model(path, 16, deployment)
+
+
+def test_executor_profiled_simulates_with_the_profile(tmp_path):
+    from kvbench.tasks.simulate.experiment import cost_model, run_experiment
+
+    path = tmp_path / "profile.json"
+    write_profile(path, {"model": "smollm2-135m", "coefficients": COEFFICIENTS})
+    cfg, deployment, raw = compose_config(
+        "executor=profiled", f"executor.profile={path}", "model=smollm2-135m", "hardware=cpu",
+        "workload=fixed", "workload.num_requests=1", "workload.prompt_tokens=20",
+        "workload.output_tokens=5", "allocators=[paged]", "progress=false", "plots=false",
+        "request_rates=[1000]",
+    )  # fmt: skip
+    assert isinstance(cost_model(cfg, deployment), ProfiledCostModel)
+    summary = run_experiment(cfg, deployment, raw, tmp_path / "run")
+    # The prompt prefilled (and its first token out), then four decode steps at contexts 21-24.
+    prefill = IterationShape(20, 210, 0, 0, num_prefill_seqs=1)
+    model = ProfiledCostModel(COEFFICIENTS, cfg.allocator.block_size)
+    decode_s = sum(model.iteration_time_s(IterationShape(0, 0, 1, 20 + k)) for k in range(1, 5))
+    expected_e2e_s = model.iteration_time_s(prefill) + decode_s
+    assert summary["e2e_p50_s"].iloc[0] == pytest.approx(expected_e2e_s, rel=1e-3)
+
+
+def test_executor_profiled_needs_a_profile():
+    with pytest.raises(ConfigError, match=r"executor\.profile=FILE"):
+        compose_config("executor=profiled")
+
+
+def test_real_executor_refuses_a_model_it_cannot_run():
+    with pytest.raises(ConfigError, match="allowed models are smollm2-135m"):
+        compose_config("executor=real", "model=opt-13b", "hardware=a100-40gb")
+
+
+def test_spread_contexts_keep_their_mean():
+    contexts = spread_contexts(5, 256)
+    assert contexts == (128, 192, 256, 320, 384) and sum(contexts) / 5 == 256
+
+
+@pytest.mark.parametrize("block_size", [1, 16])  # 1: a naive_oracle arena
+def test_a_grid_point_times_on_a_real_model(block_size):
+    from kvbench.tasks.equivalence.models import load_model
+    from kvbench.tasks.profile.measure import time_iteration
+
+    model = load_model("tiny-llama-gqa")
+    point = IterationPoint(block_size, decode_contexts=(20, 40), prefill_prompts=(12,))
+    shape, timing = time_iteration(model, point, repeats=2)
+    assert shape == IterationShape(12, 78, 2, 60, num_prefill_seqs=1)
+    assert timing.median_s > 0 and timing.spread >= 0
