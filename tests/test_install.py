@@ -3,6 +3,7 @@
 import os
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pandas as pd
@@ -81,3 +82,13 @@ def test_no_top_level_kernels_module_is_installed(tmp_path):
 
     spec = importlib.util.find_spec("kernels")
     assert spec is None or not Path(spec.origin or "").is_relative_to(ROOT)
+
+
+def test_every_package_of_the_source_ships_in_the_wheel():
+    root = Path(__file__).resolve().parents[1]
+    setuptools_table = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]
+    listed = set(setuptools_table["packages"])
+    source = root / "src"
+    inits = source.rglob("__init__.py")
+    found = {".".join(init.parent.relative_to(source).parts) for init in inits}
+    assert found - listed == set(), "add these to [tool.setuptools] packages in pyproject.toml"
