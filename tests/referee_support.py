@@ -1,11 +1,17 @@
-"""What the referee tests share: whether the pinned vLLM is installed, and the ``peer`` marks."""
+"""What the referee tests share: whether the pinned vLLM is installed, the ``peer`` marks, and the
+step-for-step comparison of kvbench's ``vllm_v1`` with real vLLM."""
 
 from __future__ import annotations
 
 import importlib.metadata
+from typing import Any
 
 import pytest
 
+from kvbench.allocators.paged import PagedAllocator
+from kvbench.core.kv_capacity import NUM_NULL_BLOCKS
+from kvbench.core.request import Request
+from kvbench.engine.scheduler_v1 import V1Limits, V1Step, run_v1_steps
 from kvbench.referee.vllm_v1 import INSTALL_HINT, VLLM_VERSION
 
 
@@ -31,3 +37,53 @@ def peer(test):  # type: ignore[no-untyped-def]
     for mark in reversed(PEER_MARKS):
         test = mark(test)
     return test
+
+
+def kvbench_v1_steps(
+    requests: list[Request],
+    block_size: int,
+    num_gpu_blocks: int,
+    limits: V1Limits,
+    arrival_steps: list[int] | None = None,
+    *,
+    prefix_caching: bool = False,
+) -> list[V1Step]:
+    """kvbench's ``vllm_v1`` steps over vLLM's ``num_gpu_blocks`` (its null block included)."""
+    num_slots = (num_gpu_blocks - NUM_NULL_BLOCKS) * block_size
+    allocator = PagedAllocator(num_slots, block_size, limits.max_model_len,
+                               enable_prefix_caching=prefix_caching)  # fmt: skip
+    return run_v1_steps(requests, allocator, limits, arrival_steps)
+
+
+def _comparable(step: Any, prefix_caching: bool) -> tuple:
+    scheduled = (step.step_index, step.scheduled_tokens, step.num_blocks_in_use,
+                 step.preempted_request_ids, step.finished_request_ids, step.num_running,
+                 step.num_waiting)  # fmt: skip
+    if not prefix_caching:
+        return scheduled
+    return (*scheduled, step.prefix_query_tokens, step.prefix_hit_tokens,
+            step.resumed_query_tokens, step.resumed_hit_tokens)  # fmt: skip
+
+
+def agrees_with_vllm(
+    case: tuple[list[Request], int, int, V1Limits, list[int] | None], *, prefix_caching: bool
+) -> int:
+    """Assert kvbench's ``vllm_v1`` steps equal real vLLM's, one by one, on ``case`` (requests,
+    block size, vLLM's num_gpu_blocks, limits, arrival steps); the number of steps compared."""
+    from kvbench.referee.vllm_v1 import RefereeLimits, run_referee
+
+    requests, block_size, num_gpu_blocks, limits, arrival_steps = case
+    referee = run_referee(
+        requests,
+        RefereeLimits(block_size=block_size, num_gpu_blocks=num_gpu_blocks,
+                      max_num_seqs=limits.max_num_seqs,
+                      max_num_batched_tokens=limits.max_num_batched_tokens,
+                      max_model_len=limits.max_model_len, enable_prefix_caching=prefix_caching),
+        arrival_steps,
+    )  # fmt: skip
+    ours = kvbench_v1_steps(requests, block_size, num_gpu_blocks, limits, arrival_steps,
+                            prefix_caching=prefix_caching)  # fmt: skip
+    for vllm_step, kvbench_step in zip(referee, ours, strict=False):
+        assert _comparable(kvbench_step, prefix_caching) == _comparable(vllm_step, prefix_caching)
+    assert len(ours) == len(referee)
+    return len(ours)

@@ -11,35 +11,21 @@ import dataclasses
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from referee_support import peer
+from referee_support import agrees_with_vllm, kvbench_v1_steps, peer
 
-from kvbench.allocators.paged import PagedAllocator
 from kvbench.core.kv_capacity import NUM_NULL_BLOCKS
 from kvbench.core.request import Request
-from kvbench.engine.scheduler_v1 import V1Limits, V1Step, run_v1_steps
+from kvbench.engine.scheduler_v1 import V1Limits
 
 Case = tuple[list[Request], int, int, V1Limits, "list[int] | None"]
 
-
-def _kvbench_steps(
-    requests: list[Request],
-    block_size: int,
-    num_gpu_blocks: int,
-    limits: V1Limits,
-    arrival_steps: list[int] | None = None,
-) -> list[V1Step]:
-    num_slots = (num_gpu_blocks - NUM_NULL_BLOCKS) * block_size
-    allocator = PagedAllocator(
-        num_slots, block_size, limits.max_model_len, enable_prefix_caching=True
-    )
-    return run_v1_steps(requests, allocator, limits, arrival_steps)
 
 
 def test_a_later_request_of_the_same_step_hits_blocks_cached_at_allocation() -> None:
     # The case tests/test_referee.py pins on real vLLM: 2 x 16 of the shared 40 tokens hit.
     shared = dict(prefix_group=5, prefix_tokens=40)
     requests = [Request(0, 0.0, 50, 3, **shared), Request(1, 0.0, 50, 3, **shared)]
-    steps = _kvbench_steps(requests, 16, 100, V1Limits(8, 512, 1024))
+    steps = kvbench_v1_steps(requests, 16, 100, V1Limits(8, 512, 1024), prefix_caching=True)
     assert steps[0].scheduled_tokens == ((0, 50), (1, 18))
     assert (steps[0].prefix_query_tokens, steps[0].prefix_hit_tokens) == (100, 32)
 
@@ -47,7 +33,8 @@ def test_a_later_request_of_the_same_step_hits_blocks_cached_at_allocation() -> 
 def test_a_full_prompt_hit_still_recomputes_its_last_token() -> None:
     shared = dict(prefix_group=1, prefix_tokens=32)
     requests = [Request(0, 0.0, 32, 2, **shared), Request(1, 0.0, 32, 2, **shared)]
-    steps = _kvbench_steps(requests, 16, 100, V1Limits(8, 512, 1024), [0, 5])
+    steps = kvbench_v1_steps(requests, 16, 100, V1Limits(8, 512, 1024), [0, 5],
+                             prefix_caching=True)
     admitted = next(step for step in steps if step.step_index == 5)
     # 32 tokens cached, but at most 31 may hit: one whole block, the second recomputed.
     assert (admitted.prefix_query_tokens, admitted.prefix_hit_tokens) == (32, 16)
@@ -56,7 +43,7 @@ def test_a_full_prompt_hit_still_recomputes_its_last_token() -> None:
 
 def test_a_resumed_request_hits_its_own_blocks_and_is_counted_apart() -> None:
     requests = [Request(0, 0.0, 60, 30), Request(1, 0.0, 60, 30)]
-    steps = _kvbench_steps(requests, 16, 10, V1Limits(8, 256, 1024))
+    steps = kvbench_v1_steps(requests, 16, 10, V1Limits(8, 256, 1024), prefix_caching=True)
     assert any(step.preempted_request_ids for step in steps)
     resumed = [step for step in steps if step.resumed_query_tokens]
     assert resumed and sum(step.resumed_hit_tokens for step in resumed) > 0
@@ -99,38 +86,12 @@ def workloads(draw: st.DrawFn) -> Case:
     return requests, block_size, num_gpu_blocks, limits, arrival_steps
 
 
-def _comparable(step) -> tuple:  # type: ignore[no-untyped-def]
-    return (step.step_index, step.scheduled_tokens, step.num_blocks_in_use,
-            step.preempted_request_ids, step.finished_request_ids, step.num_running,
-            step.num_waiting, step.prefix_query_tokens, step.prefix_hit_tokens,
-            step.resumed_query_tokens, step.resumed_hit_tokens)  # fmt: skip
-
-
-def agrees_with_vllm(case: Case) -> int:
-    """Assert every step identical with prefix caching on; the number of steps compared."""
-    from kvbench.referee.vllm_v1 import RefereeLimits, run_referee
-
-    requests, block_size, num_gpu_blocks, limits, arrival_steps = case
-    referee = run_referee(
-        requests,
-        RefereeLimits(block_size=block_size, num_gpu_blocks=num_gpu_blocks,
-                      max_num_seqs=limits.max_num_seqs,
-                      max_num_batched_tokens=limits.max_num_batched_tokens,
-                      max_model_len=limits.max_model_len, enable_prefix_caching=True),
-        arrival_steps,
-    )  # fmt: skip
-    ours = _kvbench_steps(requests, block_size, num_gpu_blocks, limits, arrival_steps)
-    for vllm_step, kvbench_step in zip(referee, ours, strict=False):
-        assert _comparable(kvbench_step) == _comparable(vllm_step)
-    assert len(ours) == len(referee)
-    return len(ours)
-
 
 @peer
 @settings(max_examples=40, deadline=None)
 @given(case=workloads())
 def test_kvbench_v1_with_prefix_caching_agrees_with_vllm_step_for_step(case: Case) -> None:
-    agrees_with_vllm(case)
+    agrees_with_vllm(case, prefix_caching=True)
 
 
 @peer
@@ -138,7 +99,7 @@ def test_kvbench_v1_with_prefix_caching_agrees_with_vllm_step_for_step(case: Cas
 @settings(max_examples=2000, deadline=None)
 @given(case=workloads())
 def test_kvbench_v1_with_prefix_caching_agrees_with_vllm_on_thousands(case: Case) -> None:
-    agrees_with_vllm(case)
+    agrees_with_vllm(case, prefix_caching=True)
 
 
 # Slices of the shared traces with prefix caching on: ShareGPT first turns and multi-turn histories
@@ -192,5 +153,6 @@ def test_kvbench_v1_with_prefix_caching_agrees_with_vllm_on_trace_slices(
 ) -> None:  # type: ignore[no-untyped-def]
     requests, arrivals = trace_slice(shared_traces / trace, system_prompt_tokens)
     # 1,200 blocks of 16: the pool preempts and evicts cached blocks.
-    num_steps = agrees_with_vllm((requests, 16, 1200, SLICE_LIMITS, arrivals))
+    case = (requests, 16, 1200, SLICE_LIMITS, arrivals)
+    num_steps = agrees_with_vllm(case, prefix_caching=True)
     assert num_steps > 80

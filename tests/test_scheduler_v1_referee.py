@@ -9,30 +9,17 @@ import dataclasses
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from referee_support import peer
+from referee_support import agrees_with_vllm, kvbench_v1_steps, peer
 
-from kvbench.allocators.paged import PagedAllocator
 from kvbench.core.kv_capacity import NUM_NULL_BLOCKS
 from kvbench.core.request import Request
-from kvbench.engine.scheduler_v1 import V1Limits, V1Step, run_v1_steps
-
-
-def _kvbench_steps(
-    requests: list[Request],
-    block_size: int,
-    num_gpu_blocks: int,
-    limits: V1Limits,
-    arrival_steps: list[int] | None = None,
-) -> list[V1Step]:
-    num_slots = (num_gpu_blocks - NUM_NULL_BLOCKS) * block_size
-    allocator = PagedAllocator(num_slots, block_size, limits.max_model_len)
-    return run_v1_steps(requests, allocator, limits, arrival_steps)
+from kvbench.engine.scheduler_v1 import V1Limits
 
 
 def test_chunked_prefill_running_first_without_vllm() -> None:
     # The same case tests/test_referee.py pins on real vLLM.
     requests = [Request(0, 0.0, 300, 3), Request(1, 0.0, 100, 3)]
-    steps = _kvbench_steps(requests, 16, 100, V1Limits(8, 128, 1024))
+    steps = kvbench_v1_steps(requests, 16, 100, V1Limits(8, 128, 1024))
     assert [step.scheduled_tokens for step in steps[:4]] == [
         ((0, 128),), ((0, 128),), ((0, 44), (1, 84)), ((0, 1), (1, 16))
     ]
@@ -41,7 +28,7 @@ def test_chunked_prefill_running_first_without_vllm() -> None:
 
 def test_a_full_pool_preempts_the_last_running_request_without_vllm() -> None:
     requests = [Request(0, 0.0, 60, 20), Request(1, 0.0, 60, 20)]
-    steps = _kvbench_steps(requests, 16, 10, V1Limits(8, 256, 1024))
+    steps = kvbench_v1_steps(requests, 16, 10, V1Limits(8, 256, 1024))
     assert next(s.preempted_request_ids for s in steps if s.preempted_request_ids) == (1,)
     assert max(step.num_blocks_in_use for step in steps) <= 9
 
@@ -67,39 +54,12 @@ def workloads(draw: st.DrawFn) -> tuple[list[Request], int, int, V1Limits, list[
     return requests, block_size, num_gpu_blocks, limits, arrival_steps
 
 
-def _comparable(step) -> tuple:  # type: ignore[no-untyped-def]
-    return (step.step_index, step.scheduled_tokens, step.num_blocks_in_use,
-            step.preempted_request_ids, step.finished_request_ids, step.num_running,
-            step.num_waiting)  # fmt: skip
-
-
-def _agrees_with_vllm(
-    case: tuple[list[Request], int, int, V1Limits, list[int] | None],
-) -> int:
-    """Assert every step identical; the number of steps compared."""
-    from kvbench.referee.vllm_v1 import RefereeLimits, run_referee
-
-    requests, block_size, num_gpu_blocks, limits, arrival_steps = case
-    referee = run_referee(
-        requests,
-        RefereeLimits(block_size=block_size, num_gpu_blocks=num_gpu_blocks,
-                      max_num_seqs=limits.max_num_seqs,
-                      max_num_batched_tokens=limits.max_num_batched_tokens,
-                      max_model_len=limits.max_model_len, enable_prefix_caching=False),
-        arrival_steps,
-    )  # fmt: skip
-    ours = _kvbench_steps(requests, block_size, num_gpu_blocks, limits, arrival_steps)
-    for vllm_step, kvbench_step in zip(referee, ours, strict=False):
-        assert _comparable(kvbench_step) == _comparable(vllm_step)
-    assert len(ours) == len(referee)
-    return len(ours)
-
 
 @peer
 @settings(max_examples=60, deadline=None)
 @given(case=workloads())
 def test_kvbench_v1_agrees_with_vllm_step_for_step(case) -> None:
-    _agrees_with_vllm(case)
+    agrees_with_vllm(case, prefix_caching=False)
 
 
 @peer
@@ -107,7 +67,7 @@ def test_kvbench_v1_agrees_with_vllm_step_for_step(case) -> None:
 @settings(max_examples=2000, deadline=None)
 @given(case=workloads())
 def test_kvbench_v1_agrees_with_vllm_step_for_step_on_thousands_of_workloads(case) -> None:
-    _agrees_with_vllm(case)
+    agrees_with_vllm(case, prefix_caching=False)
 
 
 # Slices of the shared traces: their real length mixes (ShareGPT first turns, multi-turn
@@ -145,5 +105,6 @@ def test_kvbench_v1_agrees_with_vllm_on_trace_slices(shared_traces, trace) -> No
         first_s = min(request.arrival_s for request in requests)
         arrivals = [int((r.arrival_s - first_s) * STEPS_PER_S) for r in requests]
     # 1,200 blocks of 16: 19,184 slots, about 2.3 of the longest requests: the pool preempts.
-    num_steps = _agrees_with_vllm((requests, 16, 1200, SLICE_LIMITS, arrivals))
+    case = (requests, 16, 1200, SLICE_LIMITS, arrivals)
+    num_steps = agrees_with_vllm(case, prefix_caching=False)
     assert num_steps > 80
