@@ -6,7 +6,7 @@ from collections.abc import Callable
 from collections.abc import Sequence as SequenceOf
 
 from kvbench.core.request import Request
-from kvbench.engine.records import RequestRecord
+from kvbench.engine.records import RequestRecord, request_record
 from kvbench.engine.samples import SampleGroups
 from kvbench.engine.scheduler import Scheduler
 from kvbench.engine.sequence import Sequence
@@ -92,15 +92,4 @@ class Arrivals:
 
 
 def _new_sequence(request: Request) -> Sequence:
-    requested_output_tokens = request.requested_output_tokens
-    if requested_output_tokens is None:
-        requested_output_tokens = request.output_tokens
-    record = RequestRecord(
-        request_id=request.request_id,
-        arrival_s=request.arrival_s,
-        prompt_tokens=request.prompt_tokens,
-        output_tokens=request.output_tokens,
-        requested_output_tokens=requested_output_tokens,
-        output_clipped=requested_output_tokens > request.output_tokens,
-    )
-    return Sequence(request=request, record=record, seq_id=request.request_id)
+    return Sequence(request=request, record=request_record(request), seq_id=request.request_id)

@@ -12,6 +12,7 @@ import numpy as np
 import numpy.typing as npt
 
 from kvbench.allocators.base import MemoryUsage
+from kvbench.core.request import Request
 from kvbench.engine.step_totals import CHUNK_ROWS, SLOT_COLUMNS, StepTotals
 
 STEP_COLUMNS = (
@@ -286,6 +287,22 @@ class RequestRecord:
         """Close the record: the request is never served, for ``reason``."""
         self.status = "rejected"
         self.reject_reason = reason
+
+
+def request_record(request: Request) -> RequestRecord:
+    """The record of ``request`` as it arrives: its lengths, and whether its output was clipped
+    to fit (``requested_output_tokens`` above ``output_tokens``)."""
+    requested_output_tokens = request.requested_output_tokens
+    if requested_output_tokens is None:
+        requested_output_tokens = request.output_tokens
+    return RequestRecord(
+        request_id=request.request_id,
+        arrival_s=request.arrival_s,
+        prompt_tokens=request.prompt_tokens,
+        output_tokens=request.output_tokens,
+        requested_output_tokens=requested_output_tokens,
+        output_clipped=requested_output_tokens > request.output_tokens,
+    )
 
 
 @dataclass

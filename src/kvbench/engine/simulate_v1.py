@@ -29,6 +29,7 @@ from kvbench.engine.records import (
     SimulationResult,
     StepRecords,
     StepSink,
+    request_record,
 )
 from kvbench.engine.scheduler_v1 import V1Batch, V1Limits, V1Memory, V1Step, V1StepScheduler
 
@@ -85,7 +86,7 @@ def simulate_v1(
         while num_arrived < len(pending) and pending[num_arrived].arrival_s <= now_s:
             request = pending[num_arrived]
             num_arrived += 1
-            record = _new_record(request)
+            record = request_record(request)
             records.append(record)
             reason = v1_rejection_reason(request, limits, num_pool_slots)
             if reason:
@@ -187,15 +188,3 @@ def _is_decode(seq: V1Sequence, computed_before: int, num_tokens: int) -> bool:
     return num_tokens == 1 and computed_before >= seq.request.prompt_tokens
 
 
-def _new_record(request: Request) -> RequestRecord:
-    requested_output_tokens = request.requested_output_tokens
-    if requested_output_tokens is None:
-        requested_output_tokens = request.output_tokens
-    return RequestRecord(
-        request_id=request.request_id,
-        arrival_s=request.arrival_s,
-        prompt_tokens=request.prompt_tokens,
-        output_tokens=request.output_tokens,
-        requested_output_tokens=requested_output_tokens,
-        output_clipped=requested_output_tokens > request.output_tokens,
-    )
