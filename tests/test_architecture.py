@@ -27,13 +27,15 @@ ALLOWED_IMPORTS = {
     "plots": {"core", "allocators", "analysis"},
     # The real executor: an edge that runs the engine's batches on a model (docs/sim_to_real.md).
     "executors": {"core", "allocators", "engine", "kernels", "referee"},
+    # sim_to_vllm replays workloads on real vLLM (referee.vllm_engine).
     "tasks": {"core", "workloads", "allocators", "engine", "kernels", "tables", "analysis",
-              "plots", "config", "executors"},
+              "plots", "config", "executors", "referee"},
     # tools/bench also times vllm_v1 against the referee (--case v1_referee).
     "tools": {"core", "workloads", "allocators", "engine", "kernels", "tables", "analysis",
               "plots", "tasks", "config", "referee", "executors"},
-    # The vLLM referee: an edge beside tasks/ that only reads requests and specs.
-    "referee": {"core"},
+    # The vLLM referee: an edge beside tasks/ that reads requests and specs, and prices real
+    # vLLM's steps with the engine's iteration shapes (engine.simulate_v1.chunks_shape).
+    "referee": {"core", "engine"},
 }  # fmt: skip
 # The pure middle (DESIGN.md: no file I/O, no torch, no plotting) and what it may import at all.
 PURE_STAGES = ("engine", "allocators")

@@ -43,7 +43,8 @@ def test_fleet_gpus_and_cost_follow_replicas():
 
 
 def test_measured_replicas_override_the_knee_count():
-    fleet = fleet_frame(_knees(), 20, 2.5, replicas={"paged": 3}).set_index("allocator")
+    paged_row = list(_knees()["allocator"]).index("paged")
+    fleet = fleet_frame(_knees(), 20, 2.5, replicas={paged_row: 3}).set_index("allocator")
     assert fleet.loc["paged", "replicas_from_knee"] == 2
     assert fleet.loc["paged", "replicas"] == 3 and fleet.loc["paged", "gpus"] == 12
 

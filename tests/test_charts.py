@@ -36,21 +36,26 @@ from kvbench.plots import (
     headline_chart,
     kv_budget_chart,
     run_charts,
+    scheduler_chart,
     sweep_charts,
 )
 from kvbench.plots.headline_chart import finding, headline_rate
 from kvbench.tasks.simulate.run import run_study
 
-CHART_MODULES = (run_charts, headline_chart, kv_budget_chart, sweep_charts, capacity_chart)
+CHART_MODULES = (run_charts, headline_chart, kv_budget_chart, sweep_charts, capacity_chart,
+                 scheduler_chart)  # fmt: skip
+# The main experiment runs both engines: each one's run charts in its grid point's folder, the
+# rate sweep and the engines compared at the root.
 MAIN_RUN_CHARTS = ("headline", "usage_breakdown", "memory_over_time", "batch_size", "kv_budget",
-                   "latency_vs_rate")  # fmt: skip
+                   "latency_vs_rate", "scheduler_comparison")  # fmt: skip
 REFERENCE = Path(__file__).resolve().parents[1] / "results" / "reference"
 
 
 class Drawn:
     """What a chart looked like when it was saved: its layout problems, size and colours."""
 
-    def __init__(self, fig):
+    def __init__(self, fig, folder: Path):
+        self.folder = folder  # where it was saved
         self.problems = layout_problems(fig)
         self.size_in = tuple(fig.get_size_inches())
         self.allocators = used_allocator_colors(fig)
@@ -67,7 +72,7 @@ def _share_bars(fig) -> list[tuple[str, str]]:
 
 def _capture_into(drawn: dict[str, Drawn], monkeypatch: pytest.MonkeyPatch) -> None:
     def capture(fig, out_dir: Path, name: str) -> None:
-        drawn[name] = Drawn(fig)
+        drawn[name] = Drawn(fig, out_dir)
         figure.save_figure(fig, out_dir, name)
 
     for module in CHART_MODULES:
@@ -107,11 +112,11 @@ def _png_size_px(path: Path) -> tuple[int, int]:
 
 
 def test_the_main_run_writes_every_chart(main_run):
-    out, drawn = main_run
+    _, drawn = main_run
     for name in MAIN_RUN_CHARTS:
         assert name in drawn
         for suffix in ("png", "svg"):
-            assert (out / "plots" / f"{name}.{suffix}").stat().st_size > 0
+            assert (drawn[name].folder / f"{name}.{suffix}").stat().st_size > 0
 
 
 @pytest.mark.parametrize("run", ["main_run", "paper_run"])
@@ -123,11 +128,11 @@ def test_charts_have_no_overlapping_labels_legends_over_data_or_foreign_colours(
 
 @pytest.mark.parametrize("run", ["main_run", "paper_run"])
 def test_charts_fit_a_laptop_screen_and_a_slide(run, request):
-    out, drawn = request.getfixturevalue(run)
+    _, drawn = request.getfixturevalue(run)
     max_width_in, max_height_in = figure.MAX_FIGURE_INCHES
     for name, chart in drawn.items():
         assert chart.size_in[0] <= max_width_in and chart.size_in[1] <= max_height_in, name
-        width_px, height_px = _png_size_px(out / "plots" / f"{name}.png")
+        width_px, height_px = _png_size_px(chart.folder / f"{name}.png")
         # bbox_inches="tight" trims the margins and may add its 0.1-inch pad.
         assert width_px <= (max_width_in + 0.2) * figure.DPI, name
         assert height_px <= (max_height_in + 0.2) * figure.DPI, name
@@ -136,7 +141,8 @@ def test_charts_fit_a_laptop_screen_and_a_slide(run, request):
 def test_every_allocator_chart_draws_each_allocator_in_its_colour(main_run):
     _, drawn = main_run
     allocators = {"naive_max", "naive_pow2", "naive_oracle", "paged", "paged_prefix"}
-    for name in ("headline", "memory_over_time", "batch_size", "latency_vs_rate"):
+    for name in ("headline", "memory_over_time", "batch_size", "latency_vs_rate",
+                 "scheduler_comparison"):
         assert drawn[name].allocators == allocators, name
     shares = drawn["headline"].share_bars
     assert [label for label, _ in shares] == [

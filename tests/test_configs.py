@@ -41,7 +41,7 @@ REQUIRED_OVERRIDES = {
 }
 BLOCK_SIZE = 16
 # Schema fields that start empty: absent unless an experiment fills them (not settings).
-EXPERIMENT_FILLED_MAPS = ("cfg.workloads", "cfg.workload_request_rates")
+EXPERIMENT_FILLED_MAPS = ("cfg.workloads", "cfg.workload_request_rates", "cfg.schedulers")
 
 
 def _compose(*overrides: str, hydra_node: bool = False):

@@ -13,7 +13,8 @@ import pytest
 from referee_support import peer
 
 from kvbench.core.request import Request
-from kvbench.referee.vllm_engine import EngineSettings, serve_on_vllm
+from kvbench.engine.simulate_v1 import chunks_shape
+from kvbench.referee.vllm_engine import EngineSettings, replay, serve_on_vllm, start_vllm
 from kvbench.referee.vllm_v1 import RefereeLimits, run_referee
 
 SETTINGS = EngineSettings(Path("unused"), num_gpu_blocks=64, max_num_seqs=8,
@@ -55,7 +56,10 @@ def test_vllm_serves_smollm2_and_schedules_as_the_referee_does():
         Request(5, 0.4, 90, 3, prefix_group=0, prefix_tokens=64),
     ]
     settings = EngineSettings(**{**SETTINGS.__dict__, "model_dir": smollm2_model_dir()})
-    run = serve_on_vllm(requests, settings)
+    engine = start_vllm(settings)
+    # The first replay warms the shared prefix into the cache; the second must start empty.
+    replay(engine, requests)
+    run = replay(engine, requests)
 
     by_id = {request.request_id: request for request in requests}
     assert sorted(times.request_id for times in run.requests) == sorted(by_id)
@@ -89,3 +93,15 @@ def test_vllm_serves_smollm2_and_schedules_as_the_referee_does():
     scheduled_5 = sum(tokens for step in run.steps for rid, tokens in step.scheduled_tokens
                       if rid == 5)  # fmt: skip
     assert scheduled_5 == 90 + 3 - 1 - 64
+
+    # Each recorded step's shape is its requests' chunks with their context (prefix hits
+    # included), counted here from the schedule alone: request 5 starts after its 64-token hit.
+    computed = dict.fromkeys(by_id, 0)
+    computed[5] = 64
+    for step in run.steps:
+        expected = chunks_shape((by_id[rid].prompt_tokens, computed[rid], tokens)
+                                for rid, tokens in step.scheduled_tokens)  # fmt: skip
+        assert step.shape == expected
+        for rid, tokens in step.scheduled_tokens:
+            computed[rid] += tokens
+        assert 0 < step.num_blocks_in_use < settings.num_gpu_blocks

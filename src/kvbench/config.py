@@ -32,7 +32,9 @@ from kvbench.workloads import WorkloadConfig, validate_workload_config
 MAX_BLOCK_SIZE = 256  # the largest block size the vLLM paper swept (Fig. 18b)
 EXECUTOR_KINDS = ("roofline", "profiled", "real")
 PREFIX_CACHING_ALLOCATORS = ("paged_prefix", "radix")  # what a CPU tier offloads for
-TASKS = ("simulate", "kernel_overhead", "logit_equivalence", "profile", "sim_to_real")
+TASKS = (
+    "simulate", "kernel_overhead", "logit_equivalence", "profile", "sim_to_real", "sim_to_vllm",
+)  # fmt: skip
 SCHEDULER_NAMES = ("vllm_v0", "vllm_v1")
 # What vllm_v1 runs each allocator as (docs/scheduling.md): paged without and paged_prefix with
 # vLLM's prefix caching; the naive allocators reserve their span at admission.
@@ -201,6 +203,16 @@ class KernelBenchConfig:
 
 
 @dataclass
+class SimToVllmConfig:
+    """``task=sim_to_vllm``'s fair-instrument batch: requests all at t = 0, of these lengths,
+    served by real vLLM and by kvbench's real executor (docs/sim_to_real.md)."""
+
+    fair_num_requests: int = MISSING
+    fair_prompt_tokens: int = MISSING
+    fair_output_tokens: int = MISSING
+
+
+@dataclass
 class EquivalenceConfig:
     """``equivalence``: a real model decoding with its K/V in kvbench's paged pool, compared
     logit by logit with transformers' stock contiguous cache (``task: logit_equivalence``)."""
@@ -246,6 +258,10 @@ class KvbenchConfig:
     # and workload_request_rates are the schema's only values: empty, i.e. absent (no file sets
     # them but an experiment, and `~workloads.NAME` drops an entry).
     workloads: dict[str, WorkloadConfig] = field(default_factory=dict)
+    # Several schedulers in one run (label -> scheduler), each its own grid point
+    # `scheduler=NAME/` with `scheduler` replaced by it; an experiment fills it with
+    # `- /scheduler@schedulers.NAME: NAME` in its defaults list. Empty: `scheduler` alone.
+    schedulers: dict[str, SchedulerConfig] = field(default_factory=dict)
     allocators: list[str] = MISSING
     # Request rates (req/s) to replay the workload at; empty = the workload's own rate.
     request_rates: list[float] = MISSING
@@ -273,6 +289,7 @@ class KvbenchConfig:
     summary_table: bool = MISSING
     kernel_bench: KernelBenchConfig = field(default_factory=KernelBenchConfig)
     equivalence: EquivalenceConfig = field(default_factory=EquivalenceConfig)
+    sim_to_vllm: SimToVllmConfig = field(default_factory=SimToVllmConfig)
 
 
 def validate_config(cfg: DictConfig | dict[str, Any]) -> tuple[KvbenchConfig, Deployment]:
@@ -420,13 +437,13 @@ def _check_values(cfg: KvbenchConfig) -> None:
     _check_workload_request_rates(cfg)
     _check_hardware(cfg.hardware)
     _check_vattention(cfg.allocator)
-    _check_scheduler(cfg.scheduler)
-    if cfg.scheduler.name == "vllm_v1":
-        _check_v1_run(cfg)
+    _check_schedulers(cfg)
     _check_executor(cfg.executor)
     _check_real_executor(cfg)
     _check_kernel_bench(cfg.kernel_bench)
     _check_equivalence(cfg.equivalence)
+    if cfg.task == "sim_to_vllm":
+        _check_sim_to_vllm(cfg)
     _require(
         cfg.model.dtype in DTYPE_BYTES,
         f"model.dtype={cfg.model.dtype!r}: allowed dtypes are {', '.join(DTYPE_BYTES)}",
@@ -676,6 +693,21 @@ def _check_scheduler(scheduler: SchedulerConfig) -> None:
     )
 
 
+def _check_schedulers(cfg: KvbenchConfig) -> None:
+    """``scheduler``, or every scheduler of ``schedulers`` with the run's other settings: each
+    point of the grid is a run of its own."""
+    names = [scheduler.name for scheduler in cfg.schedulers.values()]
+    _require(
+        len(set(names)) == len(names),
+        f"schedulers names {', '.join(names)}: each scheduler labels its rows by its name, so "
+        "two entries cannot both be one scheduler; drop one",
+    )
+    for scheduler in [*cfg.schedulers.values()] or [cfg.scheduler]:
+        _check_scheduler(scheduler)
+        if scheduler.name == "vllm_v1":
+            _check_v1_run(replace(cfg, scheduler=scheduler))
+
+
 def _check_v1_run(cfg: KvbenchConfig) -> None:
     """What vLLM v1 has no counterpart for: each a one-line error naming the v0 feature."""
     scheduler = cfg.scheduler
@@ -716,12 +748,44 @@ def _check_v1_run(cfg: KvbenchConfig) -> None:
     )
 
 
+def _check_sim_to_vllm(cfg: KvbenchConfig) -> None:
+    """What real vLLM needs to replay kvbench's run: its scheduler, one of its two allocators, a
+    pool in blocks of its CPU attention's size, and a fair batch that fits the context."""
+    from kvbench.referee.vllm_engine import CPU_BLOCK_MULTIPLE
+
+    _require(
+        cfg.scheduler.name == "vllm_v1",
+        f"task=sim_to_vllm compares with vLLM v1: set scheduler=vllm_v1 (not {cfg.scheduler.name})",
+    )
+    _require(
+        len(cfg.allocators) == 1 and cfg.allocators[0] in ("paged", "paged_prefix"),
+        f"allocators={cfg.allocators}: task=sim_to_vllm runs one of paged (vLLM with prefix "
+        "caching off) or paged_prefix (on), e.g. allocators=[paged_prefix]",
+    )
+    _require(
+        cfg.allocator.num_gpu_blocks is not None
+        and cfg.allocator.block_size % CPU_BLOCK_MULTIPLE == 0,
+        f"task=sim_to_vllm sizes vLLM's pool in blocks: set allocator.num_gpu_blocks (now "
+        f"{cfg.allocator.num_gpu_blocks}) and an allocator.block_size that is a multiple of "
+        f"{CPU_BLOCK_MULTIPLE} (now {cfg.allocator.block_size}; vLLM's CPU attention)",
+    )
+    fair = cfg.sim_to_vllm
+    _require(
+        min(fair.fair_num_requests, fair.fair_prompt_tokens, fair.fair_output_tokens) >= 1
+        and fair.fair_prompt_tokens + fair.fair_output_tokens <= cfg.model.max_model_len,
+        f"sim_to_vllm.fair_*: {fair.fair_num_requests} requests of {fair.fair_prompt_tokens} + "
+        f"{fair.fair_output_tokens} tokens: each must be >= 1 and a request at most "
+        f"model.max_model_len={cfg.model.max_model_len}",
+    )
+
+
 def _check_real_executor(cfg: KvbenchConfig) -> None:
     """executor=real and task=profile run a real model: one the equivalence harness loads, one
     sequence per request (no forks), in a dtype torch computes."""
     from kvbench.executors.names import REAL_MODELS
 
-    runs_model = cfg.executor.kind == "real" or cfg.task in ("profile", "sim_to_real")
+    runs_model = cfg.executor.kind == "real" or cfg.task in ("profile", "sim_to_real",
+                                                             "sim_to_vllm")
     if not runs_model:
         return
     what = f"task={cfg.task}" if cfg.task != "simulate" else "executor=real"

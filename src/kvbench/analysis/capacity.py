@@ -29,20 +29,17 @@ def fleet_frame(
     knees: pd.DataFrame,
     target_rate: float,
     price_per_gpu_hour: float,
-    replicas: dict[str, float] | None = None,
+    replicas: dict[int, float] | None = None,
 ) -> pd.DataFrame:
     """One row per curve and allocator: replicas, GPUs and cost to serve ``target_rate``.
 
     ``knees`` is ``knees_frame``'s output (with ``num_gpus``). ``replicas_from_knee`` is
-    ``replicas_needed(target, knee)``; ``replicas`` (allocator -> count) overrides it where a
-    run at the operating rate showed more are needed. A censored knee (the curve never crossed
-    the bound) makes the count an upper bound (``replicas_upper_bound``).
+    ``replicas_needed(target, knee)``; ``replicas`` (position of the row in ``knees`` -> count)
+    overrides it where a run at the operating rate showed more are needed. A censored knee (the
+    curve never crossed the bound) makes the count an upper bound (``replicas_upper_bound``).
     """
     from_knee = [replicas_needed(target_rate, knee) for knee in knees["knee_rate"]]
-    chosen = [
-        (replicas or {}).get(allocator, count)
-        for allocator, count in zip(knees["allocator"], from_knee, strict=True)
-    ]
+    chosen = [(replicas or {}).get(position, count) for position, count in enumerate(from_knee)]
     fleet = knees.assign(
         target_request_rate=target_rate,
         replicas_from_knee=from_knee,

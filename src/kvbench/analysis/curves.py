@@ -2,7 +2,8 @@
 
 Works on summary tables (one row per workload x rate x allocator x setting, as runs write them,
 one run or many aggregated): rows that differ only in ``request_rate`` form one curve. Every
-allocator of a group (same experiment, workload, deployment, block size, preemption mode) is held
+allocator of a group (same experiment, scheduler, workload, deployment, block size, preemption
+mode) is held
 to the same latency bound, so knee ratios compare throughput at equal latency. Column
 definitions: ``docs/metrics.md``. Pure: pandas in, pandas out.
 """
@@ -16,8 +17,8 @@ from kvbench.analysis.knee import find_knee, latency_bound
 LATENCY = "normalized_latency_s_per_token"
 # A curve's identity, less its allocator; older tables without a column are grouped without it.
 CURVE_KEYS = (
-    "experiment", "workload", "model", "hardware", "num_gpus", "block_size", "preemption",
-    "kv_dtype",
+    "experiment", "scheduler", "workload", "model", "hardware", "num_gpus", "block_size",
+    "preemption", "kv_dtype",
 )  # fmt: skip
 REFERENCE_ALLOCATOR = "paged"
 MIN_RATES = 2

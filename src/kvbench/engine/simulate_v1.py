@@ -14,12 +14,11 @@ comes out at the end of the step whose chunk completes its prompt.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from collections.abc import Sequence as SequenceOf
 
 from kvbench.core.request import Request
 from kvbench.engine.cost_model import CostModel, IterationShape
-from kvbench.engine.kv_cache_v1 import V1Sequence
 from kvbench.engine.records import (
     EMPTY_PROMPT,
     EXCEEDS_MAX_MODEL_LEN,
@@ -156,15 +155,28 @@ def _record_step(
 
 
 def step_shape(batch: V1Batch) -> tuple[IterationShape, int]:
-    """What the step computes (prefill chunks with their context, decode tokens), and how many
-    sequences it prefills. A decode is the one token of a sequence whose input was computed."""
+    """What the step computes (``chunks_shape`` of its scheduled sequences), and how many
+    sequences it prefills."""
+    shape = chunks_shape(
+        (seq.request.prompt_tokens, computed_before, num_tokens)
+        for seq, computed_before, num_tokens in batch.scheduled
+    )
+    return shape, shape.num_prefill_seqs
+
+
+def chunks_shape(scheduled: Iterable[tuple[int, int, int]]) -> IterationShape:
+    """What a step of (prompt tokens, tokens computed before the step, tokens scheduled) per
+    request computes: prefill chunks with their context, decode tokens. A decode is the one token
+    of a request whose input was computed (the last sampled token, or a resumed request's last);
+    the rest are prefill (prompt chunks, a preempted request's recomputed input). Also what real
+    vLLM's recorded steps are priced by (``referee.vllm_engine``)."""
     num_prefill_tokens = 0
     prefill_attention_pairs = 0
     num_prefill_seqs = 0
     num_decode_tokens = 0
     decode_context_tokens = 0
-    for seq, computed_before, num_tokens in batch.scheduled:
-        if _is_decode(seq, computed_before, num_tokens):
+    for prompt_tokens, computed_before, num_tokens in scheduled:
+        if num_tokens == 1 and computed_before >= prompt_tokens:
             num_decode_tokens += 1
             decode_context_tokens += computed_before + 1
             continue
@@ -174,17 +186,12 @@ def step_shape(batch: V1Batch) -> tuple[IterationShape, int]:
         # Causal attention: token i sees i + 1 tokens, the cached or earlier ones included.
         before = computed_before
         prefill_attention_pairs += end * (end + 1) // 2 - before * (before + 1) // 2
-    shape = IterationShape(
+    return IterationShape(
         num_prefill_tokens=num_prefill_tokens,
         prefill_attention_pairs=prefill_attention_pairs,
         num_decode_tokens=num_decode_tokens,
         decode_context_tokens=decode_context_tokens,
+        num_prefill_seqs=num_prefill_seqs,
     )
-    return shape, num_prefill_seqs
-
-
-def _is_decode(seq: V1Sequence, computed_before: int, num_tokens: int) -> bool:
-    # One token past the prompt: the last sampled token (or a resumed request's last one).
-    return num_tokens == 1 and computed_before >= seq.request.prompt_tokens
 
 

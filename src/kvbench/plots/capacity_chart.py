@@ -14,8 +14,18 @@ import pandas as pd
 from kvbench.plots.figure import ALLOCATOR_COLORS, OTHER_COLOR, figure_size, save_figure
 
 
-def _bar_panel(ax: plt.Axes, names: list[str], values: list[float], fmt: str, title: str) -> None:
-    colors = [ALLOCATOR_COLORS.get(name, OTHER_COLOR) for name in names]
+def _row_names(fleet: pd.DataFrame) -> list[str]:
+    """A bar's name: its allocator, and its scheduler where the fleet compares several."""
+    if "scheduler" not in fleet.columns or fleet["scheduler"].nunique() < 2:
+        return list(fleet["allocator"])
+    return [f"{allocator} ({scheduler})"
+            for allocator, scheduler in zip(fleet["allocator"], fleet["scheduler"], strict=True)]
+
+
+def _bar_panel(ax: plt.Axes, fleet: pd.DataFrame, values: list[float], fmt: str,
+               title: str) -> None:  # fmt: skip
+    names = _row_names(fleet)
+    colors = [ALLOCATOR_COLORS.get(name, OTHER_COLOR) for name in fleet["allocator"]]
     shown = [0.0 if math.isnan(value) else value for value in values]
     ax.barh(range(len(names)), shown, color=colors)
     for i, value in enumerate(values):
@@ -29,7 +39,7 @@ def _bar_panel(ax: plt.Axes, names: list[str], values: list[float], fmt: str, ti
 
 
 def _memory_panel(ax: plt.Axes, fleet: pd.DataFrame) -> None:
-    names = list(fleet["allocator"])
+    names = _row_names(fleet)
     held = list(fleet["kv_held_gb"])
     used = list(fleet["kv_used_gb"])
     ax.barh(range(len(names)), held, color="#ced4da", label="held (not free)")
@@ -47,13 +57,13 @@ def _memory_panel(ax: plt.Axes, fleet: pd.DataFrame) -> None:
 
 
 def plot_capacity(fleet: pd.DataFrame, out_dir: Path) -> None:
-    """GPUs, $/hour and KV held vs used per allocator for one deployment and target rate."""
+    """GPUs, $/hour and KV held vs used per allocator (and scheduler, where ``fleet`` compares
+    several) for one deployment and target rate."""
     first = fleet.iloc[0]
-    names = list(fleet["allocator"])
-    fig, axes = plt.subplots(1, 3, figsize=figure_size(12, 0.55 * len(names) + 1.6),
+    fig, axes = plt.subplots(1, 3, figsize=figure_size(12, 0.55 * len(fleet) + 1.6),
                              layout="constrained")  # fmt: skip
-    _bar_panel(axes[0], names, list(fleet["gpus"]), "{:,.0f} GPUs", "GPUs needed")
-    _bar_panel(axes[1], names, list(fleet["cost_per_hour"]), "${:,.0f}/h",
+    _bar_panel(axes[0], fleet, list(fleet["gpus"]), "{:,.0f} GPUs", "GPUs needed")
+    _bar_panel(axes[1], fleet, list(fleet["cost_per_hour"]), "${:,.0f}/h",
                f"cost at ${first['price_per_gpu_hour']:.2f} per GPU-hour")  # fmt: skip
     axes[1].set_yticks([])
     _memory_panel(axes[2], fleet)

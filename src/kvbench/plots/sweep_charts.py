@@ -20,12 +20,16 @@ from kvbench.analysis.paper import FIG12_KNEES_APPROX
 from kvbench.plots.figure import allocator_color, allocator_linestyle, figure_size, save_figure
 
 RATE_MARKERS = ("o", "s", "^", "D", "v")
-PANEL_KEYS = ("experiment", "workload", "model", "hardware", "num_gpus", "block_size", "preemption")
+PANEL_KEYS = (
+    "experiment", "scheduler", "workload", "model", "hardware", "num_gpus", "block_size",
+    "preemption",
+)  # fmt: skip
 
 
 def _panel_title(labels: dict) -> str:
     gpus = f"{labels.get('num_gpus', 1)}x {labels.get('hardware', '')}"
-    return f"{labels.get('workload')}: {labels.get('model')} on {gpus}"
+    title = f"{labels.get('workload')}: {labels.get('model')} on {gpus}"
+    return title if "scheduler" not in labels else f"{title}, {labels['scheduler']}"
 
 
 def _panels(frame: pd.DataFrame) -> list[tuple[dict, pd.DataFrame]]:

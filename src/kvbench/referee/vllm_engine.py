@@ -1,6 +1,7 @@
 """Real vLLM serving a real model on this machine: the timed referee of kvbench's executors.
 
-``serve_on_vllm(requests, settings)`` starts vLLM's own engine (``vllm.LLM``, in this process:
+``serve_on_vllm(requests, settings)`` (or ``start_vllm`` once, then ``replay`` per workload)
+starts vLLM's own engine (``vllm.LLM``, in this process:
 ``VLLM_ENABLE_V1_MULTIPROCESSING=0``, eager mode) on a local Hugging Face model folder (SmolLM2-135M
 as ``task=logit_equivalence`` converts it, or any other), sizes its KV pool in blocks exactly as
 kvbench's ``allocator.num_gpu_blocks`` does (vLLM's ``num_gpu_blocks_override``), and replays the
@@ -25,6 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from kvbench.core.request import Request
+from kvbench.engine.cost_model import IterationShape
+from kvbench.engine.simulate_v1 import chunks_shape
 from kvbench.referee.token_ids import prompt_token_ids
 from kvbench.referee.vllm_v1 import _import_vllm
 
@@ -70,15 +73,28 @@ class EngineStep:
         start_s: when ``LLMEngine.step()`` began, seconds after the replay's start.
         duration_s: its wall time (schedule, forward pass, sampling, outputs).
         scheduled_tokens: (request id, tokens computed) of the step, in vLLM's order.
-        num_prefill_tokens: of those, tokens of prompts (chunks included).
-        num_decode_tokens: of those, generated tokens fed back (one per decoding request).
+        shape: what the step computed (``engine.simulate_v1.chunks_shape`` of its requests:
+            prefill chunks with their context, prefix hits included, and decode tokens), what a
+            cost model prices.
+        num_blocks_in_use: KV blocks held by requests right after the step was scheduled (the
+            pool less its free queue and the null block).
     """
 
     start_s: float
     duration_s: float
     scheduled_tokens: tuple[tuple[int, int], ...]
-    num_prefill_tokens: int
-    num_decode_tokens: int
+    shape: IterationShape
+    num_blocks_in_use: int
+
+    @property
+    def num_prefill_tokens(self) -> int:
+        """Tokens of prompts (chunks included) and of recomputed inputs."""
+        return self.shape.num_prefill_tokens
+
+    @property
+    def num_decode_tokens(self) -> int:
+        """Generated tokens fed back (one per decoding request)."""
+        return self.shape.num_decode_tokens
 
 
 @dataclass(frozen=True)
@@ -110,41 +126,79 @@ class EngineRun:
     startup_s: float
 
 
+@dataclass(frozen=True)
+class _Schedule:
+    """One ``schedule()`` as recorded: per request (kvbench id, prompt tokens, tokens computed
+    before the step, prefix hits included, tokens scheduled), and the blocks then in use."""
+
+    scheduled: tuple[tuple[int, int, int, int], ...]
+    num_blocks_in_use: int
+
+
+@dataclass
+class VllmEngine:
+    """A started vLLM engine, ready to replay workloads one after the other (``replay``)."""
+
+    settings: EngineSettings
+    llm: Any
+    startup_s: float
+    vocab_size: int
+    schedules: list[_Schedule]
+
+
+def start_vllm(settings: EngineSettings, clock: Callable[[], float] = time.perf_counter
+               ) -> VllmEngine:  # fmt: skip
+    """Start vLLM's engine as ``settings`` say (about half a minute on this CPU: one start serves
+    many replays). Raises ``RefereeUnavailable`` (one line) where vLLM is not installed."""
+    started_s = clock()
+    llm = _start_engine(settings)
+    return VllmEngine(settings, llm, clock() - started_s,
+                      llm.llm_engine.model_config.get_vocab_size(), _record_schedules(llm))
+
+
 def serve_on_vllm(
     requests: Sequence[Request],
     settings: EngineSettings,
     clock: Callable[[], float] = time.perf_counter,
     sleep: Callable[[float], None] = time.sleep,
 ) -> EngineRun:
-    """Replay ``requests`` (by ``arrival_s``) through vLLM's engine; every request runs to its
-    ``output_tokens``. Raises ``RefereeUnavailable`` (one line) where vLLM is not installed and
-    ``ValueError`` for a request the engine would refuse."""
+    """Start an engine and replay ``requests`` through it (``start_vllm``, then ``replay``)."""
     _check(requests, settings)
-    started_s = clock()
-    llm = _start_engine(settings)
-    startup_s = clock() - started_s
-    vocab_size = llm.llm_engine.model_config.get_vocab_size()
-    scheduled = _record_schedules(llm)
-    engine = llm.llm_engine
+    return replay(start_vllm(settings, clock), requests, clock, sleep)
+
+
+def replay(
+    engine: VllmEngine,
+    requests: Sequence[Request],
+    clock: Callable[[], float] = time.perf_counter,
+    sleep: Callable[[float], None] = time.sleep,
+) -> EngineRun:
+    """Replay ``requests`` (by ``arrival_s``) through the started ``engine``; every request runs
+    to its ``output_tokens``. The prefix cache is emptied first, so one replay's blocks never
+    serve the next. Raises ``ValueError`` for a request the engine would refuse."""
+    _check(requests, engine.settings)
+    engine.llm.reset_prefix_cache()
+    core = engine.llm.llm_engine
+    engine.schedules.clear()
     pending = sorted(range(len(requests)), key=lambda index: requests[index].arrival_s)
     arrived: dict[int, float] = {}
     first_token: dict[int, float] = {}
     finished: dict[int, tuple[float, int]] = {}
     steps: list[EngineStep] = []
     replay_start_s = clock()
-    while pending or engine.has_unfinished_requests():
+    while pending or core.has_unfinished_requests():
         now_s = clock() - replay_start_s
         while pending and requests[pending[0]].arrival_s <= now_s:
             index = pending.pop(0)
-            _add(engine, requests[index], index, vocab_size)
+            _add(core, requests[index], index, engine.vocab_size)
             arrived[requests[index].request_id] = now_s
-        if not engine.has_unfinished_requests():
+        if not core.has_unfinished_requests():
             sleep(max(0.0, requests[pending[0]].arrival_s - now_s))
             continue
         step_start_s = clock() - replay_start_s
-        outputs = engine.step()
+        outputs = core.step()
         step_end_s = clock() - replay_start_s
-        steps.append(_step_record(step_start_s, step_end_s, scheduled.pop()))
+        steps.append(_step_record(step_start_s, step_end_s, engine.schedules.pop()))
         for output in outputs:
             request_id = _kvbench_id(output.request_id)
             if output.outputs and output.outputs[0].token_ids:
@@ -158,7 +212,7 @@ def serve_on_vllm(
                           *finished[request_id])
             for request_id in sorted(arrived)
         ),
-        startup_s=startup_s,
+        startup_s=engine.startup_s,
     )
 
 
@@ -202,29 +256,26 @@ def _start_engine(settings: EngineSettings) -> Any:
     )
 
 
-def _record_schedules(llm: Any) -> list[tuple[tuple[int, int, int], ...]]:
-    """A list the engine's scheduler appends each step's (request id, prefill tokens, decode
-    tokens) to, in its order (the last entry is the step that just ran).
-
-    A scheduled token is a decode token when it is the one token a request sampled last step
-    (its computed tokens reach all but that one, past its prompt); every other one is a prefill
-    token: prompt chunks, and a preempted request's recomputed input.
+def _record_schedules(llm: Any) -> list[_Schedule]:
+    """A list the engine's scheduler appends each step's ``_Schedule`` to (the last entry is the
+    step that just ran). vLLM's ``schedule()`` advances each scheduled request's computed tokens
+    by what it scheduled (after its prefix hit), so what was computed before is the difference.
     """
     scheduler = llm.llm_engine.engine_core.engine_core.scheduler
     schedule = scheduler.schedule
-    recorded: list[tuple[tuple[int, int, int], ...]] = []
+    block_pool = scheduler.kv_cache_manager.block_pool
+    recorded: list[_Schedule] = []
 
     def recording_schedule(*args: Any, **kwargs: Any) -> Any:
-        before = {request_id: (state.num_computed_tokens, state.num_tokens,
-                               state.num_prompt_tokens)
-                  for request_id, state in scheduler.requests.items()}
         output = schedule(*args, **kwargs)
         step = []
         for request_id, tokens in output.num_scheduled_tokens.items():
-            computed, num_tokens, num_prompt = before.get(request_id, (0, 0, 0))
-            decode = int(computed == num_tokens - 1 and num_tokens > num_prompt)
-            step.append((_kvbench_id(request_id), tokens - decode, decode))
-        recorded.append(tuple(step))
+            state = scheduler.requests[request_id]
+            step.append((_kvbench_id(request_id), state.num_prompt_tokens,
+                         state.num_computed_tokens - tokens, tokens))  # fmt: skip
+        # Less the null block, which is never free.
+        in_use = block_pool.num_gpu_blocks - 1 - block_pool.get_num_free_blocks()
+        recorded.append(_Schedule(tuple(step), in_use))
         return output
 
     scheduler.schedule = recording_schedule
@@ -248,13 +299,11 @@ def _add(engine: Any, request: Request, index: int, vocab_size: int) -> None:
     engine.add_request(str(request.request_id), TokensPrompt(prompt_token_ids=token_ids), params)
 
 
-def _step_record(start_s: float, end_s: float,
-                 scheduled: tuple[tuple[int, int, int], ...]) -> EngineStep:  # fmt: skip
+def _step_record(start_s: float, end_s: float, recorded: _Schedule) -> EngineStep:
     return EngineStep(
         start_s=start_s,
         duration_s=end_s - start_s,
-        scheduled_tokens=tuple((request_id, prefill + decode)
-                               for request_id, prefill, decode in scheduled),
-        num_prefill_tokens=sum(prefill for _, prefill, _ in scheduled),
-        num_decode_tokens=sum(decode for _, _, decode in scheduled),
+        scheduled_tokens=tuple((entry[0], entry[3]) for entry in recorded.scheduled),
+        shape=chunks_shape(entry[1:] for entry in recorded.scheduled),
+        num_blocks_in_use=recorded.num_blocks_in_use,
     )

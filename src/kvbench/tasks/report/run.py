@@ -19,6 +19,7 @@ from kvbench.tasks.report.plot import draw_report_figures
 # The app's knee bound (conf/config.yaml), for knees recomputed over every run.
 DEFAULT_LATENCY_MULTIPLE = float(root_setting("knee.latency_multiple"))
 REFERENCE_DIR = "results/reference"
+PAPER_SCHEDULER = "vllm_v0"
 
 
 @dataclass
@@ -34,14 +35,26 @@ class ReportTables:
 def compute_tables(
     roots: list[Path], latency_multiple: float = DEFAULT_LATENCY_MULTIPLE
 ) -> ReportTables:
-    """Load every summary and capacity table under ``roots``; recompute knees over all runs."""
-    summary = load_tables(roots, "summary.parquet")
-    capacity = load_tables(roots, "capacity.parquet")
+    """Load every summary and capacity table under ``roots`` (the paper's engine's rows: see
+    ``paper_engine_rows``); recompute knees over all runs."""
+    summary = paper_engine_rows(load_tables(roots, "summary.parquet"))
+    capacity = paper_engine_rows(load_tables(roots, "capacity.parquet"))
     if summary.empty:
         return ReportTables(summary, pd.DataFrame(), pd.DataFrame(), capacity)
     knees = knee_ratios(knees_frame(summary, latency_multiple))
     sensitivity = knee_sensitivity(summary) if not knees.empty else pd.DataFrame()
     return ReportTables(summary, knees, sensitivity, capacity)
+
+
+def paper_engine_rows(table: pd.DataFrame) -> pd.DataFrame:
+    """The rows of ``table`` run by the paper's engine (``scheduler=vllm_v0``; tables written
+    before the ``scheduler`` column were all its): the reproduction compares the paper's figures.
+    Experiments that also run ``vllm_v1`` (sharegpt_70b, capacity_cost) show both in their own
+    run folders (report.md, plots/scheduler_comparison)."""
+    if "scheduler" not in table.columns:
+        return table
+    paper = table["scheduler"].isna() | (table["scheduler"] == PAPER_SCHEDULER)
+    return table[paper].reset_index(drop=True)
 
 
 def section_bodies(tables: ReportTables) -> dict[str, str]:

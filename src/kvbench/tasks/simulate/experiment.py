@@ -150,6 +150,7 @@ def _run_labels(
 ) -> dict:
     return {
         "experiment": cfg.experiment_name,
+        "scheduler": cfg.scheduler.name,
         "allocator": allocator,
         "workload": workload,
         "request_rate": rate,

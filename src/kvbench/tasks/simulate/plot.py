@@ -74,8 +74,10 @@ def plot_analyses(
     summary: pd.DataFrame, knees: pd.DataFrame, fleet: pd.DataFrame | None, out_dir: Path
 ) -> None:
     """The study's charts, where the run has them: latency vs rate with knees (a rate sweep),
-    latency vs block size or recompute vs swap (several block sizes), the fleet (capacity)."""
+    latency vs block size or recompute vs swap (several block sizes), the fleet (capacity), v0
+    vs v1 (several schedulers)."""
     from kvbench.plots.capacity_chart import plot_capacity
+    from kvbench.plots.scheduler_chart import plot_scheduler_comparison
     from kvbench.plots.sweep_charts import plot_latency_vs_block_size, plot_latency_vs_rate
 
     if not knees.empty:
@@ -86,3 +88,5 @@ def plot_analyses(
         plot_latency_vs_block_size(summary, out_dir, name)
     if fleet is not None:
         plot_capacity(fleet, out_dir)
+    if "scheduler" in summary.columns and summary["scheduler"].nunique() > 1:
+        plot_scheduler_comparison(summary, out_dir)

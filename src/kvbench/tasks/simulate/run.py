@@ -3,9 +3,10 @@
 ``run_experiment`` replays every workload x rate x allocator of one setting. A study adds what
 needs several settings or several rates:
 
-- a grid over ``block_sizes`` x ``preemption_modes`` (Fig. 18b, Fig. 19): one ``run_experiment``
-  per point, each in its own folder ``block_size=B,preemption=MODE/`` (like a Hydra multirun's
-  jobs, so the report reads both the same way);
+- a grid over ``schedulers`` x ``block_sizes`` x ``preemption_modes`` (vLLM v0 vs v1; Fig. 18b,
+  Fig. 19): one ``run_experiment`` per point, each in its own folder
+  ``scheduler=NAME,block_size=B,preemption=MODE/`` (``scheduler=`` only when ``schedulers`` is
+  set; like a Hydra multirun's jobs, so the report reads both the same way);
 - knees of every rate sweep (Fig. 12) in ``knees.parquet`` and ``plots/latency_vs_rate``;
 - latency vs block size (``plots/latency_vs_block_size``, ``plots/recompute_vs_swap``);
 - with ``capacity.target_request_rate``: the fleet each allocator needs (``capacity.parquet``,
@@ -23,7 +24,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from kvbench.analysis.capacity import fleet_frame, with_fleet_memory
 from kvbench.analysis.curves import knee_ratios, knees_frame
-from kvbench.config import KvbenchConfig
+from kvbench.config import KvbenchConfig, SchedulerConfig
 from kvbench.core.kv_capacity import deployment_startup_figures, hybrid_startup_figures
 from kvbench.core.specs import Deployment
 from kvbench.tables.parquet import write_table
@@ -47,34 +48,44 @@ MAX_EXTRA_REPLICAS = 3
 
 @dataclass(frozen=True)
 class GridPoint:
-    """One setting of the grid: a block size, a preemption mode, and (for per-workload rate
-    lists) the one workload it replays (None: every workload of the run)."""
+    """One setting of the grid: a block size, a preemption mode, (for per-workload rate lists)
+    the one workload it replays (None: every workload of the run) and (when the run compares
+    ``schedulers``) the label of the scheduler it runs (None: ``scheduler``)."""
 
     block_size: int
     preemption: str
     workload: str | None = None
+    scheduler: str | None = None
 
     @property
     def dir_name(self) -> str:
         """The point's folder, named like a Hydra multirun job's overrides."""
         name = f"block_size={self.block_size},preemption={self.preemption}"
-        return name if self.workload is None else f"workload={self.workload},{name}"
+        if self.workload is not None:
+            name = f"workload={self.workload},{name}"
+        return name if self.scheduler is None else f"scheduler={self.scheduler},{name}"
 
 
 def is_grid(cfg: KvbenchConfig) -> bool:
     """Whether the run splits into grid points (else it is one ``run_experiment``)."""
-    return bool(cfg.block_sizes or cfg.preemption_modes or cfg.workload_request_rates)
+    return bool(
+        cfg.block_sizes or cfg.preemption_modes or cfg.workload_request_rates or cfg.schedulers
+    )
 
 
 def grid_points(cfg: KvbenchConfig) -> list[GridPoint]:
-    """Every (workload, preemption, block size) the run covers; one point when no list is set."""
+    """Every (scheduler, workload, preemption, block size) the run covers; one point when no list
+    is set. A scheduler of ``schedulers`` brings its own preemption mode."""
     sizes = cfg.block_sizes or [cfg.allocator.block_size]
-    modes = cfg.preemption_modes or [cfg.scheduler.preemption]
     workloads: list[str | None] = list(cfg.workload_request_rates) or [None]
+    schedulers: dict[str | None, SchedulerConfig] = (
+        dict(cfg.schedulers.items()) or {None: cfg.scheduler}
+    )
     return [
-        GridPoint(size, mode, workload)
+        GridPoint(size, mode, workload, label)
+        for label, scheduler in schedulers.items()
         for workload in workloads
-        for mode in modes
+        for mode in cfg.preemption_modes or [scheduler.preemption]
         for size in sizes
     ]
 
@@ -83,20 +94,25 @@ def point_config(
     cfg: KvbenchConfig, raw: DictConfig | None, point: GridPoint
 ) -> tuple[KvbenchConfig, DictConfig | None]:
     """``cfg`` (and its raw form, for provenance) set to one grid point."""
+    scheduler = cfg.scheduler if point.scheduler is None else cfg.schedulers[point.scheduler]
     updates: dict[str, object] = {
         "allocator.block_size": point.block_size,
-        "scheduler.preemption": point.preemption,
         "block_sizes": [],
         "preemption_modes": [],
         "workload_request_rates": {},
+        "schedulers": {},
     }
+    if point.scheduler is not None:
+        updates["scheduler"] = _raw_node(raw, f"schedulers.{point.scheduler}")
+    updates["scheduler.preemption"] = point.preemption
     typed = dataclasses.replace(
         cfg,
         allocator=dataclasses.replace(cfg.allocator, block_size=point.block_size),
-        scheduler=dataclasses.replace(cfg.scheduler, preemption=point.preemption),
+        scheduler=dataclasses.replace(scheduler, preemption=point.preemption),
         block_sizes=[],
         preemption_modes=[],
         workload_request_rates={},
+        schedulers={},
     )
     if point.workload is not None:
         rates = [float(rate) for rate in cfg.workload_request_rates[point.workload]]
@@ -104,13 +120,13 @@ def point_config(
         typed = dataclasses.replace(typed, request_rates=rates)
         if cfg.workloads:
             only = {point.workload: cfg.workloads[point.workload]}
-            updates["workloads"] = {point.workload: _raw_workload(raw, point.workload)}
+            updates["workloads"] = {point.workload: _raw_node(raw, f"workloads.{point.workload}")}
             typed = dataclasses.replace(typed, workloads=only)
     return typed, _updated(raw, updates)
 
 
-def _raw_workload(raw: DictConfig | None, label: str) -> object:
-    return None if raw is None else OmegaConf.to_container(raw.workloads[label])
+def _raw_node(raw: DictConfig | None, key: str) -> object:
+    return None if raw is None else OmegaConf.to_container(OmegaConf.select(raw, key))
 
 
 def _updated(raw: DictConfig | None, updates: dict[str, object]) -> DictConfig | None:
@@ -215,9 +231,9 @@ def _measured_fleet(
     price = cfg.hardware.price_per_gpu_hour
     price = float("nan") if price is None else price
     fleet = fleet_frame(knees, target, price)
-    replicas: dict[str, float] = {}
+    replicas: dict[int, float] = {}
     operating = []
-    for row in fleet.itertuples(index=False):
+    for position, row in enumerate(fleet.itertuples(index=False)):
         if row.replicas != row.replicas:  # NaN: the allocator cannot meet the bound at all
             continue
         count = row.replicas
@@ -226,7 +242,7 @@ def _measured_fleet(
             if measured["normalized_latency_s_per_token"].iloc[0] <= row.latency_bound_s_per_token:
                 break
             count += 1
-        replicas[row.allocator] = count
+        replicas[position] = count
         operating.append(measured)
     fleet = fleet_frame(knees, target, price, replicas)
     if not operating:
@@ -235,6 +251,12 @@ def _measured_fleet(
                             operating_latency_s_per_token=nan, kv_held_over_used=nan)  # fmt: skip
     measured = pd.concat(operating, ignore_index=True).assign(experiment=cfg.experiment_name)
     return with_fleet_memory(fleet, measured)
+
+
+def _label_of(cfg: KvbenchConfig, scheduler_name: str) -> str:
+    """The label in ``schedulers`` of the scheduler named ``scheduler_name``."""
+    return next(label for label, scheduler in cfg.schedulers.items()
+                if scheduler.name == scheduler_name)  # fmt: skip
 
 
 def _run_operating_point(
@@ -246,7 +268,9 @@ def _run_operating_point(
     output_dir: Path,
 ) -> pd.DataFrame:
     """One allocator at one per-replica rate, in ``operating/<allocator>,<point>/``."""
-    point = GridPoint(int(row.block_size), str(row.preemption))  # type: ignore[attr-defined]
+    scheduler = getattr(row, "scheduler", None) if cfg.schedulers else None
+    point = GridPoint(int(row.block_size), str(row.preemption),  # type: ignore[attr-defined]
+                      scheduler=None if scheduler is None else _label_of(cfg, str(scheduler)))
     point_cfg, point_raw = point_config(cfg, raw, point)
     allocator = str(row.allocator)  # type: ignore[attr-defined]
     # A measurement for the capacity table: its charts would only repeat the sweep's.

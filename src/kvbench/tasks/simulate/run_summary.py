@@ -16,7 +16,7 @@ import pandas as pd
 
 # Labels shown only when they differ between the summary's rows (a sweep's jobs, a grid, several
 # workloads).
-VARYING_LABELS = ("job", "workload", "block_size", "preemption", "n", "beam_width")
+VARYING_LABELS = ("job", "scheduler", "workload", "block_size", "preemption", "n", "beam_width")
 # Width the legend under the table is wrapped to (the table itself stays under ~110 columns).
 LEGEND_WIDTH = 100
 COLUMN_GAP = "  "
