@@ -11,7 +11,7 @@ from kvbench.tasks.simulate.run import grid_points, point_config, run_study
 
 # Prompts of 1,500 tokens against a v1 budget of 512: v1 must chunk them, v0 prefills them whole.
 TINY_BOTH = (
-    "experiment=sharegpt_70b", "workload=fixed", "workload.num_requests=24",
+    "experiment=sharegpt_70b", "workload=fixed", "workload.num_requests=16",
     "workload.prompt_tokens=1500", "workload.output_tokens=40", "model=opt-13b",
     "hardware=a100-40gb", "hardware.num_gpus=1", "hardware.kv_cache_gib=2",
     "hardware.gpu_memory_utilization=1.0", "schedulers.vllm_v1.max_num_batched_tokens=512",
@@ -36,7 +36,7 @@ def test_each_scheduler_is_a_grid_point_with_its_own_settings():
 @pytest.fixture(scope="module")
 def both_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("both")
-    cfg, deployment, raw = compose_config(*TINY_BOTH, "request_rates=[0.5,4,16]",
+    cfg, deployment, raw = compose_config(*TINY_BOTH, "request_rates=[1,16]",
                                           "capacity.target_request_rate=8")  # fmt: skip
     return out, run_study(cfg, deployment, raw, out)
 
