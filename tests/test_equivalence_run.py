@@ -70,7 +70,7 @@ def test_an_fp8_kv_run_reports_its_agreement_and_kl_per_step(tmp_path, capsys):
     assert table["kl_div"].notna().all() and (table["kl_div"] >= -1e-12).all()
     assert table["kl_div"].max() > 0
     printed = capsys.readouterr().out
-    assert "FP8 paged/torch: argmax agreement" in printed and "PASS" not in printed
+    assert "FP8 (unit scales) paged/torch: argmax agreement" in printed and "PASS" not in printed
 
 
 def test_the_stock_kl_of_an_fp32_run_is_zero_where_the_logits_are_identical(tmp_path):

@@ -233,6 +233,9 @@ class EquivalenceConfig:
     # K/V storage dtype of the paged pools: None (the model's, ``dtype``) or fp8 (e4m3, scale 1),
     # compared with the stock cache in ``dtype`` (argmax agreement, KL per step).
     kv_dtype: str | None = MISSING
+    # fp8 K/V scales: unit (1.0, vLLM's default without calibration) or calibrated (vLLM's
+    # calculate_kv_scales: per layer from the first forward, amax|K| / 200 and amax|V| / 100).
+    kv_scales: str = MISSING
 
 
 @dataclass
@@ -637,6 +640,16 @@ def _check_equivalence(settings: EquivalenceConfig) -> None:
         settings.kv_dtype in (None, "fp8"),
         f"equivalence.kv_dtype={settings.kv_dtype!r}: allowed are fp8 (or null for "
         f"equivalence.dtype, {settings.dtype})",
+    )
+    _require(
+        settings.kv_scales in equivalence_names.KV_SCALES,
+        f"equivalence.kv_scales={settings.kv_scales!r}: allowed are "
+        f"{', '.join(equivalence_names.KV_SCALES)}",
+    )
+    _require(
+        settings.kv_scales == "unit" or settings.kv_dtype == "fp8",
+        f"equivalence.kv_scales={settings.kv_scales}: scales apply to fp8 K/V only; set "
+        "equivalence.kv_dtype=fp8 (or kv_scales=unit)",
     )
     for key in ("num_prompts", "num_decode_steps", "num_samples"):
         value = getattr(settings, key)

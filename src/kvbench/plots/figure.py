@@ -25,6 +25,12 @@ ALLOCATOR_COLORS = {
     "paged_prefix": "#2b8a3e",
     "radix": "#0c8599",
     "paged_hybrid": "#d6336c",
+    # vAttention by page size (kv_designs charts): greens for small pages, orange for 2 MiB.
+    "vattention": "#66a80f",
+    "vattention_64k": "#74b816",
+    "vattention_128k": "#5c940d",
+    "vattention_256k": "#94d82d",
+    "vattention_2m": "#e8590c",
 }
 OTHER_COLOR = "#868e96"
 # paged and paged_prefix often draw the same numbers (no shared prefix): a dashed line on a solid

@@ -83,6 +83,7 @@ def _paged_decode(
     step: PagedStep, layer: int, query: torch.Tensor, scaling: float | None
 ) -> torch.Tensor:
     context_lens = torch.tensor([step.context_len], dtype=torch.int32)  # [1]
+    k_scale, v_scale = step.pool.scales[layer]
     output = paged_decode_attention(
         query[:, :, 0].contiguous(),  # [1, num_q_heads, head_dim]
         step.pool.keys[layer],
@@ -91,6 +92,8 @@ def _paged_decode(
         context_lens,
         scale=scaling,
         backend=step.backend,
+        k_scale=k_scale,
+        v_scale=v_scale,
     )  # [1, num_q_heads, head_dim]
     return output.unsqueeze(1)  # [1, 1, num_q_heads, head_dim]
 
@@ -105,8 +108,10 @@ def _stock_on_gathered(
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     key, value = step.pool.gather(layer, step.block_table[0], step.context_len)
-    # An fp8 pool is dequantized (scale 1) to the query's dtype before SDPA.
-    key, value = key.to(query.dtype), value.to(query.dtype)
+    # An fp8 pool is dequantized (times its layer's scales) to the query's dtype before SDPA; a
+    # float pool's scales are 1 and its K/V pass unchanged (the bit-identity check needs that).
+    k_scale, v_scale = step.pool.scales[layer]
+    key, value = _dequantized(key, k_scale, query.dtype), _dequantized(value, v_scale, query.dtype)
     num_new = query.shape[2]
     # [1, 1, num_new, context_len] or None. A prefill after a prefix-cache hit has fewer queries
     # than keys and needs the offset causal mask; otherwise the stock code's own choice (None:
@@ -115,6 +120,11 @@ def _stock_on_gathered(
     mask = _offset_causal_mask(num_new, step.context_len) if needs_offset else None
     output, _ = sdpa_attention_forward(module, query, key, value, mask, scaling=scaling)
     return output  # [1, num_new, num_q_heads, head_dim]
+
+
+def _dequantized(stored: torch.Tensor, scale: float, dtype: torch.dtype) -> torch.Tensor:
+    """Pool K or V (any shape) in ``dtype``: times ``scale`` unless it is 1."""
+    return stored.to(dtype) if scale == 1.0 else (stored.float() * scale).to(dtype)
 
 
 def _offset_causal_mask(num_queries: int, num_keys: int) -> torch.Tensor:

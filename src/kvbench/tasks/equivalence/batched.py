@@ -22,7 +22,7 @@ from kvbench.core.request import Request
 from kvbench.executors.forward import BatchRunner, SeqInput, model_kv_shape
 from kvbench.executors.kv_memory import KVMemory
 from kvbench.tasks.equivalence.cases import PromptCase, Trajectory, choose_token
-from kvbench.tasks.equivalence.trajectories import SampleKey
+from kvbench.tasks.equivalence.trajectories import SampleKey, fed_token
 
 
 def batched_trajectories(
@@ -33,9 +33,11 @@ def batched_trajectories(
     num_decode_steps: int,
     block_size: int,
     seed: int,
+    reference: dict[SampleKey, Trajectory] | None = None,
 ) -> dict[SampleKey, Trajectory]:
     """Each case's samples, all decoded in batched forwards; ``backend`` is ``torch`` (the
-    paged kernel) or ``gather``. Free blocks are scrambled first (``seed``) so tables scatter."""
+    paged kernel) or ``gather``. Free blocks are scrambled first (``seed``) so tables scatter.
+    ``reference``: teacher forcing, as ``trajectories.paged_trajectories``."""
     num_blocks = sum(_case_blocks(case, num_decode_steps, block_size) for case in cases) + 4
     allocator = make_allocator(allocator_name, num_blocks * block_size, block_size,
                                model.config.max_position_embeddings)  # fmt: skip
@@ -50,7 +52,8 @@ def batched_trajectories(
     prompt_logits = runner.forward([
         _prefill_input(allocator, case, num_decode_steps) for case in cases
     ])  # [num_cases, vocab]  # fmt: skip
-    keys, seq_ids, logits, tokens = [], [], [], []
+    # tokens: each sequence's context (prompt, then what it was fed); chosen: its own choices.
+    keys, seq_ids, logits, tokens, chosen = [], [], [], [], []
     for case, case_logits in zip(cases, prompt_logits, strict=True):
         for sample in range(case.num_samples):
             if sample:
@@ -58,8 +61,11 @@ def batched_trajectories(
             keys.append((case.prompt_id, sample))
             seq_ids.append(_seq_id(case, sample))
             logits.append([case_logits])  # per sequence, each [vocab]
-            tokens.append([*case.token_ids, choose_token(case_logits, sample)])
-    for _ in range(num_decode_steps):
+            chosen.append([choose_token(case_logits, sample)])
+            tokens.append(list(case.token_ids))
+    for step in range(num_decode_steps):
+        for key, sequence, own in zip(keys, tokens, chosen, strict=True):
+            sequence.append(fed_token(reference, key, step, own))
         for seq_id in seq_ids:
             if not allocator.append(seq_id, 1):
                 raise RuntimeError(f"pool too small: cannot grow sequence {seq_id}")
@@ -70,10 +76,10 @@ def batched_trajectories(
         ])  # [num_seqs, vocab]  # fmt: skip
         for row, sequence_logits in enumerate(step_logits):
             logits[row].append(sequence_logits)
-            tokens[row].append(choose_token(sequence_logits, 0))
+            chosen[row].append(choose_token(sequence_logits, 0))
     return {
-        key: Trajectory(torch.stack(rows), sequence[-(num_decode_steps + 1):])
-        for key, rows, sequence in zip(keys, logits, tokens, strict=True)
+        key: Trajectory(torch.stack(rows), own)
+        for key, rows, own in zip(keys, logits, chosen, strict=True)
     }
 
 

@@ -11,6 +11,8 @@ MODEL_NAMES = (SMOLLM2, TINY_GQA, TINY_MHA)
 BACKENDS = ("torch", "gather")
 ALLOCATORS = ("paged", "paged_prefix")
 DTYPES = ("fp32",)
+# fp8 K/V scales (equivalence.kv_scales): unit (1.0) or calibrated (vLLM's calculate_kv_scales).
+KV_SCALES = ("unit", "calibrated")
 # Largest allowed max |paged - stock| / max |stock| of a step's logits in fp32: the kernels'
 # own fp32 bound (docs/kernels.md), which the model's layers must not amplify past.
 FP32_REL_TOLERANCE = 1e-5

@@ -31,6 +31,7 @@ class PagedRunner:
         mode: ``paged`` (paged decode kernel) or ``gather`` (gather-into-contiguous + SDPA).
         backend: the paged kernel's backend.
         kv_dtype: the pools' storage dtype (None: the model's; ``torch.float8_e4m3fn``: fp8 K/V).
+        calibrate_scales: fp8 scales per layer from the first forward (``KVPool``); False: 1.0.
     """
 
     def __init__(
@@ -42,6 +43,7 @@ class PagedRunner:
         mode: str = "paged",
         backend: str = "torch",
         kv_dtype: torch.dtype | None = None,
+        calibrate_scales: bool = False,
     ) -> None:
         register_paged_attention()
         config = model.config
@@ -57,7 +59,7 @@ class PagedRunner:
         )
         self.pool = KVPool(
             config.num_hidden_layers, num_blocks, block_size, config.num_key_value_heads,
-            head_dim, kv_dtype or model.dtype,
+            head_dim, kv_dtype or model.dtype, calibrate_scales,
         )  # fmt: skip
 
     def prefill(self, seq_id: int, request: Request, prompt_ids: list[int]) -> torch.Tensor:

@@ -66,11 +66,12 @@ def run_logit_equivalence(
     for allocator in settings.allocators:
         for backend in settings.backends:
             paged = _paged_trajectories(model, allocator, backend, cases, steps,
-                                        settings.block_size, cfg.seed,
-                                        _KV_DTYPES.get(settings.kv_dtype))  # fmt: skip
+                                        settings.block_size, cfg.seed, stock,
+                                        _KV_DTYPES.get(settings.kv_dtype),
+                                        settings.kv_scales == "calibrated")  # fmt: skip
             labels = {"model": settings.model, "allocator": allocator, "backend": backend,
-                      "dtype": settings.dtype,
-                      "kv_dtype": settings.kv_dtype or settings.dtype}  # fmt: skip
+                      "dtype": settings.dtype, "kv_dtype": settings.kv_dtype or settings.dtype,
+                      "kv_scales": settings.kv_scales}  # fmt: skip
             rows.extend(comparison_rows(labels, paged, stock))
             table = pd.DataFrame(rows, columns=list(EQUIVALENCE_COLUMNS))
             write_table(table, output_dir / "equivalence.parquet", provenance(raw_cfg))
@@ -86,26 +87,30 @@ def run_logit_equivalence(
 
 
 def _paged_trajectories(model: Any, allocator: str, backend: str, cases: list[PromptCase],
-                        steps: int, block_size: int, seed: int,
-                        kv_dtype: torch.dtype | None = None) -> dict:  # fmt: skip
+                        steps: int, block_size: int, seed: int, stock: dict,
+                        kv_dtype: torch.dtype | None = None,
+                        calibrate_scales: bool = False) -> dict:  # fmt: skip
     """The kernel backend batched: every case's samples at once through the real executor's
     forward (``batched``). ``gather``, and K/V stored in ``kv_dtype`` (fp8; None: the model's),
     one sequence at a time as the stock cache runs: gather's check is bit-identity, which a
     batched matmul's rounding would blur (by ~1e-7), and the batched pools hold the model's
-    dtype."""
+    dtype. Every sample is teacher-forced on the ``stock`` trajectory's tokens, so a step's
+    logits are compared on the same context (one early divergence does not make every later
+    step differ)."""
     if backend != "gather" and kv_dtype is None:
-        return batched_trajectories(model, allocator, backend, cases, steps, block_size, seed)
+        return batched_trajectories(model, allocator, backend, cases, steps, block_size, seed,
+                                    stock)  # fmt: skip
     num_blocks = blocks_needed(cases, steps, block_size)
-    if backend == "gather":
-        runner = PagedRunner(model, allocator, num_blocks, block_size, "gather", kv_dtype=kv_dtype)
-    else:
-        runner = PagedRunner(model, allocator, num_blocks, block_size, "paged", backend, kv_dtype)
+    mode = "gather" if backend == "gather" else "paged"
+    runner = PagedRunner(model, allocator, num_blocks, block_size, mode,
+                         "torch" if backend == "gather" else backend, kv_dtype,
+                         calibrate_scales)  # fmt: skip
     scramble_free_blocks(runner, seed)
-    return paged_trajectories(runner, cases, steps)
+    return paged_trajectories(runner, cases, steps, stock)
 
 
 def _print_summary(table: pd.DataFrame, num_prompts: int, settings: Any, elapsed_s: float) -> None:
-    kv = f", K/V in {settings.kv_dtype}" if settings.kv_dtype else ""
+    kv = f", K/V in {settings.kv_dtype} ({settings.kv_scales} scales)" if settings.kv_dtype else ""
     print(f"logit equivalence: {settings.model} ({settings.dtype}{kv}), {num_prompts} prompts x "
           f"{settings.num_samples} samples x {settings.num_decode_steps} decode steps, block "
           f"size {settings.block_size}, {elapsed_s:.0f} s")  # fmt: skip

@@ -12,8 +12,8 @@ from kvbench.tasks.equivalence.names import FP32_REL_TOLERANCE
 from kvbench.tasks.equivalence.trajectories import SampleKey
 
 EQUIVALENCE_COLUMNS = (
-    "model", "allocator", "backend", "dtype", "kv_dtype", "prompt_id", "sample", "step",
-    "max_abs_diff", "max_rel_diff", "argmax_equal", "tokens_equal", "kl_div",
+    "model", "allocator", "backend", "dtype", "kv_dtype", "kv_scales", "prompt_id", "sample",
+    "step", "max_abs_diff", "max_rel_diff", "argmax_equal", "tokens_equal", "kl_div",
 )  # fmt: skip
 
 
@@ -22,8 +22,8 @@ def comparison_rows(
     paged: dict[SampleKey, Trajectory],
     stock: dict[SampleKey, Trajectory],
 ) -> list[dict[str, object]]:
-    """One row per (prompt, sample, step); ``labels`` fills model, allocator, backend, dtype and
-    kv_dtype.
+    """One row per (prompt, sample, step); ``labels`` fills model, allocator, backend, dtype,
+    kv_dtype and kv_scales.
 
     A NaN logit makes the step's differences NaN (never a silent 0).
     """
@@ -56,17 +56,21 @@ class Verdict:
     passed: bool
     kv_dtype: str = "fp32"  # the pool's K/V dtype
     mean_kl_div: float = 0.0  # mean over steps of KL(stock || paged), nats
+    p99_kl_div: float = 0.0  # its 99th percentile over steps, nats
+    max_kl_div: float = 0.0  # its largest step, nats
+    kv_scales: str = "unit"  # fp8 scales: unit or calibrated
 
     def line(self) -> str:
         """One summary line, with the tolerance it was judged by (fp8 K/V differ by design:
         reported, not judged)."""
         if self.kv_dtype == "fp8":
             return (
-                f"FP8 {self.allocator}/{self.backend}: argmax agreement "
-                f"{self.argmax_agreement:.1%}, mean KL {self.mean_kl_div:.3g} nats per step, max "
-                f"rel diff {self.max_rel_diff:.3g}; greedy continuations "
-                f"{'identical' if self.tokens_equal else 'differ'} (fp8 K/V vs the stock cache: "
-                "reported, not judged)"
+                f"FP8 ({self.kv_scales} scales) {self.allocator}/{self.backend}: argmax "
+                f"agreement {self.argmax_agreement:.1%}, KL per step mean "
+                f"{self.mean_kl_div:.3g} / p99 {self.p99_kl_div:.3g} / max "
+                f"{self.max_kl_div:.3g} nats, max rel diff {self.max_rel_diff:.3g}; greedy "
+                f"continuations {'identical' if self.tokens_equal else 'differ'} (fp8 K/V vs "
+                "the stock cache, teacher-forced: reported, not judged)"
             )
         exact = " (bit-identical)" if self.max_abs_diff == 0 else ""
         return (
@@ -85,12 +89,14 @@ def verdicts(table: pd.DataFrame) -> list[Verdict]:
         max_rel = float(rows["max_rel_diff"].max(skipna=False))
         same_tokens = bool(rows["tokens_equal"].all())
         kv_dtype = str(rows["kv_dtype"].iloc[0]) if "kv_dtype" in rows else "fp32"
-        mean_kl = float(rows["kl_div"].mean()) if "kl_div" in rows else 0.0
+        kl_div = rows["kl_div"] if "kl_div" in rows else pd.Series([0.0])
         result.append(Verdict(
             allocator=str(allocator), backend=str(backend),
             max_abs_diff=float(rows["max_abs_diff"].max(skipna=False)), max_rel_diff=max_rel,
             argmax_agreement=float(rows["argmax_equal"].mean()), tokens_equal=same_tokens,
             passed=bool(max_rel <= FP32_REL_TOLERANCE) and same_tokens,
-            kv_dtype=kv_dtype, mean_kl_div=mean_kl,
+            kv_dtype=kv_dtype, mean_kl_div=float(kl_div.mean()),
+            p99_kl_div=float(kl_div.quantile(0.99)), max_kl_div=float(kl_div.max()),
+            kv_scales=str(rows["kv_scales"].iloc[0]) if "kv_scales" in rows else "unit",
         ))  # fmt: skip
     return result

@@ -33,18 +33,36 @@ def stock_trajectories(
 
 
 def paged_trajectories(
-    runner: PagedRunner, cases: Sequence[PromptCase], num_decode_steps: int
+    runner: PagedRunner,
+    cases: Sequence[PromptCase],
+    num_decode_steps: int,
+    reference: dict[SampleKey, Trajectory] | None = None,
 ) -> dict[SampleKey, Trajectory]:
     """Cases one after another through the pool; a case's samples are forks of its first
-    sequence and decode in lockstep (their blocks interleave); a case is freed when done."""
+    sequence and decode in lockstep (their blocks interleave); a case is freed when done.
+
+    With ``reference`` (the stock trajectories) every sample is teacher-forced: it is fed the
+    reference's tokens, so each step's logits are compared on the same context, and its own
+    choices are only recorded (``Trajectory.tokens``). Without, it feeds its own choices."""
     result: dict[SampleKey, Trajectory] = {}
     for case in cases:
-        result.update(_paged_case(runner, case, num_decode_steps))
+        result.update(_paged_case(runner, case, num_decode_steps, reference))
     return result
 
 
+def fed_token(
+    reference: dict[SampleKey, Trajectory] | None, key: SampleKey, step: int, own: list[int]
+) -> int:
+    """The token a sample is fed at decode ``step`` (0: the first after the prompt): the
+    reference's (teacher forcing), or without a reference its own last choice."""
+    return own[-1] if reference is None else reference[key].tokens[step]
+
+
 def _paged_case(
-    runner: PagedRunner, case: PromptCase, num_decode_steps: int
+    runner: PagedRunner,
+    case: PromptCase,
+    num_decode_steps: int,
+    reference: dict[SampleKey, Trajectory] | None,
 ) -> dict[SampleKey, Trajectory]:
     seq_ids = [case.prompt_id * case.num_samples + sample for sample in range(case.num_samples)]
     prompt_logits = runner.prefill(
@@ -54,9 +72,10 @@ def _paged_case(
         runner.fork(seq_ids[0], seq_id)
     logits = [[prompt_logits] for _ in seq_ids]  # per sample, each [vocab]
     tokens = [[choose_token(prompt_logits, sample)] for sample in range(case.num_samples)]
-    for _ in range(num_decode_steps):
+    for step in range(num_decode_steps):
         for sample, seq_id in enumerate(seq_ids):
-            logits[sample].append(runner.decode(seq_id, tokens[sample][-1]))
+            token = fed_token(reference, (case.prompt_id, sample), step, tokens[sample])
+            logits[sample].append(runner.decode(seq_id, token))
             tokens[sample].append(choose_token(logits[sample][-1], 0))
     for seq_id in seq_ids:
         runner.free(seq_id)

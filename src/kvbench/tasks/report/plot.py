@@ -8,6 +8,7 @@ import pandas as pd
 
 from kvbench.analysis.curves import curve_keys
 from kvbench.plots.capacity_chart import plot_capacity
+from kvbench.plots.kv_designs_chart import kv_designs_rows, plot_kv_designs
 from kvbench.plots.prefix_tiers import cpu_tier_chart, page_size_chart
 from kvbench.plots.run_charts import plot_batch_sizes, plot_breakdown
 from kvbench.plots.sweep_charts import plot_latency_vs_block_size, plot_latency_vs_rate
@@ -57,6 +58,14 @@ def draw_report_figures(
     if not radix_offload.empty:
         page_size_chart(radix_offload[radix_offload["policy"] == "fcfs"], out_dir)
         cpu_tier_chart(radix_offload[radix_offload["policy"] == "fcfs"], out_dir, "mooncake")
+    for experiment in summary["experiment"].unique():
+        if str(experiment).startswith("kv_designs"):  # kv_designs, kv_designs_70b
+            runs = summary[summary["experiment"] == experiment]
+            first = runs.iloc[0]
+            plot_kv_designs(kv_designs_rows(runs, knees[knees["experiment"] == experiment]),
+                            out_dir, f"designs_{experiment}",
+                            f"{experiment}: {first['model']} on {first['num_gpus']}x "
+                            f"{first['hardware']}")  # fmt: skip
     fig2 = paper_comparison_rows(summary)
     if not fig2.empty:
         plot_breakdown(fig2[fig2["workload"] == "sharegpt"], out_dir, with_paper=True)
