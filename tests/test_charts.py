@@ -342,7 +342,7 @@ def _drawn_by(module, draw, table, tmp_path) -> Drawn:
     drawn: dict[str, Drawn] = {}
     with pytest.MonkeyPatch.context() as monkeypatch:
         def capture(fig, out_dir: Path, name: str) -> None:
-            drawn[name] = Drawn(fig)
+            drawn[name] = Drawn(fig, out_dir)
             figure.save_figure(fig, out_dir, name)
 
         monkeypatch.setattr(module, "save_figure", capture)
