@@ -85,6 +85,10 @@ def _task(name: str) -> Callable[..., object]:
         from kvbench.tasks.sim_to_real.run import run_sim_to_real
 
         return run_sim_to_real
+    if name == "paper_executed":
+        from kvbench.tasks.paper_executed.run import run_paper_executed
+
+        return run_paper_executed
     from kvbench.tasks.simulate.run import run_study
 
     return run_study

@@ -32,7 +32,9 @@ from kvbench.workloads import WorkloadConfig, validate_workload_config
 MAX_BLOCK_SIZE = 256  # the largest block size the vLLM paper swept (Fig. 18b)
 EXECUTOR_KINDS = ("roofline", "profiled", "real")
 PREFIX_CACHING_ALLOCATORS = ("paged_prefix", "radix")  # what a CPU tier offloads for
-TASKS = ("simulate", "kernel_overhead", "logit_equivalence", "profile", "sim_to_real")
+TASKS = (
+    "simulate", "kernel_overhead", "logit_equivalence", "profile", "sim_to_real", "paper_executed"
+)
 SCHEDULER_NAMES = ("vllm_v0", "vllm_v1")
 # What vllm_v1 runs each allocator as (docs/scheduling.md): paged without and paged_prefix with
 # vLLM's prefix caching; the naive allocators reserve their span at admission.
@@ -224,6 +226,16 @@ class EquivalenceConfig:
 
 
 @dataclass
+class PaperExecutedConfig:
+    """``paper_executed``: the vLLM paper's comparison served for real (``task:
+    paper_executed``, docs/paper_executed.md)."""
+
+    # Real runs of every allocator, interleaved (each round rotates the order), so that the
+    # machine's noise hits every allocator alike; measured figures are medians over rounds.
+    rounds: int = MISSING
+
+
+@dataclass
 class KvbenchConfig:
     """The root config: one run compares ``allocators`` on the same requests.
 
@@ -273,6 +285,7 @@ class KvbenchConfig:
     summary_table: bool = MISSING
     kernel_bench: KernelBenchConfig = field(default_factory=KernelBenchConfig)
     equivalence: EquivalenceConfig = field(default_factory=EquivalenceConfig)
+    paper_executed: PaperExecutedConfig = field(default_factory=PaperExecutedConfig)
 
 
 def validate_config(cfg: DictConfig | dict[str, Any]) -> tuple[KvbenchConfig, Deployment]:
@@ -427,6 +440,7 @@ def _check_values(cfg: KvbenchConfig) -> None:
     _check_real_executor(cfg)
     _check_kernel_bench(cfg.kernel_bench)
     _check_equivalence(cfg.equivalence)
+    _check_paper_executed(cfg)
     _require(
         cfg.model.dtype in DTYPE_BYTES,
         f"model.dtype={cfg.model.dtype!r}: allowed dtypes are {', '.join(DTYPE_BYTES)}",
@@ -721,7 +735,8 @@ def _check_real_executor(cfg: KvbenchConfig) -> None:
     sequence per request (no forks), in a dtype torch computes."""
     from kvbench.executors.names import REAL_MODELS
 
-    runs_model = cfg.executor.kind == "real" or cfg.task in ("profile", "sim_to_real")
+    runs_model = cfg.executor.kind == "real" or cfg.task in ("profile", "sim_to_real",
+                                                              "paper_executed")
     if not runs_model:
         return
     what = f"task={cfg.task}" if cfg.task != "simulate" else "executor=real"
@@ -739,6 +754,21 @@ def _check_real_executor(cfg: KvbenchConfig) -> None:
             workload.num_samples == 1 and workload.beam_width == 1,
             f"workloads.{label}: executor=real runs one sequence per request; set "
             "num_samples=1 and beam_width=1 (forks run in the simulated executors only)",
+        )
+
+
+def _check_paper_executed(cfg: KvbenchConfig) -> None:
+    """task=paper_executed: rounds >= 1, and the profile its simulated rows are priced with."""
+    _require(
+        cfg.paper_executed.rounds >= 1,
+        f"paper_executed.rounds={cfg.paper_executed.rounds}: must be >= 1",
+    )
+    if cfg.task == "paper_executed":
+        _require(
+            bool(cfg.executor.profile),
+            "task=paper_executed simulates the same requests with a profile: set "
+            "executor.profile=FILE (a `python -m kvbench task=profile` file, e.g. the committed "
+            "kernels/baselines/profile_cpu_smollm2-135m_*.json)",
         )
 
 
