@@ -126,3 +126,30 @@ def test_paper_executed_needs_a_profile():
         compose_config("experiment=paper_executed", "executor.profile=null")
     with pytest.raises(ConfigError, match=r"paper_executed\.rounds=0"):
         compose_config("experiment=paper_executed", "paper_executed.rounds=0")
+
+
+def test_chart_draws_each_source_and_the_papers_range(tmp_path, monkeypatch):
+    from chart_layout import foreign_colors, layout_problems
+
+    from kvbench.plots import paper_executed_chart as chart
+
+    runs = pd.DataFrame([
+        _run(source, allocator, 0, throughput * scale)
+        for source, scale in (("measured", 1.0), ("profiled", 1.2), ("roofline", 3.0))
+        for allocator, throughput in (("naive_max", 10.0), ("naive_oracle", 20.0), ("paged", 30.0))
+    ])  # fmt: skip
+    table = paper_table(runs).assign(workload="sharegpt")
+    drawn = {}
+    save = chart.save_figure
+
+    def capture(fig, out_dir, name):
+        drawn["problems"] = layout_problems(fig) + foreign_colors(fig)
+        drawn["labels"] = [text.get_text() for ax in fig.axes for text in ax.texts]
+        save(fig, out_dir, name)
+
+    monkeypatch.setattr(chart, "save_figure", capture)
+    chart.paper_executed_chart(table, tmp_path)
+    assert (tmp_path / "paper_executed.png").stat().st_size > 0
+    assert drawn["problems"] == []
+    # Both ratios of each of the three sources, written on their bars (3.00x and 1.50x each).
+    assert sorted(drawn["labels"]) == ["1.50x"] * 3 + ["3.00x"] * 3
