@@ -89,6 +89,10 @@ def _task(name: str) -> Callable[..., object]:
         from kvbench.tasks.sim_to_real.vllm import run_sim_to_vllm
 
         return run_sim_to_vllm
+    if name == "paper_executed":
+        from kvbench.tasks.paper_executed.run import run_paper_executed
+
+        return run_paper_executed
     from kvbench.tasks.simulate.run import run_study
 
     return run_study

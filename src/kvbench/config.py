@@ -34,6 +34,7 @@ EXECUTOR_KINDS = ("roofline", "profiled", "real")
 PREFIX_CACHING_ALLOCATORS = ("paged_prefix", "radix")  # what a CPU tier offloads for
 TASKS = (
     "simulate", "kernel_overhead", "logit_equivalence", "profile", "sim_to_real", "sim_to_vllm",
+    "paper_executed",
 )  # fmt: skip
 SCHEDULER_NAMES = ("vllm_v0", "vllm_v1")
 # What vllm_v1 runs each allocator as (docs/scheduling.md): paged without and paged_prefix with
@@ -239,6 +240,16 @@ class EquivalenceConfig:
 
 
 @dataclass
+class PaperExecutedConfig:
+    """``paper_executed``: the vLLM paper's comparison served for real (``task:
+    paper_executed``, docs/paper_executed.md)."""
+
+    # Real runs of every allocator, interleaved (each round rotates the order), so that the
+    # machine's noise hits every allocator alike; measured figures are medians over rounds.
+    rounds: int = MISSING
+
+
+@dataclass
 class KvbenchConfig:
     """The root config: one run compares ``allocators`` on the same requests.
 
@@ -293,6 +304,7 @@ class KvbenchConfig:
     kernel_bench: KernelBenchConfig = field(default_factory=KernelBenchConfig)
     equivalence: EquivalenceConfig = field(default_factory=EquivalenceConfig)
     sim_to_vllm: SimToVllmConfig = field(default_factory=SimToVllmConfig)
+    paper_executed: PaperExecutedConfig = field(default_factory=PaperExecutedConfig)
 
 
 def validate_config(cfg: DictConfig | dict[str, Any]) -> tuple[KvbenchConfig, Deployment]:
@@ -447,6 +459,7 @@ def _check_values(cfg: KvbenchConfig) -> None:
     _check_equivalence(cfg.equivalence)
     if cfg.task == "sim_to_vllm":
         _check_sim_to_vllm(cfg)
+    _check_paper_executed(cfg)
     _require(
         cfg.model.dtype in DTYPE_BYTES,
         f"model.dtype={cfg.model.dtype!r}: allowed dtypes are {', '.join(DTYPE_BYTES)}",
@@ -798,7 +811,7 @@ def _check_real_executor(cfg: KvbenchConfig) -> None:
     from kvbench.executors.names import REAL_MODELS
 
     runs_model = cfg.executor.kind == "real" or cfg.task in ("profile", "sim_to_real",
-                                                             "sim_to_vllm")
+                                                             "sim_to_vllm", "paper_executed")
     if not runs_model:
         return
     what = f"task={cfg.task}" if cfg.task != "simulate" else "executor=real"
@@ -816,6 +829,21 @@ def _check_real_executor(cfg: KvbenchConfig) -> None:
             workload.num_samples == 1 and workload.beam_width == 1,
             f"workloads.{label}: executor=real runs one sequence per request; set "
             "num_samples=1 and beam_width=1 (forks run in the simulated executors only)",
+        )
+
+
+def _check_paper_executed(cfg: KvbenchConfig) -> None:
+    """task=paper_executed: rounds >= 1, and the profile its simulated rows are priced with."""
+    _require(
+        cfg.paper_executed.rounds >= 1,
+        f"paper_executed.rounds={cfg.paper_executed.rounds}: must be >= 1",
+    )
+    if cfg.task == "paper_executed":
+        _require(
+            bool(cfg.executor.profile),
+            "task=paper_executed simulates the same requests with a profile: set "
+            "executor.profile=FILE (a `python -m kvbench task=profile` file, e.g. the committed "
+            "kernels/baselines/profile_cpu_smollm2-135m_*.json)",
         )
 
 

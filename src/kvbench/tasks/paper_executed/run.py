@@ -1,0 +1,158 @@
+"""``python -m kvbench experiment=paper_executed``: the vLLM paper's comparison served for real.
+
+The same requests are served on the real model (``executors.real``) by every allocator, in
+interleaved rounds (each round rotates the order, so the machine's noise hits every allocator
+alike), and simulated with the profile of ``executor.profile`` and with the roofline. Writes
+``paper_executed_runs.parquet`` (one row per run), ``paper_executed.parquet`` (medians per
+source and allocator, paged's ratios over the baselines), ``paper_executed.md`` (that table),
+``plots/paper_executed.png`` and ``report.md`` (docs/paper_executed.md).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from kvbench.allocators import make_allocator
+from kvbench.config import KvbenchConfig, run_workloads
+from kvbench.core.kv_capacity import pool_slots
+from kvbench.core.request import Request
+from kvbench.core.specs import Deployment
+from kvbench.engine import Scheduler, simulate
+from kvbench.engine.cost_model import CostModel
+from kvbench.engine.scheduler import SchedulerLimits
+from kvbench.tables.atomic import write_text_atomic
+from kvbench.tables.parquet import write_table
+from kvbench.tables.provenance import provenance
+from kvbench.tasks.paper_executed.table import MEASURED, markdown_rows, paper_table, run_figures
+from kvbench.tasks.profile.profile_file import load_profiled_cost_model
+from kvbench.tasks.simulate.experiment import cost_model, scheduler_limits
+from kvbench.tasks.simulate.real_runner import load_real_model, pin_threads
+from kvbench.tasks.simulate.run_outputs import print_files, write_task_report
+from kvbench.workloads import to_requests, with_arrivals, workload_rows
+
+# Prices one allocator's iterations in a simulation: (allocator name, its kernel block size).
+CostModelFor = Callable[[str, int], CostModel]
+
+
+@dataclasses.dataclass(frozen=True)
+class ServingSetup:
+    """What every run of the comparison shares: the scheduler's limits and the pool."""
+
+    limits: SchedulerLimits
+    num_slots: int
+    block_size: int
+    max_model_len: int
+    deployment: Deployment
+
+
+def run_paper_executed(
+    cfg: KvbenchConfig, deployment: Deployment, raw_cfg: Any, output_dir: Path
+) -> pd.DataFrame:
+    """Serve the workload for real under every allocator, simulate it twice, write the
+    comparison; returns ``paper_executed.parquet``'s table."""
+    started_s = time.perf_counter()
+    pin_threads(cfg.executor.num_threads)
+    model = load_real_model(cfg.model.name, cfg.model.dtype)
+    setup = ServingSetup(
+        limits=scheduler_limits(cfg, deployment),
+        num_slots=pool_slots(deployment, cfg.allocator.block_size, cfg.allocator.num_gpu_blocks),
+        block_size=cfg.allocator.block_size,
+        max_model_len=deployment.model.max_model_len,
+        deployment=deployment,
+    )
+    simulated: dict[str, CostModelFor] = {
+        "profiled": lambda name, block_size: load_profiled_cost_model(
+            str(cfg.executor.profile), block_size, deployment),
+        "roofline": lambda name, block_size: cost_model(cfg, deployment, name),
+    }  # fmt: skip
+    label, workload_cfg = next(iter(run_workloads(cfg).items()))
+    rows = workload_rows(workload_cfg, setup.max_model_len)
+    runs = []
+    rates = cfg.request_rates or [workload_cfg.request_rate or 0.0]  # 0: the trace's own times
+    for rate in rates:
+        requests = to_requests(with_arrivals(rows, dataclasses.replace(workload_cfg,
+                                                                       request_rate=rate)))
+        served = serve_rounds(model, requests, cfg.allocators, cfg.paper_executed.rounds, setup)
+        priced = simulate_sources(requests, cfg.allocators, simulated, setup)
+        runs.append(pd.concat([served, priced], ignore_index=True).assign(request_rate=rate))
+    runs_table = pd.concat(runs, ignore_index=True).assign(workload=label)
+    table = paper_table(runs_table).assign(workload=label)
+    metadata = provenance(raw_cfg)
+    write_table(runs_table, output_dir / "paper_executed_runs.parquet", metadata)
+    write_table(table, output_dir / "paper_executed.parquet", metadata)
+    markdown = markdown_rows(table)
+    write_text_atomic(output_dir / "paper_executed.md", markdown + "\n")
+    if cfg.plots:
+        from kvbench.plots.paper_executed_chart import paper_executed_chart
+
+        paper_executed_chart(table, output_dir / "plots")
+    load = runs_table.loc[runs_table["source"] == MEASURED, "load_average_1m"]
+    elapsed_s = time.perf_counter() - started_s
+    print(f"paper_executed: {cfg.model.name} on {deployment.hardware.name}, {label}, "
+          f"{len(runs_table)} runs in {elapsed_s:.0f} s (1-min load average at the real runs' "
+          f"starts {load.min():.1f}-{load.max():.1f})\n{markdown}")  # fmt: skip
+    write_task_report(output_dir, f"{cfg.experiment_name}: the paper's comparison served for real",
+                      raw_cfg, ["## Measured and simulated\n\n" + markdown])  # fmt: skip
+    if cfg.summary_table:
+        print_files(output_dir)
+    return table
+
+
+def serve_rounds(
+    model: Any,
+    requests: Sequence[Request],
+    allocators: Sequence[str],
+    rounds: int,
+    setup: ServingSetup,
+) -> pd.DataFrame:
+    """Every allocator's real run of ``requests``, ``rounds`` times; round r starts at the
+    r-th allocator (a rotation), so no allocator always runs first or last."""
+    from kvbench.executors.real import RealExecutor, run_real
+
+    rows = []
+    for round_index in range(rounds):
+        shift = round_index % len(allocators)
+        for name in [*allocators[shift:], *allocators[:shift]]:
+            allocator = make_allocator(name, setup.num_slots, setup.block_size,
+                                       setup.max_model_len)  # fmt: skip
+            executor = RealExecutor(model, allocator)
+            executor.warm_up()
+            load_average_1m = os.getloadavg()[0]
+            wall_start_s = time.perf_counter()
+            served = run_real(requests, Scheduler(setup.limits), allocator, executor)
+            rows.append({"source": MEASURED, "allocator": name, "round": round_index,
+                         **run_figures(served.result, setup.deployment),
+                         "wall_s": time.perf_counter() - wall_start_s,
+                         "load_average_1m": load_average_1m,
+                         "kv_pool_bytes": served.kv_pool_bytes})  # fmt: skip
+            print(f"real: round {round_index + 1}/{rounds}, {name}: "
+                  f"{rows[-1]['output_token_throughput']:.1f} output tokens/s, mean batch "
+                  f"{rows[-1]['mean_batch_size']:.1f}", flush=True)  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+def simulate_sources(
+    requests: Sequence[Request],
+    allocators: Sequence[str],
+    sources: dict[str, CostModelFor],
+    setup: ServingSetup,
+) -> pd.DataFrame:
+    """Every allocator's run of ``requests`` simulated with each source's cost model (at the
+    allocator's kernel block size: 1 for a contiguous arena)."""
+    rows = []
+    for source, model_for in sources.items():
+        for name in allocators:
+            allocator = make_allocator(name, setup.num_slots, setup.block_size,
+                                       setup.max_model_len)  # fmt: skip
+            result = simulate(requests, Scheduler(setup.limits), allocator,
+                              model_for(name, allocator.block_size))  # fmt: skip
+            rows.append({"source": source, "allocator": name, "round": 0,
+                         **run_figures(result, setup.deployment)})  # fmt: skip
+    return pd.DataFrame(rows)

@@ -1,0 +1,108 @@
+"""Rows of ``paper_executed.parquet``: each allocator's throughput, batch and KV memory, measured
+on the real model and simulated (profiled, roofline), with paged's ratios over the baselines.
+
+A run's figures (``run_figures``) come from the engine's own records whatever priced its
+iterations, so the measured and the simulated rows are computed by the same code. Column
+definitions: docs/metrics.md, ``paper_executed.parquet``. Pure: pandas in, pandas out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import pandas as pd
+
+from kvbench.core.specs import Deployment
+from kvbench.engine.records import SimulationResult
+from kvbench.tasks.report.markdown_table import markdown_table
+from kvbench.tasks.simulate.table import GB, requests_frame, summarize
+
+MEASURED = "measured"
+SOURCES = (MEASURED, "profiled", "roofline")
+# What a request holds: its slots storing tokens, reserved for them, or never to be used.
+HELD_CATEGORIES = ("token_states", "reservation", "internal_frag")
+# The run figures a table row holds (medians over a source's runs).
+FIGURES = (
+    "output_token_throughput",
+    "mean_batch_size",
+    "kv_held_gb",
+    "kv_used_gb",
+    "peak_kv_held_gb",
+    "duration_s",
+    "normalized_latency_s_per_token",
+    "num_finished",
+)
+# paged's throughput over each baseline's: the paper's "x times the throughput".
+BASELINES = ("naive_max", "naive_oracle")
+PAGED = "paged"
+
+
+def run_figures(result: SimulationResult, deployment: Deployment) -> dict[str, float]:
+    """One run's figures: output tokens/s, mean batch, KV held and storing tokens (GB,
+    time-weighted over the run's iterations), the most KV held at once (GB), its duration and
+    normalized latency."""
+    summary = summarize(requests_frame(result), result, deployment)
+    pool_gb = float(summary["kv_pool_gb"])
+    held_pct = sum(float(summary[f"{category}_pct"]) for category in HELD_CATEGORIES)
+    columns = result.steps.columns
+    held_slots = sum(np.asarray(columns[f"{category}_slots"], dtype=np.float64)
+                     for category in HELD_CATEGORIES)  # fmt: skip
+    peak_held_slots = float(np.max(held_slots)) if len(columns["token_states_slots"]) else 0.0
+    return {
+        "output_token_throughput": float(summary["output_token_throughput"]),
+        "mean_batch_size": float(summary["mean_batch_size"]),
+        "kv_held_gb": pool_gb * held_pct / 100,
+        "kv_used_gb": pool_gb * float(summary["token_states_pct"]) / 100,
+        "peak_kv_held_gb": deployment.slots_to_bytes(peak_held_slots) / GB,
+        "duration_s": float(summary["duration_s"]),
+        "normalized_latency_s_per_token": float(summary["normalized_latency_s_per_token"]),
+        "num_finished": float(summary["num_finished"]),
+    }
+
+
+def paper_table(runs: pd.DataFrame) -> pd.DataFrame:
+    """One row per (request rate, source, allocator) from ``runs`` (one row per run:
+    ``request_rate``, ``source``, ``allocator``, ``round`` and ``FIGURES``): the medians over
+    the runs, the throughput's spread over them, and paged's throughput over each baseline's at
+    the same rate and source."""
+    grouped = runs.groupby(["request_rate", "source", "allocator"], sort=False)
+    table = grouped[list(FIGURES)].median().reset_index()
+    throughput = grouped["output_token_throughput"]
+    table["num_runs"] = grouped.size().to_numpy()
+    table["output_token_throughput_spread_pct"] = (
+        (throughput.max() - throughput.min()) / throughput.median() * 100
+    ).to_numpy()
+    for baseline in BASELINES:
+        table[f"paged_over_{baseline}"] = [
+            _ratio(table, rate, source, PAGED, baseline)
+            for rate, source in zip(table["request_rate"], table["source"], strict=True)
+        ]
+    return table
+
+
+def _ratio(
+    table: pd.DataFrame, rate: float, source: str, numerator: str, denominator: str
+) -> float:
+    """``numerator``'s throughput over ``denominator``'s at ``rate`` within ``source`` (NaN if
+    either did not run or served nothing)."""
+    same = (table["request_rate"] == rate) & (table["source"] == source)
+    rows = table[same].set_index("allocator")["output_token_throughput"]
+    if numerator not in rows or denominator not in rows or not rows[denominator] > 0:
+        return float("nan")
+    return float(rows[numerator] / rows[denominator])
+
+
+def markdown_rows(table: pd.DataFrame) -> str:
+    """The table as markdown: one row per source and allocator, throughput, batch, memory."""
+    header = ["req/s", "source", "allocator", "runs", "output tok/s", "spread %", "mean batch",
+              "KV held GB", "KV used GB", "peak KV held GB", "paged / naive_max",
+              "paged / naive_oracle"]  # fmt: skip
+    rows: list[Sequence[object]] = [
+        [row.request_rate, row.source, row.allocator, int(row.num_runs),
+         row.output_token_throughput, row.output_token_throughput_spread_pct,
+         row.mean_batch_size, row.kv_held_gb, row.kv_used_gb, row.peak_kv_held_gb,
+         row.paged_over_naive_max, row.paged_over_naive_oracle]
+        for row in table.itertuples()
+    ]  # fmt: skip
+    return markdown_table(header, rows, digits=3)

@@ -1,0 +1,155 @@
+"""experiment=paper_executed: the paper's comparison served on a real model beside its
+simulations. The table's arithmetic on runs whose figures are known; the interleaved real runs
+and the simulations on a tiny random Llama under a binding pool (seconds); the config's checks."""
+
+import math
+
+import pandas as pd
+import pytest
+from conftest import compose_config
+
+from kvbench.config import ConfigError
+from kvbench.core.catalog import get_deployment
+from kvbench.core.request import Request
+from kvbench.engine.scheduler import SchedulerLimits
+from kvbench.tasks.paper_executed.run import ServingSetup, serve_rounds, simulate_sources
+from kvbench.tasks.paper_executed.table import FIGURES, markdown_rows, paper_table
+
+MAX_MODEL_LEN = 64
+
+
+def _run(source, allocator, round_index, throughput, batch=1.0):
+    figures = dict.fromkeys(FIGURES, 1.0)
+    figures.update(output_token_throughput=throughput, mean_batch_size=batch)
+    return {"request_rate": 8.0, "source": source, "allocator": allocator, "round": round_index,
+            **figures}  # fmt: skip
+
+
+def test_table_takes_medians_over_rounds_and_ratios_within_a_source():
+    runs = pd.DataFrame([
+        _run("measured", "naive_max", 0, 10.0), _run("measured", "naive_max", 1, 30.0),
+        _run("measured", "naive_max", 2, 20.0), _run("measured", "naive_oracle", 0, 40.0),
+        _run("measured", "paged", 0, 50.0, batch=9.0), _run("measured", "paged", 1, 70.0),
+        _run("profiled", "naive_max", 0, 25.0), _run("profiled", "paged", 0, 100.0),
+    ])  # fmt: skip
+    table = paper_table(runs).set_index(["source", "allocator"])
+    measured_max = table.loc[("measured", "naive_max")]
+    assert measured_max["output_token_throughput"] == 20.0  # median of 10, 30, 20
+    assert measured_max["num_runs"] == 3
+    assert measured_max["output_token_throughput_spread_pct"] == pytest.approx(100.0)  # 20 / 20
+    paged = table.loc[("measured", "paged")]
+    assert paged["mean_batch_size"] == pytest.approx(5.0)  # median of 9 and 1
+    assert paged["paged_over_naive_max"] == pytest.approx(60.0 / 20.0)
+    assert paged["paged_over_naive_oracle"] == pytest.approx(60.0 / 40.0)
+    # The profiled source's ratio uses its own rows; it ran no naive_oracle: NaN, not the other's.
+    profiled = table.loc[("profiled", "paged")]
+    assert profiled["paged_over_naive_max"] == pytest.approx(4.0)
+    assert math.isnan(profiled["paged_over_naive_oracle"])
+    assert "| 8.000 | measured | paged | 2 | 60.000 |" in markdown_rows(paper_table(runs))
+
+
+@pytest.fixture(scope="module")
+def tiny_setup():
+    deployment = get_deployment("smollm2-135m", "cpu")
+    # 4 x 64 slots: naive_max holds 4 requests at once, paged (requests of <= 20 tokens) all 10.
+    return ServingSetup(limits=SchedulerLimits(max_model_len=MAX_MODEL_LEN), num_slots=256,
+                        block_size=8, max_model_len=MAX_MODEL_LEN, deployment=deployment)
+
+
+def _requests():
+    shapes = [(12, 5), (7, 4), (10, 6), (8, 5), (14, 3), (9, 5), (6, 4), (11, 3), (13, 5),
+              (10, 4)]  # fmt: skip
+    return [Request(request_id=i, arrival_s=0.0, prompt_tokens=prompt, output_tokens=output)
+            for i, (prompt, output) in enumerate(shapes)]  # fmt: skip
+
+
+@pytest.fixture
+def one_thread():
+    """torch on one thread (as executor.num_threads=1): a loaded machine's spinning threads
+    otherwise cost this test several times its work; restored afterwards."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def test_real_rounds_interleave_and_the_budget_binds_naive_max_only(tiny_setup, one_thread,
+                                                                     capsys):  # fmt: skip
+    from kvbench.tasks.equivalence.models import load_model
+    from kvbench.tasks.equivalence.names import TINY_GQA
+
+    allocators = ["naive_max", "naive_oracle", "paged"]
+    runs = serve_rounds(load_model(TINY_GQA), _requests(), allocators, 2, tiny_setup)
+    # Round 0 runs in the given order, round 1 starts at the second allocator.
+    assert list(runs["allocator"]) == [*allocators, "naive_oracle", "paged", "naive_max"]
+    assert (runs["num_finished"] == 10).all() and (runs["output_token_throughput"] > 0).all()
+    assert (runs["kv_pool_bytes"] > 0).all() and (runs["wall_s"] > 0).all()
+    by_allocator = runs.groupby("allocator")[["mean_batch_size", "kv_held_gb", "kv_used_gb"]]
+    batch = by_allocator.mean()["mean_batch_size"]
+    assert batch["naive_max"] <= 4.0 < batch["paged"]  # the pool binds naive_max at 4 requests
+    # naive_max holds 64 slots per request whatever it stores; paged holds at most a block more.
+    means = by_allocator.mean()
+    assert (means["kv_held_gb"] >= means["kv_used_gb"]).all()
+    assert means.loc["naive_max", "kv_held_gb"] > 2 * means.loc["naive_max", "kv_used_gb"]
+    assert "round 2/2, naive_max" in capsys.readouterr().out
+
+
+def _fixed_cost(seconds):
+    from kvbench.engine.profiled import PROFILE_TERMS, SWAP_TERMS, ProfiledCostModel
+
+    coefficients = dict.fromkeys((*PROFILE_TERMS, *SWAP_TERMS), 0.0)
+    return lambda name, block_size: ProfiledCostModel({**coefficients, "fixed_s": seconds},
+                                                      block_size)  # fmt: skip
+
+
+def test_simulated_sources_price_the_same_requests(tiny_setup):
+    runs = simulate_sources(_requests(), ["naive_max", "paged"],
+                            {"slow": _fixed_cost(0.5), "fast": _fixed_cost(0.05)}, tiny_setup)
+    table = paper_table(runs.assign(request_rate=8.0)).set_index(["source", "allocator"])
+    # The same schedule whatever prices it (every iteration costs the same): batches equal,
+    # throughput 10x at a tenth of the price, and paged's ratio the same in both.
+    assert table.loc[("slow", "paged"), "mean_batch_size"] == pytest.approx(
+        table.loc[("fast", "paged"), "mean_batch_size"])
+    assert table.loc[("fast", "paged"), "output_token_throughput"] == pytest.approx(
+        10 * table.loc[("slow", "paged"), "output_token_throughput"])
+    ratio = table.loc[("slow", "paged"), "paged_over_naive_max"]
+    assert ratio > 1.5 and ratio == pytest.approx(table.loc[("fast", "paged"),
+                                                            "paged_over_naive_max"])
+
+
+def test_paper_executed_needs_a_profile():
+    cfg, _, _ = compose_config("experiment=paper_executed")
+    assert cfg.task == "paper_executed" and cfg.executor.profile
+    with pytest.raises(ConfigError, match=r"executor\.profile=FILE"):
+        compose_config("experiment=paper_executed", "executor.profile=null")
+    with pytest.raises(ConfigError, match=r"paper_executed\.rounds=0"):
+        compose_config("experiment=paper_executed", "paper_executed.rounds=0")
+
+
+def test_chart_draws_each_source_and_the_papers_range(tmp_path, monkeypatch):
+    from chart_layout import foreign_colors, layout_problems
+
+    from kvbench.plots import paper_executed_chart as chart
+
+    runs = pd.DataFrame([
+        _run(source, allocator, 0, throughput * scale)
+        for source, scale in (("measured", 1.0), ("profiled", 1.2), ("roofline", 3.0))
+        for allocator, throughput in (("naive_max", 10.0), ("naive_oracle", 20.0), ("paged", 30.0))
+    ])  # fmt: skip
+    table = paper_table(runs).assign(workload="sharegpt")
+    drawn = {}
+    save = chart.save_figure
+
+    def capture(fig, out_dir, name):
+        drawn["problems"] = layout_problems(fig) + foreign_colors(fig)
+        drawn["labels"] = [text.get_text() for ax in fig.axes for text in ax.texts]
+        save(fig, out_dir, name)
+
+    monkeypatch.setattr(chart, "save_figure", capture)
+    chart.paper_executed_chart(table, tmp_path)
+    assert (tmp_path / "paper_executed.png").stat().st_size > 0
+    assert drawn["problems"] == []
+    # Both ratios of each of the three sources, written on their bars (3.00x and 1.50x each).
+    assert sorted(drawn["labels"]) == ["1.50x"] * 3 + ["3.00x"] * 3
