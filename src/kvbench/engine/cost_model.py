@@ -26,6 +26,9 @@ class IterationShape:
         decode_context_lens: per decode sequence context length, only when a measured attention
             hook needs it (else empty).
         num_prefill_seqs: sequences prefilled (a profiled model prices each sequence).
+        prefill_spans: per prefilled sequence, (its KV tokens, those found cached): what a
+            sliding-window layer's attention needs to count its pairs exactly (the roofline's
+            window term); empty where the shape was built from sums only.
     """
 
     num_prefill_tokens: int
@@ -34,6 +37,7 @@ class IterationShape:
     decode_context_tokens: int
     decode_context_lens: tuple[int, ...] = ()
     num_prefill_seqs: int = 0
+    prefill_spans: tuple[tuple[int, int], ...] = ()
 
 
 # Seconds of a decode-only iteration as a function of its sequences' summed context (tokens).
@@ -77,10 +81,12 @@ def iteration_shape(
     num_prefill_tokens = 0
     prefill_attention_pairs = 0
     num_prefill_seqs = 0
+    prefill_spans = []
     for seq in prefill:
         num_prefill_seqs += 1
         length = seq.num_kv_tokens
         cached = seq.num_cached_tokens
+        prefill_spans.append((length, cached))
         num_prefill_tokens += length - cached
         # Causal attention: token i sees i tokens; cached tokens are not recomputed.
         prefill_attention_pairs += length * (length + 1) // 2 - cached * (cached + 1) // 2
@@ -90,4 +96,5 @@ def iteration_shape(
         num_decode_tokens=num_decode_tokens,
         decode_context_tokens=decode_context_tokens,
         num_prefill_seqs=num_prefill_seqs,
+        prefill_spans=tuple(prefill_spans),
     )
