@@ -8,7 +8,7 @@ sequences it runs); ``CostModel`` is the protocol every cost model implements (t
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from kvbench.engine.sequence import Sequence
@@ -37,7 +37,9 @@ class IterationShape:
     decode_context_tokens: int
     decode_context_lens: tuple[int, ...] = ()
     num_prefill_seqs: int = 0
-    prefill_spans: tuple[tuple[int, int], ...] = ()
+    # A detail behind the sums above, not part of what a shape is: shapes equal by their sums
+    # compare (and hash) equal, as the profile's grid points expect.
+    prefill_spans: tuple[tuple[int, int], ...] = field(default=(), compare=False)
 
 
 # Seconds of a decode-only iteration as a function of its sequences' summed context (tokens).
