@@ -16,7 +16,7 @@ from kvbench.allocators import (
 def test_names_in_report_order() -> None:
     assert ALLOCATOR_NAMES == (
         "naive_max", "naive_pow2", "naive_oracle", "paged", "paged_prefix", "radix",
-        "paged_hybrid", "vattention",
+        "paged_hybrid", "paged_hybrid_prefix", "vattention",
     )  # fmt: skip
 
 
@@ -36,12 +36,14 @@ def test_each_declares_its_abilities(name: str) -> None:
     """The engine reads abilities from these declarations, never by probing attributes."""
     allocator = make_allocator(name, 1000, 16, 256)
     is_paged = name.startswith("paged")
-    assert (allocator.prefix_cache is not None) == (name in ("paged_prefix", "radix"))
+    assert (allocator.prefix_cache is not None) == (
+        name in ("paged_prefix", "radix", "paged_hybrid_prefix")
+    )
     assert allocator.forks_share_blocks == is_paged
     # vattention keeps paged's block pool underneath (a counter that stays 0: it never shares).
     assert isinstance(allocator, CopyOnWriteCounter) == (is_paged or name == "vattention")
     # paged_hybrid's sliding groups free blocks as the sequences grow: no lazy rounds (yet).
-    assert isinstance(allocator, CohortAllocator) == (name != "paged_hybrid")
+    assert isinstance(allocator, CohortAllocator) == (not name.startswith("paged_hybrid"))
 
 
 def test_unknown_name_lists_the_allowed_ones() -> None:

@@ -219,31 +219,43 @@ def _layer_slot_recount(allocator: PagedHybridAllocator, tokens: dict[int, int])
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(layout=st.sampled_from(LAYOUTS), block_size=st.sampled_from([1, 2, 3]),
-       num_blocks=st.integers(0, 40), ops=operations)  # fmt: skip
+       num_blocks=st.integers(0, 40), ops=operations, prefix_caching=st.booleans())  # fmt: skip
 def test_random_operations_keep_the_pool_consistent(
-    layout: KvGroupLayout, block_size: int, num_blocks: int, ops: list[tuple[str, int, int]]
+    layout: KvGroupLayout,
+    block_size: int,
+    num_blocks: int,
+    ops: list[tuple[str, int, int]],
+    prefix_caching: bool,
 ) -> None:
+    """With prefix caching, requests share prefixes of three groups (hits, cached free blocks
+    revived and evicted): the same invariants hold."""
     num_layers = layout.num_model_layers
     num_slots = -(-num_blocks * block_size * layout.group_size // num_layers)
     allocator = PagedHybridAllocator(num_slots, block_size, 64, layout=layout,
-                                     num_blocks=num_blocks)  # fmt: skip
+                                     num_blocks=num_blocks,
+                                     enable_prefix_caching=prefix_caching)  # fmt: skip
     tokens: dict[int, int] = {}
     next_id = 0
     for op, count, pick in ops:
         live = sorted(tokens)
         if op == "admit":
             next_id += 1
-            if allocator.admit(next_id, Request(next_id, 0.0, count, 20), count):
+            request = Request(next_id, 0.0, count, 20, prefix_group=pick % 3, prefix_tokens=count)
+            if allocator.admit(next_id, request, count):
                 tokens[next_id] = count
         elif live and op == "append":
             seq_id = live[pick % len(live)]
             if allocator.append(seq_id, count % 4):
                 tokens[seq_id] += count % 4
-                if count % 4:  # a sliding group holds its window plus at most two blocks
+                if count % 4:
+                    # A sliding group holds the window's w - 1 earlier tokens and the k new ones:
+                    # with n computed, blocks from (n - w + 1) // b to ceil((n + k) / b), at most
+                    # ceil((w - 2 + k) / b) + 1 (the window plus one block when k = 1).
                     for group, held in zip(layout.groups, allocator.group_held_tokens(seq_id),
                                            strict=True):  # fmt: skip
                         if group.window_tokens is not None:
-                            most = -(-(group.window_tokens - 1) // block_size) + 2
+                            window_and_new = group.window_tokens - 2 + count % 4
+                            most = -(-window_and_new // block_size) + 1
                             assert held <= most * block_size
         elif live and op == "fork":
             next_id += 1

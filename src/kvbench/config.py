@@ -711,7 +711,7 @@ def _check_scheduler(scheduler: SchedulerConfig) -> None:
     _require(
         scheduler.policy in POLICIES,
         f"scheduler.policy={scheduler.policy!r}: allowed are {', '.join(POLICIES)} (lpm: "
-        "longest prefix match first, for paged_prefix and radix)",
+        "longest prefix match first, for paged_prefix, radix and paged_hybrid_prefix)",
     )
     _require(
         scheduler.swap_space_gib >= 0,

@@ -7,7 +7,8 @@ the block tables over a ``block_pool``, advanced lazily by a ``cohort``, and opt
 ``vattention`` the virtual spans of vAttention, paged underneath in page groups.
 
 ``make_allocator(name, ...)`` builds one by its registry name; ``ALLOCATOR_NAMES`` lists them in
-the order reports show them. ``paged_prefix`` is the ``paged`` allocator with a prefix cache.
+the order reports show them. ``paged_prefix`` is the ``paged`` allocator with a prefix cache,
+``paged_hybrid_prefix`` the ``paged_hybrid`` one with a ``hybrid_prefix`` cache.
 A new allocator satisfies ``Allocator``, declares its abilities, and gets a registry entry here.
 """
 
@@ -52,6 +53,10 @@ _FACTORIES: dict[str, Callable[[int, int, int], Allocator]] = {
     # vLLM v1's hybrid KV-cache manager; without a model's groups (make_allocator's hybrid_pool)
     # one group of full attention.
     PagedHybridAllocator.name: PagedHybridAllocator,
+    # ... with prefix caching, a hit only where every group hits (vLLM's hybrid coordinator).
+    "paged_hybrid_prefix": lambda slots, block_size, max_len: PagedHybridAllocator(
+        slots, block_size, max_len, enable_prefix_caching=True
+    ),
     # vAttention: virtual spans with pages mapped on demand. By default a page holds block_size
     # tokens, spans are unbounded and a finished request's pages are unmapped at once (the
     # registry-wide tests recount it as paged); make_allocator's `vattention` settings give the
@@ -62,6 +67,7 @@ _FACTORIES: dict[str, Callable[[int, int, int], Allocator]] = {
 }
 
 ALLOCATOR_NAMES: tuple[str, ...] = tuple(_FACTORIES)
+_HYBRID_NAMES = (PagedHybridAllocator.name, "paged_hybrid_prefix")  # given a model's groups
 # Names a run may also list: vattention with its page size fixed (vattention_64k, ..., _2m).
 ALLOCATOR_VARIANTS: tuple[str, ...] = VATTENTION_PAGE_NAMES
 
@@ -83,8 +89,9 @@ def make_allocator(
     use 1; ``radix`` uses ``radix_page_tokens``. ``cpu_cache_slots`` > 0 gives the
     prefix-caching allocators (``paged_prefix``, ``radix``) a CPU tier of that many token slots
     (whole blocks or pages); the others have no cache to offload. ``hybrid_pool``
-    (``core.kv_capacity.hybrid_pool``) gives ``paged_hybrid`` the model's KV-cache groups and
-    vLLM's block count, and its slots replace ``num_slots``; the other allocators ignore it.
+    (``core.kv_capacity.hybrid_pool``) gives ``paged_hybrid`` and ``paged_hybrid_prefix`` the
+    model's KV-cache groups and vLLM's block count, and its slots replace ``num_slots``; the
+    other allocators ignore it.
     ``vattention`` sets the ``vattention`` allocator's pages and spans (ignored by the others).
     ValueError names the allowed names when ``name`` is unknown.
     """
@@ -101,10 +108,11 @@ def make_allocator(
     if name == "paged_prefix" and cpu_cache_slots:
         return PagedAllocator(num_slots, block_size, max_model_len, enable_prefix_caching=True,
                               cpu_cache_blocks=cpu_cache_slots // block_size)  # fmt: skip
-    if name == PagedHybridAllocator.name and hybrid_pool is not None:
+    if name in _HYBRID_NAMES and hybrid_pool is not None:
         return PagedHybridAllocator(
             hybrid_pool.num_slots, block_size, max_model_len,
             layout=hybrid_pool.layout, num_blocks=hybrid_pool.num_blocks,
+            enable_prefix_caching=name == "paged_hybrid_prefix",
         )  # fmt: skip
     return factory(num_slots, block_size, max_model_len)
 

@@ -22,6 +22,14 @@ block is external fragmentation.
 
 Without a layout (the registry's default), the allocator is one group of full attention: plain
 paging (``paged`` without the fast path), which the registry's property tests check.
+
+Prefix caching (``enable_prefix_caching``, the registry's ``paged_hybrid_prefix``, as
+``paged_prefix`` is ``paged`` with it): a ``HybridPrefixCache`` caches every group's full prompt
+blocks, and an admission takes the longest prefix that every group serves (vLLM's hybrid
+coordinator, ``hybrid_prefix``): a full group references its hit blocks, a sliding group only
+the last ``ceil((w - 1) / block_size)`` of them (null entries before). Blocks freed behind a
+window stay cached in the free queue until the pool reuses them. Shared blocks count in the
+breakdown's ``shared_slots`` and ``saved_slots`` like forks' do.
 """
 
 from __future__ import annotations
@@ -30,6 +38,7 @@ from dataclasses import dataclass
 
 from kvbench.allocators.base import MemoryUsage, check_token_count
 from kvbench.allocators.block_pool import BlockPool
+from kvbench.allocators.hybrid_prefix import HybridHit, HybridPrefixCache
 from kvbench.core.kv_groups import KvCacheGroup, KvGroupLayout
 from kvbench.core.request import Request
 
@@ -72,11 +81,12 @@ class PagedHybridAllocator:
         max_model_len: the longest sequence.
         layout: the model's KV-cache groups; None: one group of full attention.
         num_blocks: blocks in the pool (vLLM's count); None: as many as ``num_slots`` holds.
+        enable_prefix_caching: share prompt prefixes across requests where every group hits
+            (``prefix_cache``, a ``HybridPrefixCache``; None without).
     """
 
     name = "paged_hybrid"
     forks_share_blocks = True  # a fork references the parent's blocks in every group
-    prefix_cache = None  # no prefix cache (vLLM's hybrid prefix hits are not modelled yet)
 
     def __init__(
         self,
@@ -86,6 +96,7 @@ class PagedHybridAllocator:
         *,
         layout: KvGroupLayout | None = None,
         num_blocks: int | None = None,
+        enable_prefix_caching: bool = False,
     ) -> None:
         if block_size < 1:
             raise ValueError(f"block_size={block_size}: must be >= 1")
@@ -106,8 +117,14 @@ class PagedHybridAllocator:
                 f"{self.layout.group_size} layers exceed the {num_slots}-slot pool"
             )
         self.num_copy_on_writes = 0
-        self._pool = BlockPool(num_blocks)
+        # A prefix hit revives a cached free block: only then does the pool need the queue that
+        # blocks can leave from the middle.
+        self._pool = BlockPool(num_blocks, revivable=enable_prefix_caching)
         self._windows = [group.window_tokens for group in self.layout.groups]
+        self.name = "paged_hybrid_prefix" if enable_prefix_caching else "paged_hybrid"
+        self.prefix_cache = (
+            HybridPrefixCache(block_size, self._windows) if enable_prefix_caching else None
+        )
         # One group per window: groups of one window free the same entries at the same time.
         first_group_of_window: dict[int, int] = {}
         for group, window in enumerate(self._windows):
@@ -135,27 +152,42 @@ class PagedHybridAllocator:
     def can_admit(self, request: Request, num_tokens: int) -> bool:
         """Whether ``admit`` would succeed now, without changing anything."""
         check_token_count(num_tokens)
-        return self._admit_blocks(num_tokens) <= self._pool.num_free_blocks
+        hit = self._prefix_hit(request, num_tokens)
+        return self._admit_blocks(num_tokens, hit) <= self._pool.num_free_blocks
 
     def admit(self, seq_id: int, request: Request, num_tokens: int) -> bool:
         """Give a new sequence ``ceil(num_tokens / block_size)`` blocks in every group (its
-        prefill writes them all before any of them leaves a window); False if no room."""
+        prefill writes them all before any of them leaves a window), the prefix cache's hits
+        first; False if no room."""
         if seq_id in self._sequences:
             raise ValueError(f"sequence {seq_id} is already allocated")
         check_token_count(num_tokens)
-        if self._admit_blocks(num_tokens) > self._pool.num_free_blocks:
+        hit = self._prefix_hit(request, num_tokens)
+        if self._admit_blocks(num_tokens, hit) > self._pool.num_free_blocks:
             return False
-        num_blocks = self._blocks_for(num_tokens)
+        # Reference the hits before allocating, so that allocation cannot evict them.
+        for group, leading in enumerate(hit.group_blocks):
+            for block_id in leading:
+                if block_id is not None:
+                    self._reference(block_id, group)
+        num_new_blocks = self._blocks_for(num_tokens) - hit.num_blocks
         seq = _HybridSequence(
             request=request,
             final_tokens=min(request.total_tokens, self.max_model_len),
             num_tokens=num_tokens,
-            tables=[list(self._allocate(group, num_blocks)) for group in range(len(self._windows))],
-            first_live=[0] * len(self._windows),
+            tables=[
+                [*leading, *self._allocate(group, num_new_blocks)]
+                for group, leading in enumerate(hit.group_blocks)
+            ],
+            first_live=[
+                sum(1 for block_id in leading if block_id is None) for leading in hit.group_blocks
+            ],
         )
         self._sequences[seq_id] = seq
-        self._num_logical_blocks += num_blocks * len(self._windows)
+        self._num_logical_blocks += len(self._live_blocks(seq))
         self._track_last_blocks(seq)
+        if self.prefix_cache is not None:
+            self.prefix_cache.admitted(seq_id, request, hit, seq.tables, num_tokens)
         return True
 
     def can_append(self, seq_id: int, num_tokens: int = 1) -> bool:
@@ -172,6 +204,7 @@ class PagedHybridAllocator:
         seq = self._sequences[seq_id]
         if num_tokens == 1 and self._append_within_last_blocks(seq):
             return True
+        num_full_blocks = seq.num_tokens // self.block_size
         plan = self._append_plan(seq, num_tokens)
         if plan.num_blocks_needed > self._pool.num_free_blocks + plan.num_blocks_released:
             return False
@@ -188,6 +221,12 @@ class PagedHybridAllocator:
         self._num_logical_blocks += sum(plan.num_new_blocks)
         seq.num_tokens += num_tokens
         self._track_last_blocks(seq)
+        num_full_blocks_now = seq.num_tokens // self.block_size
+        # Only a block that just filled can be cached (a prompt admitted in part).
+        if self.prefix_cache is not None and num_full_blocks_now > num_full_blocks:
+            self.prefix_cache.cache_full_blocks(
+                seq_id, seq.tables, num_full_blocks, num_full_blocks_now
+            )
         return True
 
     def try_append_round(self, seq_ids: list[int]) -> bool:
@@ -221,6 +260,8 @@ class PagedHybridAllocator:
             first_live=list(parent.first_live),
         )
         self._num_logical_blocks += len(self._live_blocks(parent))
+        if self.prefix_cache is not None:
+            self.prefix_cache.forked(parent_id, child_id)
         return True
 
     def free(self, seq_id: int) -> None:
@@ -233,6 +274,8 @@ class PagedHybridAllocator:
         key = seq.tables[0][-1] if seq.tables[0] else None
         if key is not None and self._pool.ref_count(key) == 0:
             self._untrack_partial(key)
+        if self.prefix_cache is not None:
+            self.prefix_cache.freed(seq_id)
 
     def num_tokens(self, seq_id: int) -> int:
         """Tokens the sequence currently holds (computed, or being computed)."""
@@ -324,6 +367,8 @@ class PagedHybridAllocator:
         filled = num_tokens % block_size
         if not filled:
             return False  # the token starts a block in every group
+        if self.prefix_cache is not None and filled + 1 == block_size:
+            return False  # the blocks fill up: the general path caches them
         key = seq.tables[0][-1]
         assert key is not None
         if self._pool.ref_counts[key] > 1:
@@ -351,13 +396,40 @@ class PagedHybridAllocator:
     def _blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
 
-    def _admit_blocks(self, num_tokens: int) -> int:
-        return self._blocks_for(num_tokens) * len(self._windows)
+    def _prefix_hit(self, request: Request, num_tokens: int) -> HybridHit:
+        """The prefix cache's hit for the sequence (none without a prefix cache)."""
+        if self.prefix_cache is None:
+            return HybridHit(0, ((),) * len(self._windows))
+        return self.prefix_cache.lookup(request, num_tokens)
+
+    def _admit_blocks(self, num_tokens: int, hit: HybridHit) -> int:
+        """Free blocks an admission consumes: every group's missing blocks, plus the hits that
+        are cached free blocks (reviving one takes it off the free queue too)."""
+        num_new_blocks = (self._blocks_for(num_tokens) - hit.num_blocks) * len(self._windows)
+        if not hit.num_blocks:
+            return num_new_blocks
+        ref_counts = self._pool.ref_counts
+        num_free_hits = sum(
+            1
+            for leading in hit.group_blocks
+            for block_id in leading
+            if block_id is not None and ref_counts[block_id] == 0
+        )
+        return num_new_blocks + num_free_hits
 
     def _allocate(self, group: int, num_blocks: int) -> list[int]:
+        """Take blocks from the pool (evicting what the prefix cache remembered of them)."""
         block_ids = self._pool.allocate_many(num_blocks)
         self._held_blocks[group] += num_blocks
+        if self.prefix_cache is not None:
+            self.prefix_cache.evict(block_ids)
         return block_ids
+
+    def _reference(self, block_id: int, group: int) -> None:
+        """One more reference to a cached block of ``group`` (reviving it if free)."""
+        if self._pool.ref_counts[block_id] == 0:
+            self._held_blocks[group] += 1
+        self._pool.incref(block_id)
 
     def _release(self, block_ids: list[int], group: int) -> None:
         """Drop one reference to each block (of ``group``); count those that become free."""

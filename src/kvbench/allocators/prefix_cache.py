@@ -26,7 +26,7 @@ from kvbench.allocators.prefix_hashes import prompt_block_hashes
 from kvbench.core.request import Request
 
 # Requests whose prompt hashes the cache keeps (the lpm policy's waiting queue, at most).
-_RECENT_REQUESTS = 1024
+RECENT_REQUESTS = 1024
 
 
 class PrefixCache:
@@ -190,7 +190,7 @@ class PrefixCache:
             if hashes is None:
                 hashes = prompt_block_hashes(request, self.block_size)
                 self._recent_hashes[request] = hashes
-                if len(self._recent_hashes) > _RECENT_REQUESTS:
+                if len(self._recent_hashes) > RECENT_REQUESTS:
                     self._recent_hashes.popitem(last=False)
             else:
                 self._recent_hashes.move_to_end(request)

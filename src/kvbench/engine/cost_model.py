@@ -8,7 +8,7 @@ sequences it runs); ``CostModel`` is the protocol every cost model implements (t
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from kvbench.engine.sequence import Sequence
@@ -26,6 +26,9 @@ class IterationShape:
         decode_context_lens: per decode sequence context length, only when a measured attention
             hook needs it (else empty).
         num_prefill_seqs: sequences prefilled (a profiled model prices each sequence).
+        prefill_spans: per prefilled sequence, (its KV tokens, those found cached): what a
+            sliding-window layer's attention needs to count its pairs exactly (the roofline's
+            window term); empty where the shape was built from sums only.
     """
 
     num_prefill_tokens: int
@@ -34,6 +37,9 @@ class IterationShape:
     decode_context_tokens: int
     decode_context_lens: tuple[int, ...] = ()
     num_prefill_seqs: int = 0
+    # A detail behind the sums above, not part of what a shape is: shapes equal by their sums
+    # compare (and hash) equal, as the profile's grid points expect.
+    prefill_spans: tuple[tuple[int, int], ...] = field(default=(), compare=False)
 
 
 # Seconds of a decode-only iteration as a function of its sequences' summed context (tokens).
@@ -77,10 +83,12 @@ def iteration_shape(
     num_prefill_tokens = 0
     prefill_attention_pairs = 0
     num_prefill_seqs = 0
+    prefill_spans = []
     for seq in prefill:
         num_prefill_seqs += 1
         length = seq.num_kv_tokens
         cached = seq.num_cached_tokens
+        prefill_spans.append((length, cached))
         num_prefill_tokens += length - cached
         # Causal attention: token i sees i tokens; cached tokens are not recomputed.
         prefill_attention_pairs += length * (length + 1) // 2 - cached * (cached + 1) // 2
@@ -90,4 +98,5 @@ def iteration_shape(
         num_decode_tokens=num_decode_tokens,
         decode_context_tokens=decode_context_tokens,
         num_prefill_seqs=num_prefill_seqs,
+        prefill_spans=tuple(prefill_spans),
     )

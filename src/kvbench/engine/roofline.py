@@ -9,6 +9,17 @@ with the weights read once per iteration, the KV cache of every sequence read on
 tokens' KV written, and FLOPs = 2 x active parameters per token + attention (QK^T and PV).
 An optional ``attention_time_s`` hook replaces the roofline's decode-attention term by times
 measured with real kernels. Derivation and constants: ``docs/cost_model.md``.
+
+Sliding-window layers (a hybrid model's) attend to their last ``w`` tokens only: their share of
+the layers reads, per decoding sequence, ``min(context, w)`` tokens of KV, and a prefill token
+attends to at most ``w`` tokens. Prefill is counted exactly from each prefilled sequence's
+span (``IterationShape.prefill_spans``): token ``i`` attends to ``min(i + 1, w)`` tokens.
+Decode gets only the batch's summed context (the engine's fast path keeps that sum, not each
+sequence's length), so its windowed read is bounded from the sum: ``min(sum of contexts, decode
+sequences x w)``, exact when every decoding sequence is at least the window long (or none is),
+otherwise above the true figure (the roofline never under-charges); a shape without spans
+bounds prefill the same way, ``min(causal pairs, prefill tokens x w)``. A model without sliding
+layers keeps the formula above, float for float.
 """
 
 from __future__ import annotations
@@ -31,9 +42,31 @@ AttentionTimer = Callable[[IterationShape], float]
 class IterationTimeFn(Protocol):
     """Seconds of an iteration of a given token count (``RooflineTerms.time_fn``)."""
 
-    def __call__(self, decode_context_tokens: int, prefill_attention_pairs: int = 0) -> float:
-        """Seconds, given the KV tokens decode reads and the causal pairs prefill attends to."""
+    def __call__(
+        self,
+        decode_context_tokens: int,
+        prefill_attention_pairs: int = 0,
+        prefill_window_pairs: int | None = None,
+    ) -> float:
+        """Seconds, given the KV tokens decode reads and the causal pairs prefill attends to
+        (``prefill_window_pairs``: those within a sliding layer's window, when known)."""
         ...
+
+
+def windowed_prefill_pairs(spans: tuple[tuple[int, int], ...], window_tokens: int) -> int:
+    """(query, key) pairs a sliding layer of ``window_tokens`` computes in prefilling ``spans``
+    ((KV tokens, cached tokens) per sequence): token ``i`` attends to ``min(i + 1, w)``."""
+    return sum(
+        _window_pairs_below(length, window_tokens) - _window_pairs_below(cached, window_tokens)
+        for length, cached in spans
+    )
+
+
+def _window_pairs_below(num_tokens: int, window_tokens: int) -> int:
+    """Pairs of a sliding layer over tokens ``0 .. num_tokens - 1``."""
+    if num_tokens <= window_tokens:
+        return num_tokens * (num_tokens + 1) // 2
+    return window_tokens * (window_tokens + 1) // 2 + (num_tokens - window_tokens) * window_tokens
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,14 +80,19 @@ class RooflineTerms:
     fixed_s: float  # launch/scheduling overhead plus the all-reduces under tensor parallelism
     flops_per_s: float  # effective, all GPUs
     bytes_per_s: float  # effective HBM bandwidth, all GPUs
+    window_tokens: int | None = None  # the sliding layers' window (None: no layer slides)
+    sliding_layer_fraction: float = 0.0  # of the layers (and so of the KV bytes and FLOPs)
 
-    def time_fn(self, num_tokens: int) -> IterationTimeFn:
-        """Seconds of an iteration of ``num_tokens`` tokens, as a function
-        ``time_s(decode_context_tokens, prefill_attention_pairs=0)`` of the KV its decode
-        sequences read and the causal pairs its prefill attends to: the roofline formula, its
-        only copy, with the terms that depend on the token count alone computed once (the fast
-        path calls it every iteration). Every caller gets the same float operations in the same
-        order, so identical floats."""
+    def time_fn(self, num_tokens: int, num_decode_tokens: int | None = None) -> IterationTimeFn:
+        """Seconds of an iteration of ``num_tokens`` tokens, ``num_decode_tokens`` of them
+        decoding (None: all), as a function ``time_s(decode_context_tokens,
+        prefill_attention_pairs=0)`` of the KV its decode sequences read and the causal pairs
+        its prefill attends to: the roofline formula, its only copy, with the terms that depend
+        on the token counts alone computed once (the fast path calls it every iteration). Every
+        caller gets the same float operations in the same order, so identical floats."""
+        if self.window_tokens is not None:
+            num_decode = num_tokens if num_decode_tokens is None else num_decode_tokens
+            return self._windowed_time_fn(num_tokens, num_decode, self.window_tokens)
         kv_bytes_per_token = self.kv_bytes_per_token
         attention_flops_per_pair = self.attention_flops_per_pair
         fixed_s = self.fixed_s
@@ -63,10 +101,50 @@ class RooflineTerms:
         dense_flops = 2.0 * self.active_parameters * num_tokens
         dense_bytes = self.weight_bytes + num_tokens * kv_bytes_per_token
 
-        def time_s(decode_context_tokens: int, prefill_attention_pairs: int = 0) -> float:
+        def time_s(
+            decode_context_tokens: int,
+            prefill_attention_pairs: int = 0,
+            prefill_window_pairs: int | None = None,  # no layer slides: not used
+        ) -> float:
             attention_pairs = prefill_attention_pairs + decode_context_tokens
             flops = dense_flops + attention_flops_per_pair * attention_pairs
             bytes_moved = dense_bytes + decode_context_tokens * kv_bytes_per_token
+            return fixed_s + max(flops / flops_per_s, bytes_moved / bytes_per_s)
+
+        return time_s
+
+    def _windowed_time_fn(
+        self, num_tokens: int, num_decode_tokens: int, window_tokens: int
+    ) -> IterationTimeFn:
+        """``time_fn`` of a model with sliding layers: their share of the attention reads and
+        FLOPs bounded by the window (module doc)."""
+        kv_bytes_per_token = self.kv_bytes_per_token
+        attention_flops_per_pair = self.attention_flops_per_pair
+        fixed_s = self.fixed_s
+        flops_per_s = self.flops_per_s
+        bytes_per_s = self.bytes_per_s
+        sliding = self.sliding_layer_fraction
+        full = 1.0 - sliding
+        dense_flops = 2.0 * self.active_parameters * num_tokens
+        dense_bytes = self.weight_bytes + num_tokens * kv_bytes_per_token
+        decode_window_tokens = num_decode_tokens * window_tokens
+        prefill_window_bound = (num_tokens - num_decode_tokens) * window_tokens
+
+        def time_s(
+            decode_context_tokens: int,
+            prefill_attention_pairs: int = 0,
+            prefill_window_pairs: int | None = None,
+        ) -> float:
+            # Tokens (decode) and pairs (prefill) of the whole model's layers, the sliding
+            # layers' part within the window (prefill's bounded when not given).
+            decode_tokens_read = full * decode_context_tokens + sliding * min(
+                decode_context_tokens, decode_window_tokens
+            )
+            if prefill_window_pairs is None:
+                prefill_window_pairs = min(prefill_attention_pairs, prefill_window_bound)
+            prefill_pairs = full * prefill_attention_pairs + sliding * prefill_window_pairs
+            flops = dense_flops + attention_flops_per_pair * (prefill_pairs + decode_tokens_read)
+            bytes_moved = dense_bytes + decode_tokens_read * kv_bytes_per_token
             return fixed_s + max(flops / flops_per_s, bytes_moved / bytes_per_s)
 
         return time_s
@@ -139,6 +217,9 @@ class RooflineCostModel:
             flops_per_s=num_gpus * hardware.peak_tflops * 1e12 * self.compute_efficiency,
             bytes_per_s=num_gpus * hardware.hbm_bandwidth_gb_per_s * 1e9
             * self.bandwidth_efficiency,
+            window_tokens=model.sliding_window if model.is_hybrid else None,
+            sliding_layer_fraction=sum(window is not None for window in model.layer_windows)
+            / model.num_layers,
         )
 
     def iteration_time_s(self, shape: IterationShape) -> float:
@@ -157,9 +238,14 @@ class RooflineCostModel:
         if self.attention_time_s is not None:
             # Measured kernels replace decode attention (its FLOPs and KV reads); prefill
             # attention stays in the roofline.
-            body_s = self.terms.time_fn(num_tokens)(0, shape.prefill_attention_pairs)
+            time_fn = self.terms.time_fn(num_tokens, shape.num_decode_tokens)
+            body_s = time_fn(0, shape.prefill_attention_pairs)
             return body_s + self.attention_time_s(shape)
-        time_s = self.terms.time_fn(num_tokens)
+        time_s = self.terms.time_fn(num_tokens, shape.num_decode_tokens)
+        window_tokens = self.terms.window_tokens
+        if window_tokens is not None and shape.prefill_spans:
+            window_pairs = windowed_prefill_pairs(shape.prefill_spans, window_tokens)
+            return time_s(shape.decode_context_tokens, shape.prefill_attention_pairs, window_pairs)
         return time_s(shape.decode_context_tokens, shape.prefill_attention_pairs)
 
     def decode_time_fn(self, num_decode_tokens: int) -> DecodeTimeFn:

@@ -25,6 +25,7 @@ ALLOCATOR_COLORS = {
     "paged_prefix": "#2b8a3e",
     "radix": "#0c8599",
     "paged_hybrid": "#d6336c",
+    "paged_hybrid_prefix": "#a61e4d",
     # vAttention by page size (kv_designs charts): greens for small pages, orange for 2 MiB.
     "vattention": "#66a80f",
     "vattention_64k": "#74b816",
@@ -35,7 +36,7 @@ ALLOCATOR_COLORS = {
 OTHER_COLOR = "#868e96"
 # paged and paged_prefix often draw the same numbers (no shared prefix): a dashed line on a solid
 # one keeps both visible.
-ALLOCATOR_LINESTYLES = {"paged_prefix": "--"}
+ALLOCATOR_LINESTYLES = {"paged_prefix": "--", "paged_hybrid_prefix": "--"}
 # Every chart fits a laptop screen and a slide: at most 12 x 7 inches (at 120 dpi, 1440 x 840).
 MAX_FIGURE_INCHES = (12.0, 7.0)
 DPI = 120

@@ -152,7 +152,8 @@ def run_study(
             deployment, cfg.allocator.block_size, cfg.allocator.num_gpu_blocks
         )
         print(f"kvbench: as vLLM v1 would log this pool: {figures.log_line()}")
-        if "paged_hybrid" in cfg.allocators and deployment.model.is_hybrid:
+        hybrid_names = {"paged_hybrid", "paged_hybrid_prefix"}
+        if hybrid_names & set(cfg.allocators) and deployment.model.is_hybrid:
             hybrid = hybrid_startup_figures(
                 deployment, cfg.allocator.block_size,
                 scheduler_limits(cfg, deployment).max_num_batched_tokens,
