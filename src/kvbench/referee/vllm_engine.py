@@ -240,11 +240,13 @@ def _start_engine(settings: EngineSettings) -> Any:
     _import_vllm()  # one line naming the install command where vLLM is missing
     from vllm import LLM
 
+    # Typed Any: vLLM types dtype as a Literal of its names, which a str setting cannot satisfy.
+    dtype: Any = settings.dtype
     return LLM(
         model=str(settings.model_dir),
         skip_tokenizer_init=True,
         enforce_eager=True,
-        dtype=settings.dtype,
+        dtype=dtype,
         block_size=settings.block_size,
         num_gpu_blocks_override=settings.num_gpu_blocks,
         max_num_seqs=settings.max_num_seqs,
