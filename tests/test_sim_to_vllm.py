@@ -107,5 +107,8 @@ def test_the_task_replays_on_vllm_and_predicts_with_kvbench(tmp_path):
     fair = pd.read_parquet(tmp_path / "fair_instrument.parquet").set_index("engine")
     assert fair.loc["vllm", "ratio_to_vllm"] == 1.0
     assert (fair["output_tokens"] == 32).all() and (fair["output_tokens_per_s"] > 0).all()
+    assert fair.loc["kvbench_real", "torch_threads"] == cfg.executor.num_threads
     assert "ncalls" in (tmp_path / "report.md").read_text()
     assert (tmp_path / "profile_vllm_fitted_on_alpaca.json").exists()
+    steps = pd.read_parquet(tmp_path / "vllm_steps.parquet")
+    assert set(steps["workload"]) == {"alpaca", "sharegpt"} and (steps["duration_s"] > 0).all()

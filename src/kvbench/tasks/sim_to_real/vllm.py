@@ -6,7 +6,8 @@ own step times of the first slice (each step priced by the shape vLLM's schedule
 prefill chunks with their context, prefix hits included, and its decode tokens), and kvbench's
 ``scheduler=vllm_v1`` model simulates every run's requests with it. Errors per request (E2E,
 TTFT, TPOT) and per run (throughput, mean batch, peak blocks in use) go to ``sim_to_vllm.parquet``
-and ``sim_to_vllm_requests.parquet``, beside ``plots/sim_to_vllm`` and the fitted profile.
+and ``sim_to_vllm_requests.parquet``, every vLLM step to ``vllm_steps.parquet``, beside
+``plots/sim_to_vllm`` and the fitted profile.
 
 Then the fair-instrument check: one closed batch (``sim_to_vllm.fair_*``: every request at t = 0,
 the same lengths) served by vLLM and by kvbench's own real executor (``executor=real``'s
@@ -114,6 +115,8 @@ def run_sim_to_vllm(
     write_table(table, output_dir / "sim_to_vllm.parquet", metadata)
     pairs_table = pd.concat(pairs, ignore_index=True)
     write_table(pairs_table, output_dir / "sim_to_vllm_requests.parquet", metadata)
+    write_table(vllm_steps_frame(runs, coefficients, cfg.allocator.block_size),
+                output_dir / "vllm_steps.parquet", metadata)  # fmt: skip
     fair, profile_text = fair_instrument(cfg, deployment, engine)
     write_table(fair, output_dir / "fair_instrument.parquet", metadata)
     if cfg.plots:
@@ -162,6 +165,25 @@ def fit_on_vllm_steps(runs: list[VllmRunRecord], block_size: int) -> dict[str, f
     coefficients = dict(zip(PROFILE_TERMS, map(float, fitted), strict=True))
     coefficients.update(dict.fromkeys(SWAP_TERMS, 0.0))
     return coefficients
+
+
+def vllm_steps_frame(runs: list[VllmRunRecord], coefficients: dict[str, float],
+                     block_size: int) -> pd.DataFrame:  # fmt: skip
+    """Every vLLM step of ``runs``: its shape, measured time, and the time the fitted profile
+    gives it (so a profile's error can be read per step and slice)."""
+    model = ProfiledCostModel(coefficients, block_size)
+    return pd.DataFrame([
+        {"workload": run.workload, "request_rate": run.rate, "step": index,
+         "start_s": step.start_s, "duration_s": step.duration_s,
+         "fitted_s": model.iteration_time_s(step.shape),
+         "num_prefill_seqs": step.shape.num_prefill_seqs,
+         "num_prefill_tokens": step.shape.num_prefill_tokens,
+         "prefill_attention_pairs": step.shape.prefill_attention_pairs,
+         "num_decode_tokens": step.shape.num_decode_tokens,
+         "decode_context_tokens": step.shape.decode_context_tokens,
+         "num_blocks_in_use": step.num_blocks_in_use}
+        for run in runs for index, step in enumerate(run.run.steps)
+    ])  # fmt: skip
 
 
 def measured_requests(run: VllmRunRecord) -> pd.DataFrame:
@@ -233,10 +255,13 @@ def fair_instrument(
     """The same closed batch served by vLLM and by kvbench's real executor (``paged`` over
     ``scheduler=vllm_v0``'s batches, the same ``max_num_seqs``): output tokens/s, steps and the
     median decode step of each, measured one after the other; and a cProfile of kvbench's run."""
+    import torch
+
     from kvbench.executors.real import RealExecutor, run_real
 
     requests = fair_requests(cfg)
     output_tokens = sum(request.output_tokens for request in requests)
+    vllm_threads = torch.get_num_threads()  # as vLLM's CPU worker left them
     vllm_run = replay(engine, requests)
     vllm_span_s = max(times.finish_s for times in vllm_run.requests)
     vllm_decode_s = [step.duration_s for step in vllm_run.steps if step.num_prefill_tokens == 0]
@@ -245,6 +270,8 @@ def fair_instrument(
     num_slots = pool_slots(deployment, block_size, cfg.allocator.num_gpu_blocks)
     allocator = make_allocator("paged", num_slots, block_size, deployment.model.max_model_len)
     executor = RealExecutor(model, allocator)
+    pin_threads(cfg.executor.num_threads)  # vLLM's worker may have set its own
+    kvbench_threads = torch.get_num_threads()
     executor.warm_up()
     limits = dataclasses.replace(scheduler_limits(cfg, deployment), preemption="recompute")
     profiler = cProfile.Profile()
@@ -258,10 +285,12 @@ def fair_instrument(
     rows = [
         {"engine": "vllm", "num_requests": len(requests), "output_tokens": output_tokens,
          "wall_s": vllm_span_s, "output_tokens_per_s": output_tokens / vllm_span_s,
-         "num_steps": len(vllm_run.steps), "median_decode_step_s": float(np.median(vllm_decode_s))},
+         "num_steps": len(vllm_run.steps), "median_decode_step_s": float(np.median(vllm_decode_s)),
+         "torch_threads": vllm_threads},
         {"engine": "kvbench_real", "num_requests": len(requests), "output_tokens": output_tokens,
          "wall_s": kvbench_span_s, "output_tokens_per_s": output_tokens / kvbench_span_s,
-         "num_steps": len(durations), "median_decode_step_s": float(np.median(kvbench_decode_s))},
+         "num_steps": len(durations), "median_decode_step_s": float(np.median(kvbench_decode_s)),
+         "torch_threads": kvbench_threads},
     ]  # fmt: skip
     frame = pd.DataFrame(rows)
     frame["ratio_to_vllm"] = frame["output_tokens_per_s"] / frame["output_tokens_per_s"].iloc[0]
@@ -282,6 +311,7 @@ def fair_summary(fair: pd.DataFrame) -> list[str]:
     return [
         f"- {row.engine}: {row.output_tokens_per_s:.1f} output tokens/s ({row.output_tokens} "
         f"tokens in {row.wall_s:.2f} s, {row.num_steps} steps, median decode step "
-        f"{row.median_decode_step_s * 1e3:.1f} ms), {row.ratio_to_vllm:.2f}x vLLM's"
+        f"{row.median_decode_step_s * 1e3:.1f} ms, {row.torch_threads} torch threads), "
+        f"{row.ratio_to_vllm:.2f}x vLLM's"
         for row in fair.itertuples(index=False)
     ]
