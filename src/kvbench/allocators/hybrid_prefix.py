@@ -26,12 +26,11 @@ block recomputed after a partial hit keeps the prefix alive when the older copy 
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from kvbench.allocators.prefix_cache import RECENT_REQUESTS
-from kvbench.allocators.prefix_hashes import prompt_block_hashes
+from kvbench.allocators.prefix_hashes import RecentPromptHashes
 from kvbench.core.request import Request
 
 
@@ -147,7 +146,7 @@ class HybridPrefixCache:
         self._hash_of_block: dict[int, tuple[int, int]] = {}  # block -> (group, hash)
         self._hashes_of_seq: dict[int, tuple[int, ...]] = {}
         self._cached_tokens_of_seq: dict[int, int] = {}
-        self._recent_hashes: OrderedDict[Request, tuple[int, ...]] = OrderedDict()
+        self._recent_hashes = RecentPromptHashes(block_size, RECENT_REQUESTS)
 
     def lookup(self, request: Request, num_tokens: int) -> HybridHit:
         """The hit an admission of ``num_tokens`` tokens of ``request`` would take now."""
@@ -261,14 +260,4 @@ class HybridPrefixCache:
         return len(self._hash_of_block)
 
     def _prompt_hashes(self, request: Request) -> tuple[int, ...]:
-        # can_admit then admit, and the lpm policy every iteration, ask about the same requests:
-        # keep the hashes of the most recently asked ones (equal requests have equal hashes).
-        hashes = self._recent_hashes.get(request)
-        if hashes is None:
-            hashes = prompt_block_hashes(request, self.block_size)
-            self._recent_hashes[request] = hashes
-            if len(self._recent_hashes) > RECENT_REQUESTS:
-                self._recent_hashes.popitem(last=False)
-        else:
-            self._recent_hashes.move_to_end(request)
-        return hashes
+        return self._recent_hashes.of(request)

@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Mapping
 
-from kvbench.allocators.prefix_hashes import prompt_block_hashes
+from kvbench.allocators.prefix_hashes import RecentPromptHashes
 from kvbench.core.request import Request
 
 # Requests whose prompt hashes the cache keeps (the lpm policy's waiting queue, at most).
@@ -55,7 +55,7 @@ class PrefixCache:
         self._cached_tokens_of_seq: dict[int, int] = {}
         # The engine asks can_admit and then admit for the same request: hash its prompt once.
         self._last_hashed: tuple[Request, tuple[int, ...]] | None = None
-        self._recent_hashes: OrderedDict[Request, tuple[int, ...]] = OrderedDict()
+        self._recent_hashes = RecentPromptHashes(block_size, RECENT_REQUESTS)
 
     def lookup(self, request: Request, num_tokens: int) -> list[int]:
         """Pool blocks holding the leading full blocks of a sequence of ``num_tokens`` tokens of
@@ -184,15 +184,5 @@ class PrefixCache:
 
     def _prompt_hashes(self, request: Request) -> tuple[int, ...]:
         if self._last_hashed is None or self._last_hashed[0] is not request:
-            # The lpm policy asks about every waiting request every iteration: keep the hashes
-            # of the most recently asked ones (equal requests have equal hashes).
-            hashes = self._recent_hashes.get(request)
-            if hashes is None:
-                hashes = prompt_block_hashes(request, self.block_size)
-                self._recent_hashes[request] = hashes
-                if len(self._recent_hashes) > RECENT_REQUESTS:
-                    self._recent_hashes.popitem(last=False)
-            else:
-                self._recent_hashes.move_to_end(request)
-            self._last_hashed = (request, hashes)
+            self._last_hashed = (request, self._recent_hashes.of(request))
         return self._last_hashed[1]

@@ -14,6 +14,8 @@ a collision negligible at trace sizes (~1e-8 for a million distinct blocks).
 
 from __future__ import annotations
 
+from collections import OrderedDict
+
 from kvbench.core.request import Request
 
 _ROOT_HASH = 0  # parent hash of a prompt's first block
@@ -80,3 +82,27 @@ def _trace_hash_identities(request: Request, block_size: int) -> list[tuple[int,
             ]
         identities.append(tuple(identity))
     return identities
+
+
+class RecentPromptHashes:
+    """``prompt_block_hashes`` of the most recently asked requests (the lpm policy asks about
+    every waiting request every iteration, and can_admit then admit ask about the same one):
+    equal requests have equal hashes, so the ``max_requests`` last asked are kept, least recently
+    asked dropped first."""
+
+    def __init__(self, block_size: int, max_requests: int = 1024) -> None:
+        self.block_size = block_size
+        self.max_requests = max_requests
+        self._hashes: OrderedDict[Request, tuple[int, ...]] = OrderedDict()
+
+    def of(self, request: Request) -> tuple[int, ...]:
+        """The block hashes of ``request``'s prompt."""
+        hashes = self._hashes.get(request)
+        if hashes is None:
+            hashes = prompt_block_hashes(request, self.block_size)
+            self._hashes[request] = hashes
+            if len(self._hashes) > self.max_requests:
+                self._hashes.popitem(last=False)
+        else:
+            self._hashes.move_to_end(request)
+        return hashes
