@@ -42,12 +42,12 @@ def test_steps_are_the_step_models_steps_on_the_clock() -> None:
     model = run_v1_steps(requests, make_allocator("paged_prefix", 16 * 99, 16, 1024), LIMITS)  # type: ignore[arg-type]
     columns = result.steps.columns
     assert len(columns["step"]) == len(model)
-    assert columns["num_blocks_in_use"] == [step.num_blocks_in_use for step in model]
-    assert columns["batch_size"] == [len(step.scheduled_tokens) for step in model]
+    assert list(columns["num_blocks_in_use"]) == [step.num_blocks_in_use for step in model]
+    assert list(columns["batch_size"]) == [len(step.scheduled_tokens) for step in model]
     tokens = [p + d for p, d in zip(columns["num_prefill_tokens"], columns["num_decode_tokens"],
                                     strict=True)]  # fmt: skip
     assert tokens == [sum(n for _, n in step.scheduled_tokens) for step in model]
-    assert columns["prefix_hit_tokens"] == [step.prefix_hit_tokens for step in model]
+    assert list(columns["prefix_hit_tokens"]) == [step.prefix_hit_tokens for step in model]
     assert sum(columns["prefix_hit_tokens"]) > 0  # the shared 200 tokens hit
     # The clock: each step starts when the one before ended.
     times = columns["time_s"]
@@ -61,7 +61,7 @@ def test_a_prompt_longer_than_the_budget_is_chunked_not_rejected() -> None:
     assert record.status == "finished"
     steps = result.steps.columns
     # 500 prompt tokens in chunks of 128: the first token comes out at the end of the 4th step.
-    assert steps["num_prefill_tokens"][:4] == [128, 128, 128, 116]
+    assert list(steps["num_prefill_tokens"][:4]) == [128, 128, 128, 116]
     assert record.first_token_s == pytest.approx(steps["time_s"][3] + steps["duration_s"][3])
     assert record.admit_s == 0.0
 
@@ -107,7 +107,7 @@ def test_v0_steps_carry_blocks_in_use_and_zero_lookups() -> None:
         assert set(STEP_COLUMNS) == set(columns)
         parts = ("token_states_slots", "reservation_slots", "internal_frag_slots")
         held = [sum(row) for row in zip(*(columns[name] for name in parts), strict=True)]
-        assert columns["num_blocks_in_use"] == [slots // 16 for slots in held]
+        assert list(columns["num_blocks_in_use"]) == [slots // 16 for slots in held]
         assert columns["num_blocks_in_use"][0] == 4 * 7  # 100 prompt tokens: 7 blocks each
         for name in PREFIX_LOOKUP_COLUMNS:
             assert set(columns[name]) == {0}

@@ -44,8 +44,14 @@ def _rowwise_requests_frame(result):
     return add_request_latencies(pd.DataFrame([asdict(record) for record in result.requests]))
 
 
+def _step_lists(columns):
+    """The step columns as the engine once held them: lists of Python values."""
+    return {name: [bool(value) for value in values] if name == "memory_blocked" else list(values)
+            for name, values in columns.items()}
+
+
 def _rowwise_step_table(columns, deployment):
-    steps = pd.DataFrame(columns)
+    steps = pd.DataFrame(_step_lists(columns))
     for category in ("token_states", "reservation", "internal_frag", "external_frag", "free",
                      "shared"):
         slots = steps[f"{category}_slots"].astype("float64")
@@ -70,7 +76,8 @@ def test_steps_frame_equals_the_table_pandas_infers_from_the_step_lists():
     pd.testing.assert_frame_equal(columnwise, _rowwise_step_table(result.steps.columns, OPT13B))
     assert columnwise["memory_blocked"].dtype == np.bool_
     # A streamed chunk comes as typed arrays: the same table.
-    arrays = {name: np.asarray(values) for name, values in result.steps.columns.items()}
+    lists = _step_lists(result.steps.columns)
+    arrays = {name: np.asarray(values) for name, values in lists.items()}
     pd.testing.assert_frame_equal(step_table(arrays, OPT13B), columnwise)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from array import array
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from itertools import repeat
@@ -43,6 +44,17 @@ PREFIX_LOOKUP_COLUMNS = STEP_COLUMNS[-4:]
 
 # Column dtypes of the chunks handed to a sink (every other column is int64).
 STEP_DTYPES = {"time_s": np.float64, "duration_s": np.float64, "memory_blocked": np.bool_}
+# How each column is held while the engine appends to it: a typed array (``array.array``), 8 or
+# 1 bytes a value instead of a Python object, which numpy then reads without converting each
+# value (``steps_frame``, the totals, a sink's chunks). A value of the wrong type fails loudly.
+_TYPECODES = {"time_s": "d", "duration_s": "d", "memory_blocked": "b"}
+StepColumns = dict[str, "array[Any]"]
+
+
+def empty_step_columns() -> StepColumns:
+    """One empty typed array per ``STEP_COLUMNS`` name."""
+    return {name: array(_TYPECODES.get(name, "q")) for name in STEP_COLUMNS}
+
 # Takes one chunk of steps: column name -> array of CHUNK_ROWS values (fewer in the last one).
 StepSink = Callable[[dict[str, npt.NDArray[Any]]], None]
 # Appenders of the columns a stretch of decode-only iterations changes row by row
@@ -63,9 +75,7 @@ class StepRecords:
     Without one, ``columns`` keeps every step. ``totals()`` is the same either way.
     """
 
-    columns: dict[str, list[float | int | bool]] = field(
-        default_factory=lambda: {name: [] for name in STEP_COLUMNS}
-    )
+    columns: StepColumns = field(default_factory=empty_step_columns)
     sink: StepSink | None = None
     # Slots per block of the allocator: num_blocks_in_use is its held slots over this.
     block_size: int = 1

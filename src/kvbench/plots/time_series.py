@@ -10,7 +10,7 @@ drawing shows stays, at a few thousand points per line instead of hundreds of th
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 import numpy.typing as npt
@@ -81,11 +81,32 @@ def memory_chart_rows(steps: pd.DataFrame, num_buckets: int = CHART_BUCKETS) -> 
     columns = [MEMORY_X, *HELD_COLUMNS, *keys]
     if steps.empty or not keys:
         return steps[columns]
+    runs = steps.groupby(keys, sort=False, dropna=False).indices.values()
+    return steps[columns].iloc[_envelope_positions(steps, runs, num_buckets)]
+
+
+def run_memory_chart_rows(
+    steps: pd.DataFrame, labels: Mapping[str, object], num_buckets: int = CHART_BUCKETS
+) -> pd.DataFrame:
+    """``memory_chart_rows`` of one run's steps, not yet labelled: thinned as that run, then
+    given its ``labels`` (the run keys among them), so that only the kept rows carry them."""
+    columns = [MEMORY_X, *HELD_COLUMNS]
+    run_keys = {key: labels[key] for key in MEMORY_RUN_KEYS if key in labels}
+    if steps.empty:
+        return steps[columns].assign(**run_keys)
+    positions = _envelope_positions(steps, [np.arange(len(steps))], num_buckets)
+    return steps[columns].iloc[positions].assign(**run_keys)
+
+
+def _envelope_positions(
+    steps: pd.DataFrame, runs: Iterable[npt.NDArray[np.intp]], num_buckets: int
+) -> npt.NDArray[np.intp]:
+    """The positions of ``steps`` kept by ``envelope_rows`` in each run (its row positions)."""
     x_values = steps[MEMORY_X].to_numpy()
     tokens = steps[HELD_COLUMNS[0]].to_numpy()
     held = held_gb(steps).to_numpy()
     positions = [
         rows[envelope_rows(x_values[rows], (tokens[rows], held[rows]), num_buckets)]
-        for rows in steps.groupby(keys, sort=False, dropna=False).indices.values()
+        for rows in runs
     ]
-    return steps[columns].iloc[np.sort(np.concatenate(positions))]
+    return np.sort(np.concatenate(positions))

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import pandas as pd
@@ -25,13 +25,26 @@ def write_table(frame: pd.DataFrame, path: Path, metadata: dict[str, str]) -> Pa
     return _write_arrow(pa.Table.from_pandas(frame, preserve_index=False), path, metadata)
 
 
-def write_frames(frames: Sequence[pd.DataFrame], path: Path, metadata: dict[str, str]) -> Path:
+def write_frames(
+    frames: Sequence[pd.DataFrame],
+    path: Path,
+    metadata: dict[str, str],
+    constants: Sequence[Mapping[str, object]] | None = None,
+) -> Path:
     """``write_table`` of the frames one under another, as ``pd.concat(frames)`` would stack them,
     without building that frame: each frame becomes an Arrow table (its columns mostly shared,
     not copied), and the tables are joined without copying, their column types promoted as
     concat would (an integer column meeting a float one becomes float, an all-None one takes the
-    other's type). The columns must be the same, in the same order."""
+    other's type). The columns must be the same, in the same order.
+
+    ``constants[i]``, when given, adds to frame ``i`` one column per key holding its value on
+    every row, after the frame's own columns: the table ``frame.assign(**constants[i])`` would
+    give, built in Arrow (a repeated value) rather than as pandas columns."""
     tables = [pa.Table.from_pandas(frame, preserve_index=False) for frame in frames]
+    for position, columns in enumerate(constants or []):
+        for name, value in columns.items():
+            table = tables[position]
+            tables[position] = table.append_column(name, pa.repeat(value, table.num_rows))
     return _write_arrow(pa.concat_tables(tables, promote_options="permissive"), path, metadata)
 
 

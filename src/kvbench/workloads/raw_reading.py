@@ -2,9 +2,10 @@
 
 * :func:`sniff_container` tells how a local file stores its records from its first bytes, never
   its extension;
-* :func:`read_local_frame` / :func:`read_hub_frame` read them through the ``datasets`` library,
-  which parses CSV/JSON/parquet with Arrow and caches the result (a 30k-row CSV: ~0.3 s the first
-  time, ~0.01 s after). Its progress bars and error logging are silenced while kvbench calls it:
+* :func:`read_local_frame` reads a local CSV with pandas and a parquet file with pyarrow (what
+  the ``datasets`` library's builders call for them, without its 0.7 s import), JSON and every
+  hub dataset (:func:`read_hub_frame`) through ``datasets``, which parses them with Arrow and
+  caches the result. Its progress bars and error logging are silenced while kvbench calls it:
   a failed load is re-diagnosed and reported as one TraceError line instead;
 * :func:`require_utf8` checks that a text file is UTF-8 before any reader sees it (naming the
   line and column of the first bad byte);
@@ -49,7 +50,7 @@ _PARQUET_MAGIC = b"PAR1"
 _UTF8_BOM = b"\xef\xbb\xbf"
 _HEAD_BYTES = 4096
 _UTF8_CHUNK_BYTES = 1 << 20
-_BUILDER_BY_CONTAINER = {CSV: "csv", JSONL: "json", JSON_LIST: "json", PARQUET: "parquet"}
+_BUILDER_BY_CONTAINER = {JSONL: "json", JSON_LIST: "json"}
 # "TIMESTAMP, ContextTokens": pandas would keep the blank in the name and in values.
 _CSV_OPTIONS = {"skipinitialspace": True}
 # Schema-level metadata key of kvbench's own parquet trace; its JSON value carries what
@@ -104,18 +105,11 @@ def _quiet_datasets() -> Iterator[None]:
 
 def read_local_frame(path: Path, container: str) -> pd.DataFrame:
     """All rows of the local file ``path`` with its own column names (stripped of blanks)."""
-    import datasets
-
     if container != PARQUET:
         require_utf8(path)  # Arrow's JSON reader lets bad bytes through into its strings
-    options = _CSV_OPTIONS if container == CSV else {}
     try:
-        with _quiet_datasets():
-            dataset = datasets.load_dataset(
-                _BUILDER_BY_CONTAINER[container], data_files=str(path), split="train", **options
-            )
-            frame = dataset.to_pandas()
-    except Exception as error:  # datasets wraps parse errors in several types; diagnose them all
+        frame = _read_local(path, container)
+    except Exception as error:  # the readers raise parse errors of several types: diagnose all
         frame = diagnose_unreadable(path, container, error)
     frame.columns = [str(name).strip() for name in frame.columns]
     # pandas renames a CSV's repeated column (x, x.1): look at the header itself.
@@ -125,6 +119,26 @@ def read_local_frame(path: Path, container: str) -> pd.DataFrame:
         raise TraceError(path, "line 2" if container == CSV else "line 1",
                          "the file holds no data rows", "at least one request")
     return frame
+
+
+def _read_local(path: Path, container: str) -> pd.DataFrame:
+    """A CSV with pandas and a parquet file with pyarrow, which is what ``datasets``' builders
+    call for them, without its import (0.7 s, more than reading a 20k-row trace) and its cache
+    folder; JSON through ``datasets``, whose reader takes nested records and lists."""
+    if container == CSV:
+        frame = pd.read_csv(path, low_memory=False, **_CSV_OPTIONS)  # whole columns typed at once
+        if frame.empty:  # a header alone: the diagnosis names it
+            raise ValueError("no data rows")
+        return frame
+    if container == PARQUET:
+        return pq.read_table(path).to_pandas()
+    import datasets
+
+    with _quiet_datasets():
+        dataset = datasets.load_dataset(
+            _BUILDER_BY_CONTAINER[container], data_files=str(path), split="train"
+        )
+        return dataset.to_pandas()
 
 
 def _csv_header(path: Path) -> list[str]:

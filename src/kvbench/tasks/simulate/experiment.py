@@ -28,11 +28,12 @@ from kvbench.engine.kv_cache_v1 import V1KVCache
 from kvbench.engine.scheduler import rejection_reason
 from kvbench.engine.scheduler_v1 import ReservingV1Memory, V1Limits, V1Memory
 from kvbench.engine.simulate_v1 import simulate_v1, v1_rejection_reason
-from kvbench.plots.time_series import memory_chart_rows
+from kvbench.plots.time_series import run_memory_chart_rows
 from kvbench.tables.parquet import write_frames, write_table
 from kvbench.tables.provenance import provenance
 from kvbench.tasks.profile.profile_file import load_profiled_cost_model
 from kvbench.tasks.simulate.accounting import workload_accounting
+from kvbench.tasks.simulate.chart_processes import drawer
 from kvbench.tasks.simulate.per_run_files import StreamedTables
 from kvbench.tasks.simulate.plot import plot_run
 from kvbench.tasks.simulate.real_runner import run_on_real_model
@@ -197,6 +198,7 @@ def run_experiment(
     groups_pool = hybrid_pool(deployment, cfg.allocator.block_size, cfg.allocator.num_gpu_blocks)
     summaries: list[dict] = []
     all_steps: list[pd.DataFrame] = []
+    step_labels: list[dict] = []  # each run's labels, for its steps
     all_requests: list[pd.DataFrame] = []
     plot_steps: list[pd.DataFrame] = []
     streamed = StreamedTables(output_dir, metadata) if cfg.engine.stream_tables else None
@@ -215,7 +217,8 @@ def run_experiment(
         for name in cfg.allocators:
             # Checkpoint before a run, not after: the last run's tables are written once.
             if all_steps and checkpoint.is_due():
-                checkpoint.write(_write_large_tables, output_dir, all_steps, all_requests, metadata)
+                checkpoint.write(_write_large_tables, output_dir, all_steps, step_labels,
+                                 all_requests, metadata)  # fmt: skip
             settings = vattention_settings(cfg, deployment, name)
             allocator = make_allocator(
                 name, num_slots, cfg.allocator.block_size, max_model_len,
@@ -261,6 +264,7 @@ def run_experiment(
                                       beam_ancestry=beams, fast=cfg.engine.fast,
                                       step_sink=step_sink)
             wall_s = time.perf_counter() - started_s
+            drawer().simulated(wall_s)
             request_table = requests_frame(result).assign(**labels)
             summary = {**labels, **summarize(request_table, result, deployment), **ideal,
                        **measured}  # fmt: skip
@@ -270,23 +274,26 @@ def run_experiment(
             if streamed:
                 streamed.end_run(request_table)
             else:
-                run_steps = steps_frame(result, deployment).assign(**labels)
+                # Labelled as it is written (``write_frames``): a constant column of every step
+                # would cost more to build here than the run's steps themselves.
+                run_steps = steps_frame(result, deployment)
                 all_steps.append(run_steps)
+                step_labels.append(labels)
                 all_requests.append(request_table)
                 if cfg.plots:
-                    plot_steps.append(memory_chart_rows(run_steps))
+                    plot_steps.append(run_memory_chart_rows(run_steps, labels))
             write_table(pd.DataFrame(summaries), output_dir / "summary.parquet", metadata)
     if streamed:
         plot_steps = streamed.plot_steps  # thinned as they streamed: the tables are on disk
-    else:
-        _write_large_tables(output_dir, all_steps, all_requests, metadata)
     summary_table = pd.DataFrame(summaries)
+    if cfg.plots:  # first: chart processes draw while this one writes the tables
+        plot_run(summary_table, pd.concat(plot_steps, ignore_index=True), output_dir / "plots",
+                 deployment, limits.max_num_seqs)  # fmt: skip
+    if not streamed:
+        _write_large_tables(output_dir, all_steps, step_labels, all_requests, metadata)
     if cfg.summary_table:  # the end-of-run summary's switch silences this line too
         for label, attrs in workload_attrs.items():
             print(workload_accounting(label, summary_table, attrs))
-    if cfg.plots:
-        plot_run(summary_table, pd.concat(plot_steps, ignore_index=True), output_dir / "plots",
-                 deployment, limits.max_num_seqs)  # fmt: skip
     return summary_table
 
 
@@ -368,9 +375,11 @@ class _Checkpoint:
 def _write_large_tables(
     output_dir: Path,
     steps: list[pd.DataFrame],
+    step_labels: list[dict],
     requests: list[pd.DataFrame],
     metadata: dict[str, str],
 ) -> None:
-    """The steps and requests tables of every run so far (the summary is written per run)."""
-    write_frames(steps, output_dir / "steps.parquet", metadata)
+    """The steps (each run's with its labels) and requests tables of every run so far (the
+    summary is written per run)."""
+    write_frames(steps, output_dir / "steps.parquet", metadata, step_labels)
     write_frames(requests, output_dir / "requests.parquet", metadata)

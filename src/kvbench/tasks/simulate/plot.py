@@ -2,32 +2,20 @@
 time, Fig. 13 batch sizes, the KV budget) and the study's analyses (Fig. 12 knees, Fig. 18b/19
 block sizes, capacity).
 
-The chart modules (and matplotlib, a third of a second to import) are imported when a chart is
-drawn, so that a run with ``plots=false`` never loads them.
+Charts are named by their function's dotted path (``chart_processes.ChartDrawer.draw``), and their
+modules (and matplotlib, a third of a second to import) are imported where a chart is drawn: a
+run with ``plots=false`` never loads them, and a run whose charts go to worker processes loads
+them there only.
 """
 
 from __future__ import annotations
 
-import contextlib
-import gc
-from collections.abc import Iterator
 from pathlib import Path
 
 import pandas as pd
 
 from kvbench.core.specs import Deployment
-
-
-@contextlib.contextmanager
-def _collector_skips_what_exists() -> Iterator[None]:
-    """Drawing allocates many small objects, each batch of which wakes the cyclic garbage
-    collector; everything alive before the charts (the run's records and tables, the imported
-    modules) is set aside for the duration so that it does not traverse them all again."""
-    gc.freeze()
-    try:
-        yield
-    finally:
-        gc.unfreeze()
+from kvbench.tasks.simulate.chart_processes import drawer
 
 
 def mean_context_tokens(summary: pd.DataFrame, deployment: Deployment) -> int:
@@ -41,6 +29,17 @@ def mean_context_tokens(summary: pd.DataFrame, deployment: Deployment) -> int:
     return max(1, round(tokens / max(best["mean_batch_size"], 1e-9)))
 
 
+def plot_kv_budget_of_run(
+    summary: pd.DataFrame, deployment: Deployment, max_num_seqs: int, out_dir: Path
+) -> None:
+    """``kv_budget`` at the run's block size and mean context (``mean_context_tokens``)."""
+    from kvbench.plots.kv_budget_chart import plot_kv_budget
+
+    block_size = int(summary["block_size"].iloc[0])
+    context_tokens = mean_context_tokens(summary, deployment)
+    plot_kv_budget(deployment, max_num_seqs, context_tokens, block_size, out_dir)
+
+
 def plot_run(
     summary: pd.DataFrame,
     steps: pd.DataFrame,
@@ -52,22 +51,17 @@ def plot_run(
 
     With ``deployment`` and ``max_num_seqs`` (the scheduler's cap) it adds ``kv_budget``: that
     many sequences of a growing context, and sequences of the run's mean context growing in
-    number.
+    number. Each chart is drawn by ``chart_processes.drawer()`` (here or in a worker).
     """
-    from kvbench.plots.headline_chart import plot_headline
-    from kvbench.plots.kv_budget_chart import plot_kv_budget
-    from kvbench.plots.run_charts import plot_batch_sizes, plot_breakdown, plot_memory_over_time
-
     with_paper = bool((summary["model"] == "opt-13b").all())
-    with _collector_skips_what_exists():
-        plot_headline(summary, out_dir, with_paper)
-        plot_breakdown(summary, out_dir, with_paper)
-        plot_memory_over_time(steps, out_dir)
-        plot_batch_sizes(summary, out_dir, with_paper)
-        if deployment is not None and max_num_seqs is not None:
-            block_size = int(summary["block_size"].iloc[0])
-            context_tokens = mean_context_tokens(summary, deployment)
-            plot_kv_budget(deployment, max_num_seqs, context_tokens, block_size, out_dir)
+    charts = drawer()
+    charts.draw("kvbench.plots.headline_chart.plot_headline", summary, out_dir, with_paper)
+    charts.draw("kvbench.plots.run_charts.plot_breakdown", summary, out_dir, with_paper)
+    charts.draw("kvbench.plots.run_charts.plot_memory_over_time", steps, out_dir)
+    charts.draw("kvbench.plots.run_charts.plot_batch_sizes", summary, out_dir, with_paper)
+    if deployment is not None and max_num_seqs is not None:
+        charts.draw(f"{__name__}.plot_kv_budget_of_run", summary, deployment, max_num_seqs,
+                    out_dir)  # fmt: skip
 
 
 def plot_analyses(
@@ -76,17 +70,15 @@ def plot_analyses(
     """The study's charts, where the run has them: latency vs rate with knees (a rate sweep),
     latency vs block size or recompute vs swap (several block sizes), the fleet (capacity), v0
     vs v1 (several schedulers)."""
-    from kvbench.plots.capacity_chart import plot_capacity
-    from kvbench.plots.scheduler_chart import plot_scheduler_comparison
-    from kvbench.plots.sweep_charts import plot_latency_vs_block_size, plot_latency_vs_rate
-
+    charts = drawer()
     if not knees.empty:
-        plot_latency_vs_rate(summary, knees, out_dir)
+        charts.draw("kvbench.plots.sweep_charts.plot_latency_vs_rate", summary, knees, out_dir)
     if summary["block_size"].nunique() > 1:
         compares_preemption = summary["preemption"].nunique() > 1
         name = "recompute_vs_swap" if compares_preemption else "latency_vs_block_size"
-        plot_latency_vs_block_size(summary, out_dir, name)
+        charts.draw("kvbench.plots.sweep_charts.plot_latency_vs_block_size", summary, out_dir,
+                    name)  # fmt: skip
     if fleet is not None:
-        plot_capacity(fleet, out_dir)
+        charts.draw("kvbench.plots.capacity_chart.plot_capacity", fleet, out_dir)
     if "scheduler" in summary.columns and summary["scheduler"].nunique() > 1:
-        plot_scheduler_comparison(summary, out_dir)
+        charts.draw("kvbench.plots.scheduler_chart.plot_scheduler_comparison", summary, out_dir)

@@ -29,6 +29,7 @@ from kvbench.core.kv_capacity import deployment_startup_figures, hybrid_startup_
 from kvbench.core.specs import Deployment
 from kvbench.tables.parquet import write_table
 from kvbench.tables.provenance import provenance
+from kvbench.tasks.simulate.chart_processes import chart_processes, num_chart_processes
 from kvbench.tasks.simulate.experiment import run_experiment, scheduler_limits
 from kvbench.tasks.simulate.plot import plot_analyses
 from kvbench.tasks.simulate.run_outputs import (
@@ -163,19 +164,23 @@ def run_study(
                   f"{hybrid.log_line()}")  # fmt: skip
     command = hydra_command(output_dir)
     points: list[Path] = []
-    if is_grid(cfg):
-        summaries = []
-        for point in grid_points(cfg):
-            point_cfg, point_raw = point_config(cfg, raw, point)
-            folder = output_dir / point.dir_name
-            summaries.append(run_experiment(point_cfg, deployment, point_raw, folder))
-            write_run_report(folder, point_cfg, deployment, point_raw, summaries[-1], command,
-                             parent=Link("the study", f"../{REPORT_NAME}"))  # fmt: skip
-            points.append(folder)
-        summary = pd.concat(summaries, ignore_index=True)
-    else:
-        summary = run_experiment(cfg, deployment, raw, output_dir)
-    write_analyses(cfg, deployment, raw, summary, output_dir)
+    with chart_processes(num_chart_processes() if cfg.plots else 0) as charts:
+        if is_grid(cfg):
+            summaries = []
+            for point in grid_points(cfg):
+                point_cfg, point_raw = point_config(cfg, raw, point)
+                folder = output_dir / point.dir_name
+                summaries.append(run_experiment(point_cfg, deployment, point_raw, folder))
+                charts.wait()  # the report lists the point's charts
+                parent = Link("the study", f"../{REPORT_NAME}")
+                write_run_report(folder, point_cfg, deployment, point_raw, summaries[-1],
+                                 command, parent=parent)  # fmt: skip
+                points.append(folder)
+            summary = pd.concat(summaries, ignore_index=True)
+        else:
+            summary = run_experiment(cfg, deployment, raw, output_dir)
+        write_analyses(cfg, deployment, raw, summary, output_dir)
+        charts.wait()
     write_run_report(output_dir, cfg, deployment, raw, summary, command,
                      runs=sub_reports(output_dir, points))  # fmt: skip
     if cfg.summary_table:

@@ -1,0 +1,154 @@
+"""Where a study's charts are drawn: in this process, or in worker processes beside the tables.
+
+Drawing a run's charts costs seconds of CPU (laying out text and rendering PNGs), all of it after
+the last simulation, when the main process also builds and writes its tables. A study that has
+already simulated ``CHART_PROCESSES_AFTER_S`` seconds starts ``num_chart_processes()`` worker
+processes; their start (a fresh interpreter importing matplotlib and the chart modules, about a
+CPU-second) then overlaps the runs still to come, and each chart is drawn in a worker while the
+main process writes its tables. A shorter study (a test, a quick look) draws in the main
+process: there the start would cost more than it hides. The files are the same either way.
+
+The workers come from a fork server (``multiprocessing``'s ``forkserver``): a clean process
+forks each worker, so nothing of the main process's state (its threads, its memory) is copied
+into them; each worker imports the chart modules as it starts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import importlib
+import multiprocessing
+import os
+from collections.abc import Iterator
+from concurrent.futures import Future, ProcessPoolExecutor
+from contextvars import ContextVar
+from typing import Any
+
+from kvbench.plots import chart_formats, saved_formats
+
+# Seconds a study simulates before its charts move to worker processes.
+CHART_PROCESSES_AFTER_S = 1.0
+# What a worker imports as it starts, before any chart is asked of it: the modules of every chart
+# ``tasks.simulate.plot`` names.
+_CHART_MODULES = [
+    "kvbench.tasks.simulate.plot",
+    "kvbench.plots.headline_chart",
+    "kvbench.plots.run_charts",
+    "kvbench.plots.kv_budget_chart",
+    "kvbench.plots.sweep_charts",
+    "kvbench.plots.capacity_chart",
+    "kvbench.plots.scheduler_chart",
+]
+
+
+def num_chart_processes() -> int:
+    """Workers for the charts: up to three, none on a machine with a single CPU for this
+    process (there the main process draws)."""
+    num_cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
+    return 0 if num_cpus < 2 else min(3, num_cpus)
+
+
+@contextlib.contextmanager
+def _collector_skips_what_exists() -> Iterator[None]:
+    """Drawing allocates many small objects, each batch of which wakes the cyclic garbage
+    collector; everything alive before the chart (a run's records and tables, the imported
+    modules) is set aside for the duration so that it does not traverse them all again."""
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+
+
+def _draw(formats: tuple[str, ...], chart: str, args: tuple[Any, ...]) -> None:
+    module, _, function = chart.rpartition(".")
+    draw = getattr(importlib.import_module(module), function)
+    with chart_formats(formats), _collector_skips_what_exists():
+        draw(*args)
+
+
+def _import_charts() -> None:
+    for module in _CHART_MODULES:
+        importlib.import_module(module)
+
+
+def _started() -> None:
+    """A no-op task: submitting one per worker starts the workers before any chart is due."""
+
+
+class ChartDrawer:
+    """Hands charts (``draw``) to worker processes once ``simulated`` has counted
+    ``CHART_PROCESSES_AFTER_S`` seconds of simulation, and before that keeps them to draw here
+    in ``wait`` (or, with ``defer=False``, draws them at once). ``wait`` returns when every chart
+    is written, raising the first chart's error (a full disk names its file)."""
+
+    def __init__(self, num_processes: int, defer: bool = True) -> None:
+        self._num_processes = num_processes
+        self._defer = defer
+        self._simulated_s = 0.0
+        self._pool: ProcessPoolExecutor | None = None
+        self._pending: list[Future[None]] = []
+        self._deferred: list[tuple[tuple[str, ...], str, tuple[Any, ...]]] = []
+
+    def simulated(self, wall_s: float) -> None:
+        """Count ``wall_s`` more seconds of simulation; start the workers once there are enough."""
+        self._simulated_s += wall_s
+        if self._pool is None and self._num_processes and (
+            self._simulated_s >= CHART_PROCESSES_AFTER_S
+        ):
+            context = multiprocessing.get_context("forkserver")
+            # Nothing preloaded in the server: it would import before it answers, blocking this
+            # process; each worker imports the chart modules itself, beside the runs.
+            context.set_forkserver_preload([])
+            self._pool = ProcessPoolExecutor(self._num_processes, mp_context=context,
+                                             initializer=_import_charts)  # fmt: skip
+            self._pending += [self._pool.submit(_started) for _ in range(self._num_processes)]
+
+    def draw(self, chart: str, *args: Any) -> None:
+        """The chart function ``chart`` (its dotted path, ``module.function``) called with
+        ``args`` in the formats of ``kvbench.plots.chart_formats``: here, or in a worker (where
+        ``args`` arrive pickled; the function's module is imported only where it draws)."""
+        if self._pool is not None:
+            self._pending.append(self._pool.submit(_draw, saved_formats(), chart, args))
+        elif self._defer:  # drawn by ``wait``: after the tables, which a failed chart never costs
+            self._deferred.append((saved_formats(), chart, args))
+        else:
+            _draw(saved_formats(), chart, args)
+
+    def wait(self) -> None:
+        """Every chart handed over (or deferred), written; the first error raised here."""
+        pending, self._pending = self._pending, []
+        for future in pending:
+            future.result()
+        deferred, self._deferred = self._deferred, []
+        for formats, chart, args in deferred:
+            _draw(formats, chart, args)
+
+    def close(self) -> None:
+        """Stop the workers (after ``wait``; charts not yet drawn are dropped)."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
+
+
+_drawer: ContextVar[ChartDrawer | None] = ContextVar("chart_drawer", default=None)
+
+
+@contextlib.contextmanager
+def chart_processes(num_processes: int) -> Iterator[ChartDrawer]:
+    """The drawer of the charts drawn inside the block (``drawer()``), up to ``num_processes``
+    workers; on leaving, every chart is written (or its error raised)."""
+    drawer = ChartDrawer(num_processes)
+    token = _drawer.set(drawer)
+    try:
+        yield drawer
+        drawer.wait()
+    finally:
+        _drawer.reset(token)
+        drawer.close()
+
+
+def drawer() -> ChartDrawer:
+    """The drawer of ``chart_processes``' block; outside one, a drawer that draws at once."""
+    return _drawer.get() or ChartDrawer(0, defer=False)

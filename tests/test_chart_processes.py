@@ -1,0 +1,78 @@
+"""Charts drawn in worker processes (``tasks.simulate.chart_processes``) are the charts drawn in
+the main process, their errors reach the main process, and a short run never starts workers."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+from conftest import compose_config
+
+from kvbench.tasks.simulate import chart_processes
+from kvbench.tasks.simulate.chart_processes import ChartDrawer
+from kvbench.tasks.simulate.chart_processes import chart_processes as processes
+from kvbench.tasks.simulate.run import run_study
+
+# Two rates, two allocators: every run chart and the rate sweep's.
+OVERRIDES = ("experiment=sharegpt_70b", "~schedulers", "workload.num_requests=40",
+             "request_rates=[1,6]", "allocators=[naive_max,paged]", "progress=false",
+             "summary_table=false")  # fmt: skip
+
+
+def _charts(folder: Path) -> dict[str, int]:
+    """Each PNG below ``folder`` (relative name) and its size in pixels, width x height."""
+    return {str(path.relative_to(folder)): int.from_bytes(path.read_bytes()[16:24], "big")
+            for path in sorted(folder.rglob("*.png"))}  # fmt: skip
+
+
+def _study(out: Path, after_s: float) -> list[int]:
+    """Run the study with workers started after ``after_s`` simulated seconds; the number of
+    workers each drawer started."""
+    started: list[int] = []
+    original = ChartDrawer.simulated
+
+    def simulated(self: ChartDrawer, wall_s: float) -> None:
+        original(self, wall_s)
+        started.append(0 if self._pool is None else self._num_processes)
+
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        monkeypatch.setattr(chart_processes, "CHART_PROCESSES_AFTER_S", after_s)
+        monkeypatch.setattr("kvbench.tasks.simulate.run.num_chart_processes", lambda: 2)
+        monkeypatch.setattr(ChartDrawer, "simulated", simulated)
+        cfg, deployment, raw = compose_config(*OVERRIDES)
+        run_study(cfg, deployment, raw, out)
+    return started
+
+
+def test_worker_processes_draw_the_same_charts_as_the_main_process(tmp_path):
+    here = _study(tmp_path / "here", math.inf)
+    workers = _study(tmp_path / "workers", 0.0)
+    assert set(here) == {0} and set(workers) == {2}
+    drawn_here = _charts(tmp_path / "here")
+    assert {"plots/headline.png", "plots/memory_over_time.png",
+            "plots/latency_vs_rate.png"} <= set(drawn_here)  # fmt: skip
+    assert _charts(tmp_path / "workers") == drawn_here
+    # The report, written after the charts, lists every one of them.
+    report = (tmp_path / "workers" / "report.md").read_text()
+    assert all(name in report for name in drawn_here)
+
+
+def _failing_chart(out_dir: Path) -> None:
+    raise OSError(28, "No space left on device", str(out_dir / "chart.png"))
+
+
+def test_a_chart_failing_in_a_worker_raises_its_error_in_the_main_process(tmp_path):
+    with pytest.raises(OSError, match="No space left on device") as error, processes(2) as charts:
+        charts.simulated(math.inf)  # the workers start
+        charts.draw(f"{__name__}._failing_chart", tmp_path)
+    assert error.value.filename == str(tmp_path / "chart.png")
+
+
+def test_charts_of_a_short_run_wait_for_the_tables_in_this_process(tmp_path):
+    with processes(2) as charts:
+        charts.simulated(0.1)  # below CHART_PROCESSES_AFTER_S: no workers
+        charts.draw(f"{__name__}._failing_chart", tmp_path)  # kept, not drawn yet
+        assert charts._pool is None
+        with pytest.raises(OSError, match="No space left"):
+            charts.wait()  # drawn here, now
