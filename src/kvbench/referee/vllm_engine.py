@@ -1,6 +1,7 @@
 """Real vLLM serving a real model on this machine: the timed referee of kvbench's executors.
 
-``serve_on_vllm(requests, settings)`` (or ``start_vllm`` once, then ``replay`` per workload)
+``serve_on_vllm(requests, settings)`` (or ``start_vllm`` once, then ``replay`` per workload, or
+``run_waves`` for closed batches whose shapes are set by step: a profile's grid)
 starts vLLM's own engine (``vllm.LLM``, in this process:
 ``VLLM_ENABLE_V1_MULTIPROCESSING=0``, eager mode) on a local Hugging Face model folder (SmolLM2-135M
 as ``task=logit_equivalence`` converts it, or any other), sizes its KV pool in blocks exactly as

@@ -3,7 +3,8 @@
 The same requests (``sim_to_vllm.fair_*``: all at t = 0, distinct prompts) are served by real vLLM
 and by kvbench's real executor (``executor=real``'s ``paged``), one after the other, unprofiled:
 their output tokens/s are the measurement (``fair_instrument.parquet``). Then each engine serves
-the batch again under two profilers at once, to say where the time goes: cProfile (Python
+the batch again, cut to ``PROFILED_OUTPUT_TOKENS`` output tokens a request, under two profilers
+at once, to say where the time goes: cProfile (Python
 functions by own time: the model code of both, since vLLM runs in this process with
 ``VLLM_ENABLE_V1_MULTIPROCESSING=0``) and torch.profiler (torch and custom C++ ops by self CPU
 time, which cProfile folds into the Python call that launched them). Both engines' top entries go
@@ -33,6 +34,10 @@ from kvbench.tasks.simulate.real_runner import load_real_model, pin_threads
 
 # Entries of each profile kept per engine (by own time).
 NUM_PROFILED_ENTRIES = 15
+# Output tokens of each request in the profiled passes: the profilers keep a record of every op
+# and call (the whole 64-token batch grew this process past 14 GB on this machine), and per-step
+# costs need only a few steps of each kind (the prompts' steps, then about as many decodes).
+PROFILED_OUTPUT_TOKENS = 16
 ENGINES = ("vllm", "kvbench_real")
 
 
@@ -57,8 +62,8 @@ def fair_instrument(cfg: KvbenchConfig, deployment: Deployment,
                     engine: VllmEngine) -> FairInstrument:  # fmt: skip
     """The same closed batch served by vLLM and by kvbench's real executor (``paged`` over
     ``scheduler=vllm_v0``'s batches, the same ``max_num_seqs``): output tokens/s, steps and the
-    median decode step of each, measured one after the other; then each served again under
-    cProfile and torch.profiler."""
+    median decode step of each, measured one after the other; then each served again (shorter)
+    under cProfile and torch.profiler."""
     import torch
 
     from kvbench.executors.real import run_real
@@ -70,13 +75,13 @@ def fair_instrument(cfg: KvbenchConfig, deployment: Deployment,
     model = load_real_model(cfg.model.name, cfg.model.dtype)
     limits = dataclasses.replace(scheduler_limits(cfg, deployment), preemption="recompute")
 
-    def serve_on_kvbench() -> Any:
+    def serve_on_kvbench(batch: list[Request]) -> Any:
         allocator, executor = _kvbench_executor(cfg, deployment, model)
-        return run_real(requests, Scheduler(limits), allocator, executor)
+        return run_real(batch, Scheduler(limits), allocator, executor)
 
     pin_threads(cfg.executor.num_threads)  # vLLM's worker may have set its own
     kvbench_threads = torch.get_num_threads()
-    served = serve_on_kvbench()
+    served = serve_on_kvbench(requests)
     durations = served.result.steps.columns["duration_s"]
     prefills = served.result.steps.columns["num_prefill_tokens"]
     rows = [
@@ -90,11 +95,15 @@ def fair_instrument(cfg: KvbenchConfig, deployment: Deployment,
     frame = pd.DataFrame(rows)
     frame.insert(1, "num_requests", len(requests))
     frame["ratio_to_vllm"] = frame["output_tokens_per_s"] / frame["output_tokens_per_s"].iloc[0]
+    short = [dataclasses.replace(request,
+                                 output_tokens=min(request.output_tokens, PROFILED_OUTPUT_TOKENS))
+             for request in requests]  # fmt: skip
     torch.set_num_threads(vllm_threads)
-    vllm_profile = _profiled("vllm", lambda: len(replay(engine, requests).steps))
+    vllm_profile = _profiled("vllm", lambda: len(replay(engine, short).steps))
     pin_threads(cfg.executor.num_threads)
-    kvbench_profile = _profiled("kvbench_real",
-                                lambda: len(serve_on_kvbench().result.steps.columns["duration_s"]))
+    kvbench_profile = _profiled(
+        "kvbench_real", lambda: len(serve_on_kvbench(short).result.steps.columns["duration_s"])
+    )
     return FairInstrument(frame, pd.concat([vllm_profile, kvbench_profile], ignore_index=True))
 
 
