@@ -6,6 +6,8 @@ vLLM itself runs in the peer tests (test_sim_to_vllm.py)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pandas as pd
 import pytest
 
@@ -105,6 +107,13 @@ def test_the_steps_table_puts_grid_and_replays_on_one_time_line_and_shows_drift(
                                                        "- grid part 1"]  # fmt: skip
     assert lines[0].endswith("1.000") and lines[1].endswith("1.100")
     assert lines[2].endswith("1.200") and "from minute 1.7" in lines[2]
+    _assert_documented(steps.columns)
+
+
+def _assert_documented(columns) -> None:
+    """Every column is defined in docs/metrics.md (the rule for every parquet column)."""
+    docs = (Path(__file__).resolve().parents[1] / "docs" / "metrics.md").read_text()
+    assert [column for column in columns if f"`{column}`" not in docs] == []
 
 
 def test_the_fair_profiles_stand_side_by_side_per_step():
@@ -121,6 +130,7 @@ def test_the_fair_profiles_stand_side_by_side_per_step():
     assert "| 1 | `aten::addmm` | 100.00 | 10.0 | `aten::linear` | 100.00 | 2.0 |" in text
     assert "| 2 |  |  |  | `aten::index_select` | 50.00 | 1.0 |" in text
     assert "| 1 | `a.py:1(f)` | 50.00 | 0.5 | `b.py:2(g)` | 10.00 | 0.2 |" in text
+    _assert_documented(profile.columns)
 
 
 def test_every_replay_is_held_out_from_the_grid_profile_and_the_fit_slice_from_its_own():
@@ -145,3 +155,4 @@ def test_every_replay_is_held_out_from_the_grid_profile_and_the_fit_slice_from_i
     # 0.1 s a step: request 0's prefill, then two decodes, ends at 0.3 s as measured.
     assert table["e2e_mape_pct"].iloc[0] == pytest.approx(0.0, abs=1e-6)
     assert len(pairs) == 8 and set(pairs["profile"]) == {"grid", "alpaca"}
+    _assert_documented(table.columns)
