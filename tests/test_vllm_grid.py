@@ -146,8 +146,8 @@ def test_every_replay_is_held_out_from_the_grid_profile_and_the_fit_slice_from_i
     runs = [VllmRunRecord(name, 1.0, requests, EngineRun((), times, 0.0))
             for name in ("alpaca", "sharegpt")]  # fmt: skip
     coefficients = dict.fromkeys((*PROFILE_TERMS, *SWAP_TERMS), 0.0) | {"fixed_s": 0.1}
-    table, pairs = compare_all(runs, {"grid": coefficients, "alpaca": coefficients}, "alpaca",
-                               cfg, deployment)  # fmt: skip
+    table, pairs = compare_all(runs, {"grid": coefficients, "alpaca": coefficients}, cfg,
+                               deployment)  # fmt: skip
     assert list(zip(table["profile"], table["workload"], table["held_out"], strict=True)) == [
         ("grid", "alpaca", True), ("grid", "sharegpt", True),
         ("alpaca", "alpaca", False), ("alpaca", "sharegpt", True)]  # fmt: skip

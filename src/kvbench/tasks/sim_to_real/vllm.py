@@ -130,7 +130,7 @@ def run_sim_to_vllm(
         write_profile(output_dir / file_name,
                       {"model": cfg.model.name, "dtype": cfg.model.dtype, "fit_workload": name,
                        "engine": "vllm", "coefficients": coefficients})  # fmt: skip
-    table, pairs_table = compare_all(runs, profiles, fit_label, cfg, deployment)
+    table, pairs_table = compare_all(runs, profiles, cfg, deployment)
     metadata = provenance(raw_cfg)
     write_table(table, output_dir / "sim_to_vllm.parquet", metadata)
     write_table(pairs_table, output_dir / "sim_to_vllm_requests.parquet", metadata)
@@ -229,7 +229,7 @@ def fit_on_vllm_steps(steps: list[EngineStep], block_size: int) -> dict[str, flo
     return coefficients
 
 
-def compare_all(runs: list[VllmRunRecord], profiles: dict[str, dict[str, float]], fit_label: str,
+def compare_all(runs: list[VllmRunRecord], profiles: dict[str, dict[str, float]],
                 cfg: KvbenchConfig, deployment: Deployment
                 ) -> tuple[pd.DataFrame, pd.DataFrame]:  # fmt: skip
     """Every replay predicted under every profile: the error table (one row per profile and
