@@ -162,7 +162,8 @@ def test_the_grid_records_vllms_schedule_and_its_fit_prices_its_own_steps():
                            max_model_len=settings.max_model_len,
                            enable_prefix_caching=settings.enable_prefix_caching)  # fmt: skip
     steps = []
-    for point in TINY_GRID:
+    repeats = []  # each point's steps, per pass: the grid served twice
+    for point in TINY_GRID * 2:
         waves = point.waves(0)
         requests = [request for wave in waves for request in wave]
         run = run_waves(engine, waves)
@@ -186,6 +187,7 @@ def test_the_grid_records_vllms_schedule_and_its_fit_prices_its_own_steps():
             for rid, tokens in step.scheduled_tokens:
                 computed[rid] += tokens
         steps += run.steps
+        repeats.append(run.steps)
     assert any(s.num_prefill_tokens and s.num_decode_tokens for s in steps)  # a mixed step
     assert any(s.shape.prefill_attention_pairs > s.num_prefill_tokens * (s.num_prefill_tokens + 1)
                // 2 for s in steps)  # a chunk attending to the chunks before it  # fmt: skip
@@ -194,5 +196,15 @@ def test_the_grid_records_vllms_schedule_and_its_fit_prices_its_own_steps():
     model = ProfiledCostModel(coefficients, settings.block_size)
     errors = abs_pct_errors([model.iteration_time_s(s.shape) for s in steps],
                             [s.duration_s for s in steps])  # fmt: skip
-    # The fit prices the steps it was fitted on within 15 % (median), a step's own noise here.
-    assert float(pd.Series(errors).median()) <= 15.0
+    # The same point served twice schedules the same shapes; how far apart their times are is
+    # the machine's noise (large when another engine shares the two cores, as under -n 2).
+    first, second = repeats[: len(TINY_GRID)], repeats[len(TINY_GRID):]
+    pairs = [(a, b) for run_a, run_b in zip(first, second, strict=True)
+             for a, b in zip(run_a, run_b, strict=True)]  # fmt: skip
+    assert all(a.shape == b.shape for a, b in pairs)
+    noise_pct = float(pd.Series([abs(a.duration_s - b.duration_s) / (a.duration_s + b.duration_s)
+                                 * 200 for a, b in pairs]).median())  # fmt: skip
+    # The fit prices the steps it was fitted on within 15 % (median), or within twice the
+    # steps' own repeat noise where the machine is noisier than that: no fit is more precise
+    # than what it fits.
+    assert float(pd.Series(errors).median()) <= max(15.0, 2 * noise_pct)
