@@ -15,7 +15,12 @@ from referee_support import peer
 
 from kvbench.config import ConfigError
 from kvbench.core.request import Request
-from kvbench.engine.profiled import PROFILE_TERMS, SWAP_TERMS, iteration_features
+from kvbench.engine.profiled import (
+    PROFILE_TERMS,
+    SWAP_TERMS,
+    ProfiledCostModel,
+    iteration_features,
+)
 from kvbench.engine.simulate_v1 import chunks_shape
 from kvbench.referee.vllm_engine import EngineRequest, EngineRun, EngineStep
 from kvbench.tasks.sim_to_real.vllm import (
@@ -23,6 +28,7 @@ from kvbench.tasks.sim_to_real.vllm import (
     fit_on_vllm_steps,
     measured_requests,
 )
+from kvbench.tasks.sim_to_real.vllm_grid import VllmGridPoint, mixed_decode_steps
 
 
 @pytest.mark.parametrize(
@@ -58,8 +64,7 @@ def test_the_fit_recovers_the_coefficients_vllms_step_times_were_made_of():
         tokens = shape.num_prefill_tokens + shape.num_decode_tokens
         num_seqs = shape.num_decode_tokens + shape.num_prefill_seqs
         steps.append(_step(index, 0.010 + 0.002 * num_seqs + 0.0005 * tokens, scheduled))
-    run = VllmRunRecord("w", 1.0, [], EngineRun(tuple(steps), (), 0.0))
-    coefficients = fit_on_vllm_steps([run], 32)
+    coefficients = fit_on_vllm_steps(steps, 32)
     terms = [coefficients[name] for name in PROFILE_TERMS]
     for step in steps:
         features = iteration_features(step.shape, 32)
@@ -89,8 +94,12 @@ def _engine_installed() -> bool:
 @pytest.mark.skipif(not _engine_installed(),
                     reason="needs pip install --no-deps -r requirements/referee.txt "
                            "-r requirements/referee-engine.txt")  # fmt: skip
-def test_the_task_replays_on_vllm_and_predicts_with_kvbench(tmp_path):
+def test_the_task_replays_on_vllm_and_predicts_with_kvbench(tmp_path, monkeypatch):
+    from kvbench.tasks.sim_to_real import vllm
     from kvbench.tasks.sim_to_real.vllm import run_sim_to_vllm
+
+    # A grid of three points (the full one is a minute of vLLM steps), one of each kind.
+    monkeypatch.setattr(vllm, "grid_points", lambda settings: TINY_GRID)
 
     cfg, deployment, raw = compose_config(
         "experiment=sim_to_vllm", "workloads.alpaca.num_requests=4",
@@ -100,15 +109,102 @@ def test_the_task_replays_on_vllm_and_predicts_with_kvbench(tmp_path):
         "sim_to_vllm.fair_output_tokens=8", "plots=false", "summary_table=false",
     )  # fmt: skip
     table = run_sim_to_vllm(cfg, deployment, raw, tmp_path)
-    assert list(table["workload"]) == ["alpaca", "sharegpt"]
-    assert list(table["held_out"]) == [False, True]
+    assert list(table["profile"]) == ["grid", "grid", "alpaca", "alpaca"]
+    assert list(table["workload"]) == ["alpaca", "sharegpt"] * 2
+    assert list(table["held_out"]) == [True, True, False, True]
     assert (table["num_compared"] == 4).all()
     assert table["e2e_mape_pct"].notna().all() and (table["e2e_mape_pct"] >= 0).all()
     fair = pd.read_parquet(tmp_path / "fair_instrument.parquet").set_index("engine")
     assert fair.loc["vllm", "ratio_to_vllm"] == 1.0
     assert (fair["output_tokens"] == 32).all() and (fair["output_tokens_per_s"] > 0).all()
     assert fair.loc["kvbench_real", "torch_threads"] == cfg.executor.num_threads
-    assert "ncalls" in (tmp_path / "report.md").read_text()
+    profile = pd.read_parquet(tmp_path / "fair_profile.parquet")
+    assert set(zip(profile["engine"], profile["profiler"], strict=True)) == {
+        (engine, profiler) for engine in ("vllm", "kvbench_real")
+        for profiler in ("torch_op", "python")}  # fmt: skip
+    assert (profile["self_ms_per_step"] > 0).all()
+    report = (tmp_path / "report.md").read_text()
+    assert "torch ops by self CPU time" in report and "aten::" in report
+    assert "grid part 2" in report  # the drift: grid part, replay, part, replay, part
     assert (tmp_path / "profile_vllm_fitted_on_alpaca.json").exists()
+    assert (tmp_path / "profile_vllm_grid.json").exists()
     steps = pd.read_parquet(tmp_path / "vllm_steps.parquet")
-    assert set(steps["workload"]) == {"alpaca", "sharegpt"} and (steps["duration_s"] > 0).all()
+    assert set(steps["workload"]) == {"alpaca", "sharegpt", "grid"}
+    assert (steps["duration_s"] > 0).all() and steps["unix_time_s"].is_monotonic_increasing
+    phases = steps["phase"].tolist()
+    assert phases[0] == "grid" and phases[-1] == "grid" and "replay" in phases
+
+
+# One point of each kind, small enough for a peer test.
+TINY_GRID = [VllmGridPoint(prefill_prompts=(48, 48)), VllmGridPoint(2, 32, 3),
+             VllmGridPoint(2, 32, mixed_decode_steps(2, (64,), 64), (64,))]  # fmt: skip
+
+
+@peer
+@pytest.mark.skipif(not _engine_installed(),
+                    reason="needs pip install --no-deps -r requirements/referee.txt "
+                           "-r requirements/referee-engine.txt")  # fmt: skip
+def test_the_grid_records_vllms_schedule_and_its_fit_prices_its_own_steps():
+    from kvbench.referee.vllm_engine import EngineSettings, run_waves, start_vllm
+    from kvbench.referee.vllm_v1 import RefereeLimits, run_referee
+    from kvbench.tasks.equivalence.models import smollm2_model_dir
+    from kvbench.tasks.profile.fit import abs_pct_errors
+
+    # A 64-token budget: the two 48-token prompts are chunked, the mixed point's prompt joins
+    # two decodes in chunks of 62.
+    settings = EngineSettings(smollm2_model_dir(), num_gpu_blocks=17, max_num_seqs=8,
+                              max_num_batched_tokens=64, max_model_len=256,
+                              enable_prefix_caching=True)  # fmt: skip
+    engine = start_vllm(settings)
+    limits = RefereeLimits(block_size=settings.block_size, num_gpu_blocks=settings.num_gpu_blocks,
+                           max_num_seqs=settings.max_num_seqs,
+                           max_num_batched_tokens=settings.max_num_batched_tokens,
+                           max_model_len=settings.max_model_len,
+                           enable_prefix_caching=settings.enable_prefix_caching)  # fmt: skip
+    steps = []
+    repeats = []  # each point's steps, per pass: the grid served twice
+    for point in TINY_GRID * 2:
+        waves = point.waves(0)
+        requests = [request for wave in waves for request in wave]
+        run = run_waves(engine, waves)
+        assert sorted(t.num_output_tokens for t in run.requests) == sorted(
+            r.output_tokens for r in requests)  # fmt: skip
+        # Each wave joins at the step after every earlier request has its first token: the
+        # same requests through vLLM's model-free scheduler, joining at those steps, schedule
+        # exactly what the engine did, and each recorded shape is that schedule's.
+        joined_s = {t.request_id: t.arrival_s for t in run.requests}
+        arrival_steps = [sum(step.start_s < joined_s[r.request_id] for step in run.steps)
+                         for r in requests]  # fmt: skip
+        referee = run_referee(requests, limits, arrival_steps)
+        assert [step.scheduled_tokens for step in run.steps] == [
+            tuple((requests[index].request_id, tokens) for index, tokens in step.scheduled_tokens)
+            for step in referee
+        ]  # fmt: skip
+        computed = dict.fromkeys(range(len(requests)), 0)
+        for step in run.steps:
+            assert step.shape == chunks_shape((requests[rid].prompt_tokens, computed[rid], tokens)
+                                              for rid, tokens in step.scheduled_tokens)  # fmt: skip
+            for rid, tokens in step.scheduled_tokens:
+                computed[rid] += tokens
+        steps += run.steps
+        repeats.append(run.steps)
+    assert any(s.num_prefill_tokens and s.num_decode_tokens for s in steps)  # a mixed step
+    assert any(s.shape.prefill_attention_pairs > s.num_prefill_tokens * (s.num_prefill_tokens + 1)
+               // 2 for s in steps)  # a chunk attending to the chunks before it  # fmt: skip
+    coefficients = fit_on_vllm_steps(steps, settings.block_size)
+    assert all(value >= 0 for value in coefficients.values())
+    model = ProfiledCostModel(coefficients, settings.block_size)
+    errors = abs_pct_errors([model.iteration_time_s(s.shape) for s in steps],
+                            [s.duration_s for s in steps])  # fmt: skip
+    # The same point served twice schedules the same shapes; how far apart their times are is
+    # the machine's noise (large when another engine shares the two cores, as under -n 2).
+    first, second = repeats[: len(TINY_GRID)], repeats[len(TINY_GRID):]
+    pairs = [(a, b) for run_a, run_b in zip(first, second, strict=True)
+             for a, b in zip(run_a, run_b, strict=True)]  # fmt: skip
+    assert all(a.shape == b.shape for a, b in pairs)
+    noise_pct = float(pd.Series([abs(a.duration_s - b.duration_s) / (a.duration_s + b.duration_s)
+                                 * 200 for a, b in pairs]).median())  # fmt: skip
+    # The fit prices the steps it was fitted on within 15 % (median), or within twice the
+    # steps' own repeat noise where the machine is noisier than that: no fit is more precise
+    # than what it fits.
+    assert float(pd.Series(errors).median()) <= max(15.0, 2 * noise_pct)

@@ -1,6 +1,7 @@
 """Real vLLM serving a real model on this machine: the timed referee of kvbench's executors.
 
-``serve_on_vllm(requests, settings)`` (or ``start_vllm`` once, then ``replay`` per workload)
+``serve_on_vllm(requests, settings)`` (or ``start_vllm`` once, then ``replay`` per workload, or
+``run_waves`` for closed batches whose shapes are set by step: a profile's grid)
 starts vLLM's own engine (``vllm.LLM``, in this process:
 ``VLLM_ENABLE_V1_MULTIPROCESSING=0``, eager mode) on a local Hugging Face model folder (SmolLM2-135M
 as ``task=logit_equivalence`` converts it, or any other), sizes its KV pool in blocks exactly as
@@ -21,7 +22,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -119,11 +120,14 @@ class EngineRequest:
 
 @dataclass(frozen=True)
 class EngineRun:
-    """A replay through the real engine: its steps, its requests and its start-up time."""
+    """A replay through the real engine: its steps, its requests, the engine's start-up time,
+    and the wall-clock time the replay started (Unix seconds: steps of several replays placed
+    on one time line show the machine's drift)."""
 
     steps: tuple[EngineStep, ...]
     requests: tuple[EngineRequest, ...]
     startup_s: float
+    started_unix_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -177,43 +181,98 @@ def replay(
     to its ``output_tokens``. The prefix cache is emptied first, so one replay's blocks never
     serve the next. Raises ``ValueError`` for a request the engine would refuse."""
     _check(requests, engine.settings)
-    engine.llm.reset_prefix_cache()
+    progress = _Progress.start(engine, clock)
     core = engine.llm.llm_engine
-    engine.schedules.clear()
     pending = sorted(range(len(requests)), key=lambda index: requests[index].arrival_s)
-    arrived: dict[int, float] = {}
-    first_token: dict[int, float] = {}
-    finished: dict[int, tuple[float, int]] = {}
-    steps: list[EngineStep] = []
-    replay_start_s = clock()
     while pending or core.has_unfinished_requests():
-        now_s = clock() - replay_start_s
+        now_s = progress.now_s()
         while pending and requests[pending[0]].arrival_s <= now_s:
             index = pending.pop(0)
-            _add(core, requests[index], index, engine.vocab_size)
-            arrived[requests[index].request_id] = now_s
+            progress.add(requests[index], index, now_s)
         if not core.has_unfinished_requests():
             sleep(max(0.0, requests[pending[0]].arrival_s - now_s))
             continue
-        step_start_s = clock() - replay_start_s
-        outputs = core.step()
-        step_end_s = clock() - replay_start_s
-        steps.append(_step_record(step_start_s, step_end_s, engine.schedules.pop()))
+        progress.step()
+    return progress.run()
+
+
+def run_waves(
+    engine: VllmEngine,
+    waves: Sequence[Sequence[Request]],
+    clock: Callable[[], float] = time.perf_counter,
+) -> EngineRun:
+    """Serve closed batches whose shapes are set by step, not by the clock (a profile's grid):
+    the first wave joins at once, each next one as soon as every request before it has its first
+    token (so a wave's prompts are computed beside the earlier waves' decodes), and every request
+    runs to its ``output_tokens``. Each request's ``arrival_s`` is ignored; its ``arrival_s`` in
+    the run is when it was handed to the engine. The prefix cache is emptied first."""
+    requests = [request for wave in waves for request in wave]
+    _check(requests, engine.settings)
+    progress = _Progress.start(engine, clock)
+    core = engine.llm.llm_engine
+    index = 0
+    for wave in waves:
+        while any(request_id not in progress.first_token for request_id in progress.arrived):
+            progress.step()
+        now_s = progress.now_s()
+        for request in wave:
+            progress.add(request, index, now_s)
+            index += 1
+    while core.has_unfinished_requests():
+        progress.step()
+    return progress.run()
+
+
+@dataclass
+class _Progress:
+    """One run on the engine as it goes: when each request joined, got its first token and
+    finished, and every step (times in seconds after the run's start)."""
+
+    engine: VllmEngine
+    clock: Callable[[], float]
+    start_s: float
+    started_unix_s: float
+    arrived: dict[int, float] = field(default_factory=dict)
+    first_token: dict[int, float] = field(default_factory=dict)
+    finished: dict[int, tuple[float, int]] = field(default_factory=dict)
+    steps: list[EngineStep] = field(default_factory=list)
+
+    @classmethod
+    def start(cls, engine: VllmEngine, clock: Callable[[], float]) -> _Progress:
+        engine.llm.reset_prefix_cache()
+        engine.schedules.clear()
+        return cls(engine, clock, clock(), time.time())
+
+    def now_s(self) -> float:
+        return self.clock() - self.start_s
+
+    def add(self, request: Request, index: int, now_s: float) -> None:
+        _add(self.engine.llm.llm_engine, request, index, self.engine.vocab_size)
+        self.arrived[request.request_id] = now_s
+
+    def step(self) -> None:
+        step_start_s = self.now_s()
+        outputs = self.engine.llm.llm_engine.step()
+        step_end_s = self.now_s()
+        self.steps.append(_step_record(step_start_s, step_end_s, self.engine.schedules.pop()))
         for output in outputs:
             request_id = _kvbench_id(output.request_id)
             if output.outputs and output.outputs[0].token_ids:
-                first_token.setdefault(request_id, step_end_s)
+                self.first_token.setdefault(request_id, step_end_s)
             if output.finished:
-                finished[request_id] = (step_end_s, len(output.outputs[0].token_ids))
-    return EngineRun(
-        steps=tuple(steps),
-        requests=tuple(
-            EngineRequest(request_id, arrived[request_id], first_token[request_id],
-                          *finished[request_id])
-            for request_id in sorted(arrived)
-        ),
-        startup_s=engine.startup_s,
-    )
+                self.finished[request_id] = (step_end_s, len(output.outputs[0].token_ids))
+
+    def run(self) -> EngineRun:
+        return EngineRun(
+            steps=tuple(self.steps),
+            requests=tuple(
+                EngineRequest(request_id, self.arrived[request_id], self.first_token[request_id],
+                              *self.finished[request_id])
+                for request_id in sorted(self.arrived)
+            ),
+            startup_s=self.engine.startup_s,
+            started_unix_s=self.started_unix_s,
+        )  # fmt: skip
 
 
 def _check(requests: Sequence[Request], settings: EngineSettings) -> None:

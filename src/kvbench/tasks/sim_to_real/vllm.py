@@ -1,26 +1,24 @@
 """``python -m kvbench experiment=sim_to_vllm``: kvbench's vLLM v1 model against real vLLM.
 
 Real vLLM (``referee.vllm_engine``: vLLM's own engine on this CPU, serving the model of
-``model``) replays every workload slice x rate on the wall clock. A profile is fitted on vLLM's
-own step times of the first slice (each step priced by the shape vLLM's scheduler gave it: its
-prefill chunks with their context, prefix hits included, and its decode tokens), and kvbench's
-``scheduler=vllm_v1`` model simulates every run's requests with it. Errors per request (E2E,
-TTFT, TPOT) and per run (throughput, mean batch, peak blocks in use) go to ``sim_to_vllm.parquet``
-and ``sim_to_vllm_requests.parquet``, every vLLM step to ``vllm_steps.parquet``, beside
-``plots/sim_to_vllm`` and the fitted profile.
+``model``) replays every workload slice x rate on the wall clock, and between the replays serves
+the closed batches of a grid of controlled shapes (``vllm_grid``): the grid is dealt into parts
+measured before, between and after the replays, so slow drift of the machine shows in the grid
+and the replays alike. Two profiles are fitted on vLLM's own step times (each step priced by the
+shape vLLM's scheduler gave it: its prefill chunks with their context, prefix hits included, and
+its decode tokens): one on the grid's steps (every slice is then held out), one on the first
+slice's replays. kvbench's ``scheduler=vllm_v1`` model simulates every replay's requests priced by
+each. Errors per request (E2E, TTFT, TPOT) and per run (throughput, mean batch, peak blocks in use)
+go to ``sim_to_vllm.parquet`` and ``sim_to_vllm_requests.parquet``, every vLLM step (with its
+wall-clock time) to ``vllm_steps.parquet``, beside ``plots/sim_to_vllm`` and both profiles.
 
-Then the fair-instrument check: one closed batch (``sim_to_vllm.fair_*``: every request at t = 0,
-the same lengths) served by vLLM and by kvbench's own real executor (``executor=real``'s
-``paged``), output tokens/s of each in one run (``fair_instrument.parquet``), and where kvbench's
-executor spends its time (a cProfile of its run, in ``report.md``).
+Then the fair-instrument check (``fair_instrument``): one closed batch served by vLLM and by
+kvbench's own real executor, output tokens/s of each, and both profiled.
 """
 
 from __future__ import annotations
 
-import cProfile
 import dataclasses
-import io
-import pstats
 import time
 from pathlib import Path
 from typing import Any
@@ -28,33 +26,41 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from kvbench.allocators import make_allocator
 from kvbench.config import KvbenchConfig, run_workloads
 from kvbench.core.kv_capacity import pool_slots
 from kvbench.core.request import Request
 from kvbench.core.specs import Deployment
-from kvbench.engine import Scheduler
 from kvbench.engine.kv_cache_v1 import V1KVCache
 from kvbench.engine.profiled import PROFILE_TERMS, SWAP_TERMS, ProfiledCostModel, iteration_features
 from kvbench.engine.simulate_v1 import simulate_v1
-from kvbench.referee.vllm_engine import EngineRun, EngineSettings, VllmEngine, replay, start_vllm
+from kvbench.referee.vllm_engine import (
+    EngineRun,
+    EngineSettings,
+    EngineStep,
+    VllmEngine,
+    replay,
+    run_waves,
+    start_vllm,
+)
 from kvbench.tables.parquet import write_table
 from kvbench.tables.provenance import provenance
 from kvbench.tasks.profile.fit import fit_non_negative
 from kvbench.tasks.profile.plot import plot_predicted_vs_measured
 from kvbench.tasks.profile.profile_file import write_profile
+from kvbench.tasks.sim_to_real.fair_instrument import fair_instrument, fair_summary, profile_tables
 from kvbench.tasks.sim_to_real.run import error_summary
 from kvbench.tasks.sim_to_real.table import error_row, request_pairs
+from kvbench.tasks.sim_to_real.vllm_grid import VllmGridPoint, interleave, vllm_grid
 from kvbench.tasks.simulate.experiment import scheduler_limits, v1_limits
-from kvbench.tasks.simulate.real_runner import load_real_model, pin_threads
+from kvbench.tasks.simulate.real_runner import pin_threads
 from kvbench.tasks.simulate.run_outputs import print_files, write_task_report
 from kvbench.tasks.simulate.table import add_request_latencies, requests_frame
 from kvbench.workloads import to_requests, with_arrivals, workload_rows
 
-SOURCE = "vllm_fit_slice"
+# The profiles: fitted on the grid's steps, or on the first slice's replays (``SOURCES``' keys).
+GRID_PROFILE = "grid"
+SOURCES = {GRID_PROFILE: "vllm_grid", "fit_slice": "vllm_fit_slice"}
 DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
-# Functions of kvbench's executor run shown in the report (by their own time).
-NUM_PROFILED_FUNCTIONS = 12
 
 
 @dataclasses.dataclass
@@ -64,6 +70,17 @@ class VllmRunRecord:
     workload: str
     rate: float
     requests: list[Request]
+    run: EngineRun
+
+
+@dataclasses.dataclass
+class GridRun:
+    """One grid point served on real vLLM: the point, the part of the grid it was measured in
+    (parts alternate with the replays) and what vLLM did."""
+
+    point_index: int
+    part: int
+    point: VllmGridPoint
     run: EngineRun
 
 
@@ -88,77 +105,122 @@ def engine_settings(cfg: KvbenchConfig, deployment: Deployment, model_dir: Path)
 def run_sim_to_vllm(
     cfg: KvbenchConfig, deployment: Deployment, raw_cfg: Any, output_dir: Path
 ) -> pd.DataFrame:
-    """Replay every slice on real vLLM, fit on the first, predict all with kvbench's vLLM v1
-    model; then the fair-instrument batch. Returns the error table."""
+    """Replay every slice on real vLLM with the grid's parts between the replays, fit a profile
+    on the grid and one on the first slice, predict every replay with kvbench's vLLM v1 model
+    priced by each; then the fair-instrument batch. Returns the error table."""
     from kvbench.tasks.equivalence.models import smollm2_model_dir
 
     started_s = time.perf_counter()
     pin_threads(cfg.executor.num_threads)
-    engine = start_vllm(engine_settings(cfg, deployment, smollm2_model_dir()))
+    settings = engine_settings(cfg, deployment, smollm2_model_dir())
+    engine = start_vllm(settings)
     print(f"vllm: engine started in {engine.startup_s:.0f} s")
-    runs = _replay_slices(cfg, deployment, engine)
+    runs, grid_runs = measure_interleaved(engine, replay_jobs(cfg, deployment),
+                                          grid_points(settings))  # fmt: skip
     fit_label = runs[0].workload
-    coefficients = fit_on_vllm_steps([run for run in runs if run.workload == fit_label],
-                                     cfg.allocator.block_size)  # fmt: skip
-    write_profile(output_dir / f"profile_vllm_fitted_on_{fit_label}.json",
-                  {"model": cfg.model.name, "dtype": cfg.model.dtype, "fit_workload": fit_label,
-                   "engine": "vllm", "coefficients": coefficients})  # fmt: skip
-    rows, pairs = [], []
-    for run in runs:
-        row, run_pairs = compare_with_vllm(run, coefficients, cfg, deployment)
-        labels = {"source": SOURCE, "workload": run.workload, "request_rate": run.rate,
-                  "allocator": cfg.allocators[0], "held_out": run.workload != fit_label}
-        rows.append({**labels, **row})
-        pairs.append(run_pairs.assign(**labels))
-    table = pd.DataFrame(rows)
+    block_size = cfg.allocator.block_size
+    profiles = {
+        GRID_PROFILE: fit_on_vllm_steps(grid_steps(grid_runs), block_size),
+        fit_label: fit_on_vllm_steps([step for run in runs if run.workload == fit_label
+                                      for step in run.run.steps], block_size),
+    }  # fmt: skip
+    for name, coefficients in profiles.items():
+        file_name = "profile_vllm_grid.json" if name == GRID_PROFILE else \
+            f"profile_vllm_fitted_on_{name}.json"
+        write_profile(output_dir / file_name,
+                      {"model": cfg.model.name, "dtype": cfg.model.dtype, "fit_workload": name,
+                       "engine": "vllm", "coefficients": coefficients})  # fmt: skip
+    table, pairs_table = compare_all(runs, profiles, cfg, deployment)
     metadata = provenance(raw_cfg)
     write_table(table, output_dir / "sim_to_vllm.parquet", metadata)
-    pairs_table = pd.concat(pairs, ignore_index=True)
     write_table(pairs_table, output_dir / "sim_to_vllm_requests.parquet", metadata)
-    write_table(vllm_steps_frame(runs, coefficients, cfg.allocator.block_size),
-                output_dir / "vllm_steps.parquet", metadata)  # fmt: skip
-    fair, profile_text = fair_instrument(cfg, deployment, engine)
-    write_table(fair, output_dir / "fair_instrument.parquet", metadata)
+    steps = vllm_steps_frame(runs, grid_runs, profiles[GRID_PROFILE], profiles[fit_label],
+                             block_size)  # fmt: skip
+    write_table(steps, output_dir / "vllm_steps.parquet", metadata)
+    fair = fair_instrument(cfg, deployment, engine)
+    write_table(fair.throughput, output_dir / "fair_instrument.parquet", metadata)
+    write_table(fair.profile, output_dir / "fair_profile.parquet", metadata)
     if cfg.plots:
         chart = pairs_table.rename(columns={"e2e_latency_s_measured": "measured_s",
                                             "e2e_latency_s_predicted": "predicted_s"})
-        plot_predicted_vs_measured(chart, output_dir / "plots", "sim_to_vllm",
-                                   f"E2E latency per request: kvbench's vllm_v1 model, profiled "
-                                   f"on vLLM's steps of {fit_label}, vs real vLLM",
-                                   group="workload")  # fmt: skip
+        for name in profiles:
+            plot_predicted_vs_measured(
+                chart[chart["profile"] == name], output_dir / "plots", f"sim_to_vllm_{name}",
+                f"E2E latency per request: kvbench's vllm_v1 model, profiled on vLLM's steps "
+                f"of {'its grid' if name == GRID_PROFILE else name}, vs real vLLM",
+                group="workload")  # fmt: skip
     lines = error_summary(table)
-    fair_lines = fair_summary(fair)
-    print(f"sim-to-vllm: {len(runs)} replays on vLLM in {time.perf_counter() - started_s:.0f} s")
-    print("\n".join(lines + fair_lines))
+    drift = drift_lines(steps)
+    fair_lines = fair_summary(fair.throughput)
+    print(f"sim-to-vllm: {len(runs)} replays and {len(grid_runs)} grid points on vLLM in "
+          f"{time.perf_counter() - started_s:.0f} s")  # fmt: skip
+    print("\n".join(lines + drift + fair_lines))
     write_task_report(output_dir, f"{cfg.experiment_name}: kvbench's vLLM v1 model vs real vLLM",
                       raw_cfg, ["## Errors\n\n" + "\n".join(lines),
+                                "## Drift of vLLM's step times\n\n" + "\n".join(drift),
                                 "## Fair instrument\n\n" + "\n".join(fair_lines)
-                                + "\n\nkvbench's executor, by own time:\n\n```\n" + profile_text
-                                + "```\n"])  # fmt: skip
+                                + "\n\n" + profile_tables(fair.profile)])  # fmt: skip
     if cfg.summary_table:
         print_files(output_dir)
     return table
 
 
-def _replay_slices(cfg: KvbenchConfig, deployment: Deployment,
-                   engine: VllmEngine) -> list[VllmRunRecord]:  # fmt: skip
-    runs = []
+def grid_points(settings: EngineSettings) -> list[VllmGridPoint]:
+    """The grid the engine of ``settings`` can hold at once (its pool less the null block)."""
+    return vllm_grid(settings.num_gpu_blocks - 1, settings.block_size, settings.max_num_seqs,
+                     settings.max_num_batched_tokens, settings.max_model_len)  # fmt: skip
+
+
+@dataclasses.dataclass(frozen=True)
+class ReplayJob:
+    """One replay to run: a slice at a rate, its requests with their arrivals."""
+
+    workload: str
+    rate: float
+    requests: list[Request]
+
+
+def replay_jobs(cfg: KvbenchConfig, deployment: Deployment) -> list[ReplayJob]:
+    """Every workload slice x rate of ``cfg``, in order (the first slice is the fit slice)."""
+    jobs = []
     for label, workload_cfg in run_workloads(cfg).items():
         rows = workload_rows(workload_cfg, deployment.model.max_model_len)
         rates = cfg.workload_request_rates.get(label) or cfg.request_rates
         for rate in rates or [workload_cfg.request_rate]:
-            requests = to_requests(with_arrivals(rows, dataclasses.replace(workload_cfg,
-                                                                           request_rate=rate)))
-            run = replay(engine, requests)
-            runs.append(VllmRunRecord(label, float(rate), requests, run))
-            print(f"vllm: {label} @ {rate:g} req/s: {len(run.steps)} steps")
-    return runs
+            arrivals = with_arrivals(rows, dataclasses.replace(workload_cfg, request_rate=rate))
+            jobs.append(ReplayJob(label, float(rate), to_requests(arrivals)))
+    return jobs
 
 
-def fit_on_vllm_steps(runs: list[VllmRunRecord], block_size: int) -> dict[str, float]:
-    """Profile coefficients fitted on every step of ``runs`` (vLLM's measured step times against
-    the features of the shapes it scheduled; swap terms 0: vLLM v1 recomputes)."""
-    steps = [step for run in runs for step in run.run.steps]
+def measure_interleaved(engine: VllmEngine, jobs: list[ReplayJob], points: list[VllmGridPoint]
+                        ) -> tuple[list[VllmRunRecord], list[GridRun]]:  # fmt: skip
+    """The grid's parts and the replays alternately (part 0, replay 0, part 1, ..., the last
+    part), so the grid samples the machine before, between and after the replays."""
+    parts = interleave(points, len(jobs) + 1)
+    index_of = {point: index for index, point in enumerate(points)}
+    runs: list[VllmRunRecord] = []
+    grid_runs: list[GridRun] = []
+    for part, part_points in enumerate(parts):
+        for point in part_points:
+            grid_runs.append(GridRun(index_of[point], part, point,
+                                     run_waves(engine, point.waves(0))))  # fmt: skip
+        print(f"vllm: grid part {part}: {len(part_points)} points")
+        if part < len(jobs):
+            job = jobs[part]
+            run = replay(engine, job.requests)
+            runs.append(VllmRunRecord(job.workload, job.rate, job.requests, run))
+            print(f"vllm: {job.workload} @ {job.rate:g} req/s: {len(run.steps)} steps")
+    return runs, grid_runs
+
+
+def grid_steps(grid_runs: list[GridRun]) -> list[EngineStep]:
+    """Every step the grid's points ran."""
+    return [step for grid_run in grid_runs for step in grid_run.run.steps]
+
+
+def fit_on_vllm_steps(steps: list[EngineStep], block_size: int) -> dict[str, float]:
+    """Profile coefficients fitted on ``steps`` (vLLM's measured step times against the features
+    of the shapes it scheduled; swap terms 0: vLLM v1 recomputes)."""
     features = [iteration_features(step.shape, block_size) for step in steps]
     times_s = [step.duration_s for step in steps]
     fitted = fit_non_negative(features, times_s)
@@ -167,23 +229,67 @@ def fit_on_vllm_steps(runs: list[VllmRunRecord], block_size: int) -> dict[str, f
     return coefficients
 
 
-def vllm_steps_frame(runs: list[VllmRunRecord], coefficients: dict[str, float],
+def compare_all(runs: list[VllmRunRecord], profiles: dict[str, dict[str, float]],
+                cfg: KvbenchConfig, deployment: Deployment
+                ) -> tuple[pd.DataFrame, pd.DataFrame]:  # fmt: skip
+    """Every replay predicted under every profile: the error table (one row per profile and
+    replay) and the per-request pairs. A replay is held out unless it is of the slice the
+    profile was fitted on."""
+    rows, pairs = [], []
+    for name, coefficients in profiles.items():
+        source = SOURCES[GRID_PROFILE if name == GRID_PROFILE else "fit_slice"]
+        for run in runs:
+            row, run_pairs = compare_with_vllm(run, coefficients, cfg, deployment)
+            labels = {"source": source, "profile": name, "workload": run.workload,
+                      "request_rate": run.rate, "allocator": cfg.allocators[0],
+                      "held_out": run.workload != name}  # fmt: skip
+            rows.append({**labels, **row})
+            pairs.append(run_pairs.assign(**labels))
+    return pd.DataFrame(rows), pd.concat(pairs, ignore_index=True)
+
+
+def vllm_steps_frame(runs: list[VllmRunRecord], grid_runs: list[GridRun],
+                     grid_coefficients: dict[str, float], fit_coefficients: dict[str, float],
                      block_size: int) -> pd.DataFrame:  # fmt: skip
-    """Every vLLM step of ``runs``: its shape, measured time, and the time the fitted profile
-    gives it (so a profile's error can be read per step and slice)."""
-    model = ProfiledCostModel(coefficients, block_size)
-    return pd.DataFrame([
-        {"workload": run.workload, "request_rate": run.rate, "step": index,
-         "start_s": step.start_s, "duration_s": step.duration_s,
-         "fitted_s": model.iteration_time_s(step.shape),
+    """Every vLLM step of the replays and the grid: its shape, wall-clock time, measured time, and
+    the time each profile gives it (so a profile's error, and the machine's drift, can be read
+    per step)."""
+    grid_model = ProfiledCostModel(grid_coefficients, block_size)
+    fit_model = ProfiledCostModel(fit_coefficients, block_size)
+    labelled = [({"phase": "replay", "workload": run.workload, "request_rate": run.rate,
+                  "grid_point": -1, "grid_part": -1}, run.run) for run in runs]  # fmt: skip
+    labelled += [({"phase": "grid", "workload": GRID_PROFILE, "request_rate": float("nan"),
+                   "grid_point": grid_run.point_index, "grid_part": grid_run.part}, grid_run.run)
+                 for grid_run in grid_runs]  # fmt: skip
+    frame = pd.DataFrame([
+        {**labels, "step": index, "start_s": step.start_s,
+         "unix_time_s": run.started_unix_s + step.start_s, "duration_s": step.duration_s,
+         "fitted_s": fit_model.iteration_time_s(step.shape),
+         "grid_fitted_s": grid_model.iteration_time_s(step.shape),
          "num_prefill_seqs": step.shape.num_prefill_seqs,
          "num_prefill_tokens": step.shape.num_prefill_tokens,
          "prefill_attention_pairs": step.shape.prefill_attention_pairs,
          "num_decode_tokens": step.shape.num_decode_tokens,
          "decode_context_tokens": step.shape.decode_context_tokens,
          "num_blocks_in_use": step.num_blocks_in_use}
-        for run in runs for index, step in enumerate(run.run.steps)
+        for labels, run in labelled for index, step in enumerate(run.steps)
     ])  # fmt: skip
+    return frame.sort_values("unix_time_s", kind="stable", ignore_index=True)
+
+
+def drift_lines(steps: pd.DataFrame) -> list[str]:
+    """The machine's drift as the grid profile sees it: per stretch of the run in time order
+    (each grid part, each replay), the median of measured / grid-fitted step time."""
+    ratio = steps["duration_s"] / steps["grid_fitted_s"]
+    stretch = np.where(steps["phase"] == "grid", "grid part " + steps["grid_part"].astype(str),
+                       steps["workload"] + " @ " + steps["request_rate"].map("{:g}".format)
+                       + " req/s")  # fmt: skip
+    frame = pd.DataFrame({"stretch": stretch, "ratio": ratio,
+                          "minute": (steps["unix_time_s"] - steps["unix_time_s"].min()) / 60})
+    grouped = frame.groupby("stretch", sort=False).agg(ratio=("ratio", "median"),
+                                                        minute=("minute", "min"))  # fmt: skip
+    return [f"- {name} (from minute {row.minute:.1f}): measured / grid-fitted step time, median "
+            f"{row.ratio:.3f}" for name, row in grouped.iterrows()]  # fmt: skip
 
 
 def measured_requests(run: VllmRunRecord) -> pd.DataFrame:
@@ -239,79 +345,3 @@ def _run_figures(requests: pd.DataFrame, batch_sizes: Any, blocks_in_use: Any,
         "peak_kv_in_use_slots": float(np.max(blocks_in_use)) * block_size if len(blocks_in_use)
         else 0.0,
     }
-
-
-def fair_requests(cfg: KvbenchConfig) -> list[Request]:
-    """The fair-instrument batch: ``sim_to_vllm.fair_num_requests`` requests, all at t = 0, of
-    ``fair_prompt_tokens`` + ``fair_output_tokens`` (distinct prompts: no prefix to share)."""
-    fair = cfg.sim_to_vllm
-    return [Request(request_id, 0.0, fair.fair_prompt_tokens, fair.fair_output_tokens)
-            for request_id in range(fair.fair_num_requests)]  # fmt: skip
-
-
-def fair_instrument(
-    cfg: KvbenchConfig, deployment: Deployment, engine: VllmEngine
-) -> tuple[pd.DataFrame, str]:
-    """The same closed batch served by vLLM and by kvbench's real executor (``paged`` over
-    ``scheduler=vllm_v0``'s batches, the same ``max_num_seqs``): output tokens/s, steps and the
-    median decode step of each, measured one after the other; and a cProfile of kvbench's run."""
-    import torch
-
-    from kvbench.executors.real import RealExecutor, run_real
-
-    requests = fair_requests(cfg)
-    output_tokens = sum(request.output_tokens for request in requests)
-    vllm_threads = torch.get_num_threads()  # as vLLM's CPU worker left them
-    vllm_run = replay(engine, requests)
-    vllm_span_s = max(times.finish_s for times in vllm_run.requests)
-    vllm_decode_s = [step.duration_s for step in vllm_run.steps if step.num_prefill_tokens == 0]
-    model = load_real_model(cfg.model.name, cfg.model.dtype)
-    block_size = cfg.allocator.block_size
-    num_slots = pool_slots(deployment, block_size, cfg.allocator.num_gpu_blocks)
-    allocator = make_allocator("paged", num_slots, block_size, deployment.model.max_model_len)
-    executor = RealExecutor(model, allocator)
-    pin_threads(cfg.executor.num_threads)  # vLLM's worker may have set its own
-    kvbench_threads = torch.get_num_threads()
-    executor.warm_up()
-    limits = dataclasses.replace(scheduler_limits(cfg, deployment), preemption="recompute")
-    profiler = cProfile.Profile()
-    profiler.enable()
-    served = run_real(requests, Scheduler(limits), allocator, executor)
-    profiler.disable()
-    kvbench_span_s = max(record.finish_s for record in served.result.requests)
-    durations = served.result.steps.columns["duration_s"]
-    prefills = served.result.steps.columns["num_prefill_tokens"]
-    kvbench_decode_s = [d for d, p in zip(durations, prefills, strict=True) if p == 0]
-    rows = [
-        {"engine": "vllm", "num_requests": len(requests), "output_tokens": output_tokens,
-         "wall_s": vllm_span_s, "output_tokens_per_s": output_tokens / vllm_span_s,
-         "num_steps": len(vllm_run.steps), "median_decode_step_s": float(np.median(vllm_decode_s)),
-         "torch_threads": vllm_threads},
-        {"engine": "kvbench_real", "num_requests": len(requests), "output_tokens": output_tokens,
-         "wall_s": kvbench_span_s, "output_tokens_per_s": output_tokens / kvbench_span_s,
-         "num_steps": len(durations), "median_decode_step_s": float(np.median(kvbench_decode_s)),
-         "torch_threads": kvbench_threads},
-    ]  # fmt: skip
-    frame = pd.DataFrame(rows)
-    frame["ratio_to_vllm"] = frame["output_tokens_per_s"] / frame["output_tokens_per_s"].iloc[0]
-    return frame, _profile_text(profiler)
-
-
-def _profile_text(profiler: cProfile.Profile) -> str:
-    stream = io.StringIO()
-    stats = pstats.Stats(profiler, stream=stream)
-    stats.strip_dirs().sort_stats("tottime").print_stats(NUM_PROFILED_FUNCTIONS)
-    lines = stream.getvalue().splitlines()
-    start = next((i for i, line in enumerate(lines) if "ncalls" in line), 0)
-    return "\n".join(lines[start:]) + "\n"
-
-
-def fair_summary(fair: pd.DataFrame) -> list[str]:
-    """One line per engine of the fair-instrument batch."""
-    return [
-        f"- {row.engine}: {row.output_tokens_per_s:.1f} output tokens/s ({row.output_tokens} "
-        f"tokens in {row.wall_s:.2f} s, {row.num_steps} steps, median decode step "
-        f"{row.median_decode_step_s * 1e3:.1f} ms, {row.torch_threads} torch threads), "
-        f"{row.ratio_to_vllm:.2f}x vLLM's"
-        for row in fair.itertuples(index=False)
-    ]
