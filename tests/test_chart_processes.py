@@ -3,12 +3,14 @@ the main process, their errors reach the main process, and a short run never sta
 
 from __future__ import annotations
 
+import inspect
 import math
 from pathlib import Path
 
 import pytest
 from conftest import compose_config
 
+from kvbench.cli import _task
 from kvbench.tasks.simulate import chart_processes
 from kvbench.tasks.simulate.chart_processes import ChartDrawer
 from kvbench.tasks.simulate.chart_processes import chart_processes as processes
@@ -38,10 +40,9 @@ def _study(out: Path, after_s: float) -> list[int]:
 
     with pytest.MonkeyPatch.context() as monkeypatch:
         monkeypatch.setattr(chart_processes, "CHART_PROCESSES_AFTER_S", after_s)
-        monkeypatch.setattr("kvbench.tasks.simulate.run.num_chart_processes", lambda: 2)
         monkeypatch.setattr(ChartDrawer, "simulated", simulated)
         cfg, deployment, raw = compose_config(*OVERRIDES)
-        run_study(cfg, deployment, raw, out)
+        run_study(cfg, deployment, raw, out, num_chart_workers=2)
     return started
 
 
@@ -76,3 +77,10 @@ def test_charts_of_a_short_run_wait_for_the_tables_in_this_process(tmp_path):
         assert charts._pool is None
         with pytest.raises(OSError, match="No space left"):
             charts.wait()  # drawn here, now
+
+
+def test_the_command_line_draws_in_workers_and_a_caller_of_run_study_does_not(monkeypatch):
+    monkeypatch.setattr(chart_processes, "num_chart_processes", lambda: 3)
+    task = _task("simulate")
+    assert task.func is run_study and task.keywords == {"num_chart_workers": 3}
+    assert inspect.signature(run_study).parameters["num_chart_workers"].default == 0

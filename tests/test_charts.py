@@ -4,7 +4,6 @@ finding, and the KV budget's numbers against hand computations from the catalog.
 
 from __future__ import annotations
 
-import math
 import struct
 from pathlib import Path
 
@@ -41,7 +40,6 @@ from kvbench.plots import (
     sweep_charts,
 )
 from kvbench.plots.headline_chart import finding, headline_rate
-from kvbench.tasks.simulate import chart_processes
 from kvbench.tasks.simulate.run import run_study
 
 CHART_MODULES = (run_charts, headline_chart, kv_budget_chart, sweep_charts, capacity_chart,
@@ -86,8 +84,6 @@ def _run(out: Path, *overrides: str) -> dict[str, Drawn]:
     # SVG beside the PNG: its text is where these tests read the charts' labels.
     with pytest.MonkeyPatch.context() as monkeypatch, chart_formats(("png", "svg")):
         _capture_into(drawn, monkeypatch)
-        # Captured in this process: no chart processes, however long the run simulates.
-        monkeypatch.setattr(chart_processes, "CHART_PROCESSES_AFTER_S", math.inf)
         cfg, deployment, raw = compose_config(*overrides, "progress=false")
         run_study(cfg, deployment, raw, out)
     return drawn

@@ -26,9 +26,9 @@ def _written_tables(tmp_path, monkeypatch):
 
 
 def _counting(write, written):
-    def counting_write(table, path, metadata):
+    def counting_write(table, path, *rest):
         written.append(path.name)
-        return write(table, path, metadata)
+        return write(table, path, *rest)
 
     return counting_write
 
@@ -64,3 +64,18 @@ def test_write_frames_stacks_them_as_concat_would(tmp_path):
     pd.testing.assert_frame_equal(stacked, pd.read_parquet(tmp_path / "concat.parquet"))
     assert stacked["rate"].isna().sum() == 2 and stacked["gpus"].dtype == "float64"
     assert parquet_module.read_metadata(tmp_path / "stacked.parquet") == {"git_commit": "abc"}
+
+
+def test_write_frames_constants_are_the_columns_assign_would_add(tmp_path):
+    first = pd.DataFrame({"step": [0, 1], "time_s": [0.0, 0.5]})
+    second = pd.DataFrame({"step": [0, 1, 2], "time_s": [0.0, 0.25, 0.75]})
+    labels = [{"allocator": "paged", "request_rate": None, "num_gpus": 4},
+              {"allocator": "naive_max", "request_rate": 2.0, "num_gpus": 4}]  # fmt: skip
+    parquet_module.write_frames([first, second], tmp_path / "labelled.parquet", {}, labels)
+    assigned = [frame.assign(**columns) for frame, columns in zip([first, second], labels,
+                                                                  strict=True)]  # fmt: skip
+    parquet_module.write_table(pd.concat(assigned, ignore_index=True), tmp_path / "concat.parquet",
+                               {})  # fmt: skip
+    labelled = pd.read_parquet(tmp_path / "labelled.parquet")
+    pd.testing.assert_frame_equal(labelled, pd.read_parquet(tmp_path / "concat.parquet"))
+    assert list(labelled["allocator"]) == ["paged"] * 2 + ["naive_max"] * 3

@@ -8,6 +8,7 @@ file error. ``HYDRA_FULL_ERROR=1`` shows the traceback instead.
 from __future__ import annotations
 
 import errno
+import functools
 import os
 import sys
 import time
@@ -93,9 +94,12 @@ def _task(name: str) -> Callable[..., object]:
         from kvbench.tasks.paper_executed.run import run_paper_executed
 
         return run_paper_executed
+    from kvbench.tasks.simulate.chart_processes import num_chart_processes
     from kvbench.tasks.simulate.run import run_study
 
-    return run_study
+    # Chart workers from the command line only: a worker process imports the program's main
+    # module, which for ``python -m kvbench`` is skipped and for a user's script would run it.
+    return functools.partial(run_study, num_chart_workers=num_chart_processes())
 
 
 # hydra.sweep.subdir in conf/config.yaml; registered at import, so also in the launcher's workers.

@@ -29,7 +29,7 @@ from kvbench.core.kv_capacity import deployment_startup_figures, hybrid_startup_
 from kvbench.core.specs import Deployment
 from kvbench.tables.parquet import write_table
 from kvbench.tables.provenance import provenance
-from kvbench.tasks.simulate.chart_processes import chart_processes, num_chart_processes
+from kvbench.tasks.simulate.chart_processes import chart_processes
 from kvbench.tasks.simulate.experiment import run_experiment, scheduler_limits
 from kvbench.tasks.simulate.plot import plot_analyses
 from kvbench.tasks.simulate.run_outputs import (
@@ -140,9 +140,18 @@ def _updated(raw: DictConfig | None, updates: dict[str, object]) -> DictConfig |
 
 
 def run_study(
-    cfg: KvbenchConfig, deployment: Deployment, raw: DictConfig | None, output_dir: Path
+    cfg: KvbenchConfig,
+    deployment: Deployment,
+    raw: DictConfig | None,
+    output_dir: Path,
+    num_chart_workers: int = 0,
 ) -> pd.DataFrame:
     """Run the grid (or the single setting), then the analyses; returns every summary row.
+
+    ``num_chart_workers`` processes draw the charts once the study has simulated a second
+    (``chart_processes``; 0: this process draws them, after the tables). The command line asks
+    for them; a script calling this function need not guard its main module as ``multiprocessing``
+    would require.
 
     Every run folder gets its ``report.md`` (a grid's root links its points'); then, unless
     ``summary_table=false``, the summary table and the files written are printed (and, first,
@@ -164,7 +173,7 @@ def run_study(
                   f"{hybrid.log_line()}")  # fmt: skip
     command = hydra_command(output_dir)
     points: list[Path] = []
-    with chart_processes(num_chart_processes() if cfg.plots else 0) as charts:
+    with chart_processes(num_chart_workers if cfg.plots else 0) as charts:
         if is_grid(cfg):
             summaries = []
             for point in grid_points(cfg):
