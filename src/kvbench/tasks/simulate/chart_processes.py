@@ -1,12 +1,13 @@
 """Where a study's charts are drawn: in this process, or in worker processes beside the tables.
 
 Drawing a run's charts costs seconds of CPU (laying out text and rendering PNGs), all of it after
-the last simulation, when the main process also builds and writes its tables. A study that has
-already simulated ``CHART_PROCESSES_AFTER_S`` seconds starts ``num_chart_processes()`` worker
-processes; their start (a fresh interpreter importing matplotlib and the chart modules, about a
-CPU-second) then overlaps the runs still to come, and each chart is drawn in a worker while the
-main process writes its tables. A shorter study (a test, a quick look) draws in the main
-process: there the start would cost more than it hides. The files are the same either way.
+the last simulation, when the main process also builds and writes its tables. A study run from
+the command line (``num_chart_processes()`` workers) that has already simulated
+``CHART_PROCESSES_AFTER_S`` seconds starts its workers; their start (each imports matplotlib and
+the chart modules, about a CPU-second) then overlaps the runs still to come, and each chart is
+drawn in a worker while the main process writes its tables. A shorter study (a test, a quick
+look) draws in the main process, after its tables: there the start would cost more than it
+hides. The files are the same either way.
 
 The workers come from a fork server (``multiprocessing``'s ``forkserver``): a clean process
 forks each worker, so nothing of the main process's state (its threads, its memory) is copied
