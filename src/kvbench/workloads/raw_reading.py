@@ -127,9 +127,7 @@ def _read_local(path: Path, container: str) -> pd.DataFrame:
     folder; JSON through ``datasets``, whose reader takes nested records and lists."""
     if container == CSV:
         frame = pd.read_csv(path, low_memory=False, **_CSV_OPTIONS)  # whole columns typed at once
-        if frame.empty:  # a header alone: the diagnosis names it
-            raise ValueError("no data rows")
-        return frame
+        return _diagnose_csv(path) if frame.empty else frame  # a header alone: it names that
     if container == PARQUET:
         return pq.read_table(path).to_pandas()
     import datasets
