@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import inspect
 import math
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -36,7 +38,8 @@ def _study(out: Path, after_s: float) -> list[int]:
 
     def simulated(self: ChartDrawer, wall_s: float) -> None:
         original(self, wall_s)
-        started.append(0 if self._pool is None else self._num_processes)
+        pool = self._started_pool()  # its start, if begun, over
+        started.append(0 if pool is None else self._num_processes)
 
     with pytest.MonkeyPatch.context() as monkeypatch:
         monkeypatch.setattr(chart_processes, "CHART_PROCESSES_AFTER_S", after_s)
@@ -74,7 +77,7 @@ def test_charts_of_a_short_run_wait_for_the_tables_in_this_process(tmp_path):
     with processes(2) as charts:
         charts.simulated(0.1)  # below CHART_PROCESSES_AFTER_S: no workers
         charts.draw(f"{__name__}._failing_chart", tmp_path)  # kept, not drawn yet
-        assert charts._pool is None
+        assert charts._started_pool() is None
         with pytest.raises(OSError, match="No space left"):
             charts.wait()  # drawn here, now
 
@@ -84,3 +87,27 @@ def test_the_command_line_draws_in_workers_and_a_caller_of_run_study_does_not(mo
     task = _task("simulate")
     assert task.func is run_study and task.keywords == {"num_chart_workers": 3}
     assert inspect.signature(run_study).parameters["num_chart_workers"].default == 0
+
+
+def _has_module(name: str) -> bool:
+    return name in sys.modules
+
+
+def test_workers_start_with_the_chart_modules_imported_by_their_fork_server():
+    # A fresh interpreter: a fork server already running in this one would have no preload.
+    program = (
+        "import math\n"
+        "from kvbench.tasks.simulate.chart_processes import ChartDrawer\n"
+        "from test_chart_processes import _has_module\n"
+        "if __name__ == '__main__':\n"
+        "    charts = ChartDrawer(1)\n"
+        "    charts.simulated(math.inf)\n"
+        "    pool = charts._started_pool()\n"
+        "    print(pool.submit(_has_module, 'matplotlib.pyplot').result(),\n"
+        "          pool.submit(_has_module, 'kvbench.plots.kv_budget_chart').result())\n"
+        "    charts.close()\n"
+    )
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True,
+                          cwd=Path(__file__).parent, timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["True", "True"]

@@ -1,3 +1,3 @@
-from kvbench.cli import main
+from kvbench.cli import run
 
-main()
+run()

@@ -61,9 +61,12 @@ def save_figure(fig: Figure, out_dir: Path, name: str) -> None:
     """Write ``out_dir/name.png`` (and ``.svg``, ``.pdf``: ``kvbench.plots.saved_formats``),
     creating the folder, and close the figure.
 
-    Every file is cropped to the figure's tight box (``bbox_inches="tight"``), which is found
-    once: ``savefig(bbox_inches="tight")`` draws the figure twice per file, running its layout
-    engine each time, and laying out the text of every tick and label is most of a chart's cost.
+    The layout engine (constrained layout) runs once, by itself: not through a draw
+    (``draw_without_rendering`` would also draw every artist, for nothing), and not again for
+    each file. Every file is cropped to the figure's tight box (``bbox_inches="tight"``), which
+    is found once: ``savefig(bbox_inches="tight")`` draws the figure twice per file, running its
+    layout engine each time, and laying out the text of every tick and label is most of a
+    chart's cost.
     Each file is drawn beside its place (``.NAME.tmp-PID``, as ``kvbench.tables.atomic`` names
     it) and renamed into it: a killed run leaves no half-drawn chart, a failed write (a full disk)
     the previous one; the error names the chart's file.
@@ -71,8 +74,9 @@ def save_figure(fig: Figure, out_dir: Path, name: str) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     try:
         fig.set_dpi(DPI)
-        if fig.get_layout_engine() is not None:
-            fig.draw_without_rendering()  # runs the layout engine (constrained layout) at DPI
+        layout = fig.get_layout_engine()
+        if layout is not None:
+            layout.execute(fig)  # at DPI: the positions every file is drawn at
             with plt.rc_context({"figure.autolayout": False,
                                  "figure.constrained_layout.use": False}):  # fmt: skip
                 fig.set_layout_engine(None)  # keep that layout: the files' draws need not redo it

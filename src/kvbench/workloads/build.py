@@ -221,8 +221,21 @@ def with_arrivals(rows: pd.DataFrame, cfg: WorkloadConfig | Any) -> pd.DataFrame
     return workload
 
 
-def _optional_column(df: pd.DataFrame, name: str, default: object) -> list[Any]:
-    return df[name].tolist() if name in df.columns else [default] * len(df)
+def _int_column(df: pd.DataFrame, name: str, default: int) -> list[int]:
+    """The column as Python ints, converted once for the whole column (``default`` on every row
+    when the frame has no such column)."""
+    return df[name].astype("int64").tolist() if name in df.columns else [default] * len(df)
+
+
+def _int_or_none_column(df: pd.DataFrame, name: str) -> list[int | None]:
+    """The column as Python ints, None where it is missing (NaN, <NA>); None on every row when
+    the frame has no such column."""
+    if name not in df.columns:
+        return [None] * len(df)
+    missing = df[name].isna()
+    values = df[name].where(~missing, 0).astype("int64").tolist()
+    return [None if absent else value for value, absent in zip(values, missing.tolist(),
+                                                                  strict=True)]  # fmt: skip
 
 
 def to_requests(df: pd.DataFrame) -> list[Request]:
@@ -230,41 +243,44 @@ def to_requests(df: pd.DataFrame) -> list[Request]:
 
     ``prefix_group`` (<NA> → None) and ``prefix_tokens`` are mapped when present;
     ``prefix_block_hashes`` becomes a tuple, with ``hash_block_tokens`` from
-    ``df.attrs["hash_block_tokens"]``.
+    ``df.attrs["hash_block_tokens"]``. Each column is converted to Python values once, as a
+    whole: a trace's tens of thousands of rows become requests in a few tens of milliseconds.
 
     Raises:
         ValueError: a row has no arrival time (NaN): give the workload arrivals first.
     """
-    arrivals_s = df[ARRIVAL_S].tolist()
+    arrivals_s = df[ARRIVAL_S].astype("float64").tolist()
     missing = next((i for i, arrival in enumerate(arrivals_s) if math.isnan(arrival)), None)
     if missing is not None:
         raise ValueError(f"row {missing + 1} has arrival_s NaN; expected arrival times "
                          f"(build_workload assigns them)")
-    has_hashes = PREFIX_BLOCK_HASHES in df.columns
-    hash_block_tokens = int(df.attrs.get(HASH_BLOCK_TOKENS_ATTR, 0)) if has_hashes else 0
+    if PREFIX_BLOCK_HASHES in df.columns:
+        hashes = [tuple(int(block) for block in row) for row in df[PREFIX_BLOCK_HASHES]]
+        hash_block_tokens = int(df.attrs.get(HASH_BLOCK_TOKENS_ATTR, 0))
+    else:
+        hashes, hash_block_tokens = [()] * len(df), 0
     columns = zip(
-        df[REQUEST_ID].tolist(), arrivals_s, df[PROMPT_TOKENS].tolist(),
-        df[OUTPUT_TOKENS].tolist(), _optional_column(df, PREFIX_GROUP, None),
-        _optional_column(df, PREFIX_TOKENS, 0), _optional_column(df, PREFIX_BLOCK_HASHES, ()),
-        _optional_column(df, NUM_SAMPLES, 1), _optional_column(df, BEAM_WIDTH, 1),
-        _optional_column(df, REQUESTED_OUTPUT_TOKENS, None),
+        _int_column(df, REQUEST_ID, 0), arrivals_s, _int_column(df, PROMPT_TOKENS, 0),
+        _int_column(df, OUTPUT_TOKENS, 0), _int_or_none_column(df, PREFIX_GROUP),
+        _int_column(df, PREFIX_TOKENS, 0), hashes, _int_column(df, NUM_SAMPLES, 1),
+        _int_column(df, BEAM_WIDTH, 1), _int_or_none_column(df, REQUESTED_OUTPUT_TOKENS),
         strict=True,
     )
     return [
         Request(
-            request_id=int(request_id),
-            arrival_s=float(arrival_s),
-            prompt_tokens=int(prompt_tokens),
-            output_tokens=int(output_tokens),
-            prefix_group=None if pd.isna(group) else int(group),
-            prefix_tokens=int(prefix_tokens),
-            prefix_block_hashes=tuple(int(block) for block in hashes),
+            request_id=request_id,
+            arrival_s=arrival_s,
+            prompt_tokens=prompt_tokens,
+            output_tokens=output_tokens,
+            prefix_group=group,
+            prefix_tokens=prefix_tokens,
+            prefix_block_hashes=block_hashes,
             hash_block_tokens=hash_block_tokens,
-            num_samples=int(num_samples),
-            beam_width=int(beam_width),
-            requested_output_tokens=None if requested is None else int(requested),
+            num_samples=num_samples,
+            beam_width=beam_width,
+            requested_output_tokens=requested,
         )
-        for request_id, arrival_s, prompt_tokens, output_tokens, group, prefix_tokens, hashes,
-        num_samples, beam_width, requested
+        for request_id, arrival_s, prompt_tokens, output_tokens, group, prefix_tokens,
+        block_hashes, num_samples, beam_width, requested
         in columns
     ]

@@ -11,7 +11,10 @@ hides. The files are the same either way.
 
 The workers come from a fork server (``multiprocessing``'s ``forkserver``): a clean process
 forks each worker, so nothing of the main process's state (its threads, its memory) is copied
-into them; each worker imports the chart modules as it starts.
+into them. The server imports the chart modules (matplotlib among them) once, before it forks,
+so every worker starts with them imported: one import, not one per worker, beside the runs.
+The pool is started from a thread of its own, which waits for the server while this process
+goes on simulating.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import gc
 import importlib
 import multiprocessing
 import os
+import threading
 from collections.abc import Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
 from contextvars import ContextVar
@@ -69,11 +73,6 @@ def _draw(formats: tuple[str, ...], chart: str, args: tuple[Any, ...]) -> None:
         draw(*args)
 
 
-def _import_charts() -> None:
-    for module in _CHART_MODULES:
-        importlib.import_module(module)
-
-
 def _started() -> None:
     """A no-op task: submitting one per worker starts the workers before any chart is due."""
 
@@ -88,30 +87,50 @@ class ChartDrawer:
         self._num_processes = num_processes
         self._defer = defer
         self._simulated_s = 0.0
+        self._starter: threading.Thread | None = None
+        self._start_error: BaseException | None = None
         self._pool: ProcessPoolExecutor | None = None
         self._pending: list[Future[None]] = []
         self._deferred: list[tuple[tuple[str, ...], str, tuple[Any, ...]]] = []
 
     def simulated(self, wall_s: float) -> None:
-        """Count ``wall_s`` more seconds of simulation; start the workers once there are enough."""
+        """Count ``wall_s`` more seconds of simulation; start the workers once there are enough
+        (from a thread: the caller goes on while they start)."""
         self._simulated_s += wall_s
-        if self._pool is None and self._num_processes and (
+        if self._starter is None and self._num_processes and (
             self._simulated_s >= CHART_PROCESSES_AFTER_S
         ):
+            self._starter = threading.Thread(target=self._start_pool, daemon=True,
+                                             name="kvbench-chart-processes")  # fmt: skip
+            self._starter.start()
+
+    def _start_pool(self) -> None:
+        """Start the fork server (it imports the chart modules first) and every worker; an
+        error is kept for ``_started_pool`` to raise in the caller's thread."""
+        try:
             context = multiprocessing.get_context("forkserver")
-            # Nothing preloaded in the server: it would import before it answers, blocking this
-            # process; each worker imports the chart modules itself, beside the runs.
-            context.set_forkserver_preload([])
-            self._pool = ProcessPoolExecutor(self._num_processes, mp_context=context,
-                                             initializer=_import_charts)  # fmt: skip
-            self._pending += [self._pool.submit(_started) for _ in range(self._num_processes)]
+            context.set_forkserver_preload(_CHART_MODULES)
+            pool = ProcessPoolExecutor(self._num_processes, mp_context=context)
+            self._pending += [pool.submit(_started) for _ in range(self._num_processes)]
+            self._pool = pool
+        except BaseException as error:  # raised again where the charts are drawn
+            self._start_error = error
+
+    def _started_pool(self) -> ProcessPoolExecutor | None:
+        """The workers' pool once its start (if begun) is over; None if none was begun."""
+        if self._starter is not None:
+            self._starter.join()
+            if self._start_error is not None:
+                raise self._start_error
+        return self._pool
 
     def draw(self, chart: str, *args: Any) -> None:
         """The chart function ``chart`` (its dotted path, ``module.function``) called with
         ``args`` in the formats of ``kvbench.plots.chart_formats``: here, or in a worker (where
         ``args`` arrive pickled; the function's module is imported only where it draws)."""
-        if self._pool is not None:
-            self._pending.append(self._pool.submit(_draw, saved_formats(), chart, args))
+        pool = self._started_pool()
+        if pool is not None:
+            self._pending.append(pool.submit(_draw, saved_formats(), chart, args))
         elif self._defer:  # drawn by ``wait``: after the tables, which a failed chart never costs
             self._deferred.append((saved_formats(), chart, args))
         else:
@@ -119,6 +138,7 @@ class ChartDrawer:
 
     def wait(self) -> None:
         """Every chart handed over (or deferred), written; the first error raised here."""
+        self._started_pool()
         pending, self._pending = self._pending, []
         for future in pending:
             future.result()
@@ -128,6 +148,8 @@ class ChartDrawer:
 
     def close(self) -> None:
         """Stop the workers (after ``wait``; charts not yet drawn are dropped)."""
+        if self._starter is not None:
+            self._starter.join()
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None

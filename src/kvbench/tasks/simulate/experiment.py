@@ -176,12 +176,20 @@ def _runs(cfg: KvbenchConfig) -> list[tuple[str, WorkloadConfig]]:
 
 
 def run_experiment(
-    cfg: KvbenchConfig, deployment: Deployment, raw_cfg: DictConfig | None, output_dir: Path
+    cfg: KvbenchConfig,
+    deployment: Deployment,
+    raw_cfg: DictConfig | None,
+    output_dir: Path,
+    before_tables: Callable[[pd.DataFrame], None] | None = None,
 ) -> pd.DataFrame:
     """Simulate every (allocator, rate) of ``cfg``; write summary/steps/requests parquet and plots.
 
-    Returns the summary table. The summary is written after every run and the (larger) steps and
-    requests tables at the end, and rewritten on the way at most every ``TABLES_EVERY_S`` seconds
+    Returns the summary table; ``before_tables``, when given, is called with it once every run
+    is simulated and its charts handed out, before the steps and requests tables are written
+    (a study hands out its own charts there, to be drawn beside that write).
+
+    The summary is written after every run and the (larger) steps and requests tables at the
+    end, and rewritten on the way at most every ``TABLES_EVERY_S`` seconds
     (and ``TABLES_COST_MULTIPLE`` times their last write), so an interrupted experiment keeps
     what it finished without rewriting millions of step rows after each run; an experiment
     shorter than ``TABLES_EVERY_S`` writes each once. The memory chart gets each run's rows
@@ -289,6 +297,8 @@ def run_experiment(
     if cfg.plots:  # first: chart processes draw while this one writes the tables
         plot_run(summary_table, pd.concat(plot_steps, ignore_index=True), output_dir / "plots",
                  deployment, limits.max_num_seqs)  # fmt: skip
+    if before_tables is not None:
+        before_tables(summary_table)
     if not streamed:
         _write_large_tables(output_dir, all_steps, step_labels, all_requests, metadata)
     if cfg.summary_table:  # the end-of-run summary's switch silences this line too

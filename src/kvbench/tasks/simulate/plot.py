@@ -1,6 +1,6 @@
 """The charts a simulate run draws: each setting's (the headline, Fig. 2 breakdown, memory over
-time, Fig. 13 batch sizes, the KV budget) and the study's analyses (Fig. 12 knees, Fig. 18b/19
-block sizes, capacity).
+time, Fig. 13 batch sizes, the KV budget), the study's sweeps (Fig. 12 knees, Fig. 18b/19 block
+sizes, v0 vs v1) and its capacity analysis.
 
 Charts are named by their function's dotted path (``chart_processes.ChartDrawer.draw``), and their
 modules (and matplotlib, a third of a second to import) are imported where a chart is drawn: a
@@ -55,21 +55,21 @@ def plot_run(
     """
     with_paper = bool((summary["model"] == "opt-13b").all())
     charts = drawer()
-    charts.draw("kvbench.plots.headline_chart.plot_headline", summary, out_dir, with_paper)
-    charts.draw("kvbench.plots.run_charts.plot_breakdown", summary, out_dir, with_paper)
-    charts.draw("kvbench.plots.run_charts.plot_memory_over_time", steps, out_dir)
-    charts.draw("kvbench.plots.run_charts.plot_batch_sizes", summary, out_dir, with_paper)
+    # Longest first (KV budget and memory over time take twice the others' CPU): the workers
+    # finish together instead of one drawing the longest chart after the rest are done.
     if deployment is not None and max_num_seqs is not None:
         charts.draw(f"{__name__}.plot_kv_budget_of_run", summary, deployment, max_num_seqs,
                     out_dir)  # fmt: skip
+    charts.draw("kvbench.plots.run_charts.plot_memory_over_time", steps, out_dir)
+    charts.draw("kvbench.plots.run_charts.plot_breakdown", summary, out_dir, with_paper)
+    charts.draw("kvbench.plots.headline_chart.plot_headline", summary, out_dir, with_paper)
+    charts.draw("kvbench.plots.run_charts.plot_batch_sizes", summary, out_dir, with_paper)
 
 
-def plot_analyses(
-    summary: pd.DataFrame, knees: pd.DataFrame, fleet: pd.DataFrame | None, out_dir: Path
-) -> None:
-    """The study's charts, where the run has them: latency vs rate with knees (a rate sweep),
-    latency vs block size or recompute vs swap (several block sizes), the fleet (capacity), v0
-    vs v1 (several schedulers)."""
+def plot_sweeps(summary: pd.DataFrame, knees: pd.DataFrame, out_dir: Path) -> None:
+    """The study's charts across its runs, where the run has them: latency vs rate with knees (a
+    rate sweep), latency vs block size or recompute vs swap (several block sizes), v0 vs v1
+    (several schedulers)."""
     charts = drawer()
     if not knees.empty:
         charts.draw("kvbench.plots.sweep_charts.plot_latency_vs_rate", summary, knees, out_dir)
@@ -78,7 +78,10 @@ def plot_analyses(
         name = "recompute_vs_swap" if compares_preemption else "latency_vs_block_size"
         charts.draw("kvbench.plots.sweep_charts.plot_latency_vs_block_size", summary, out_dir,
                     name)  # fmt: skip
-    if fleet is not None:
-        charts.draw("kvbench.plots.capacity_chart.plot_capacity", fleet, out_dir)
     if "scheduler" in summary.columns and summary["scheduler"].nunique() > 1:
         charts.draw("kvbench.plots.scheduler_chart.plot_scheduler_comparison", summary, out_dir)
+
+
+def plot_fleet(fleet: pd.DataFrame, out_dir: Path) -> None:
+    """The capacity analysis's chart: the fleet each allocator needs."""
+    drawer().draw("kvbench.plots.capacity_chart.plot_capacity", fleet, out_dir)

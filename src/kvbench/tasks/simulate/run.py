@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import pandas as pd
@@ -31,7 +32,7 @@ from kvbench.tables.parquet import write_table
 from kvbench.tables.provenance import provenance
 from kvbench.tasks.simulate.chart_processes import chart_processes
 from kvbench.tasks.simulate.experiment import run_experiment, scheduler_limits
-from kvbench.tasks.simulate.plot import plot_analyses
+from kvbench.tasks.simulate.plot import plot_fleet, plot_sweeps
 from kvbench.tasks.simulate.run_outputs import (
     hydra_command,
     print_run_summary,
@@ -186,8 +187,13 @@ def run_study(
                                  command, parent=parent)  # fmt: skip
                 points.append(folder)
             summary = pd.concat(summaries, ignore_index=True)
+            plot_study_sweeps(cfg, summary, output_dir)
         else:
-            summary = run_experiment(cfg, deployment, raw, output_dir)
+            # The sweep charts are handed out before the steps and requests tables are written,
+            # so that they are drawn beside that write, not after it.
+            summary = run_experiment(cfg, deployment, raw, output_dir,
+                                     before_tables=partial(plot_study_sweeps, cfg,
+                                                           output_dir=output_dir))  # fmt: skip
         write_analyses(cfg, deployment, raw, summary, output_dir)
         charts.wait()
     write_run_report(output_dir, cfg, deployment, raw, summary, command,
@@ -212,11 +218,10 @@ def write_analyses(
     summary: pd.DataFrame,
     output_dir: Path,
 ) -> None:
-    """Knees, block-size and preemption charts, and the capacity table, where the run has them."""
+    """The knees table, and the capacity table and chart, where the run has them (its sweep
+    charts: ``plot_study_sweeps``)."""
     metadata = provenance(raw)
-    knees = knee_ratios(
-        knees_frame(summary, cfg.knee.latency_multiple, cfg.knee.max_latency_s_per_token)
-    )
+    knees = study_knees(cfg, summary)
     if not knees.empty:
         write_table(knees, output_dir / "knees.parquet", metadata)
     fleet = None
@@ -226,8 +231,21 @@ def write_analyses(
             raise ValueError("capacity.target_request_rate needs a rate sweep (request_rates)")
         fleet = _measured_fleet(cfg, deployment, raw, knees, target, output_dir)
         write_table(fleet, output_dir / "capacity.parquet", metadata)
+    if cfg.plots and fleet is not None:
+        plot_fleet(fleet, output_dir / "plots")
+
+
+def study_knees(cfg: KvbenchConfig, summary: pd.DataFrame) -> pd.DataFrame:
+    """Each allocator's knee on the study's rate sweep (empty without one)."""
+    return knee_ratios(
+        knees_frame(summary, cfg.knee.latency_multiple, cfg.knee.max_latency_s_per_token)
+    )
+
+
+def plot_study_sweeps(cfg: KvbenchConfig, summary: pd.DataFrame, output_dir: Path) -> None:
+    """The study's charts across its runs (``plot_sweeps``), unless ``plots=false``."""
     if cfg.plots:
-        plot_analyses(summary, knees, fleet, output_dir / "plots")
+        plot_sweeps(summary, study_knees(cfg, summary), output_dir / "plots")
 
 
 def _measured_fleet(
