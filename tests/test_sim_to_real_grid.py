@@ -6,6 +6,7 @@ needed: runs are simulated, or the executor stands in."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -24,12 +25,15 @@ from kvbench.tasks.sim_to_real.real_grid import GRID_POOL_SLOTS, RealGridPoint, 
 from kvbench.tasks.sim_to_real.run import (
     FIT_SOURCE,
     INTERLEAVED_GRID_SOURCE,
+    LOCAL_GRID_SOURCE,
     RealRunRecord,
     ReplayJob,
     compare_all,
+    drift_scales,
     fit_on_runs,
     measure_interleaved,
     real_steps_frame,
+    scale_coefficients,
 )
 from kvbench.tasks.sim_to_real.table import drift_lines
 from kvbench.tasks.sim_to_real.vllm_grid import GRID_REPEATS
@@ -130,21 +134,39 @@ def _measured(workload: str, requests: list[Request], costs: dict[str, float]) -
     return RealRunRecord(workload, 4.0, "paged", requests, result, [], 16)
 
 
-def test_the_grid_profile_holds_every_run_out_and_the_fit_slice_only_its_own():
+def test_the_grid_profiles_hold_every_run_out_and_the_fit_slice_only_its_own():
     requests = [Request(i, 0.1 * i, 8 + 4 * i, 6 + i) for i in range(6)]
-    slower = COSTS | {"fixed_s": 0.06}
+    slower = scale_coefficients(COSTS, 1.2)  # the machine 20 % slower during run b
     runs = [_measured("a", requests, COSTS), _measured("b", requests, slower)]
-    profiles = {INTERLEAVED_GRID_SOURCE: COSTS, FIT_SOURCE: COSTS}
+    runs = [dataclasses.replace(run, job=job) for job, run in enumerate(runs)]
+    profiles = {INTERLEAVED_GRID_SOURCE: COSTS, FIT_SOURCE: COSTS, LOCAL_GRID_SOURCE: COSTS}
     deployment = get_deployment("smollm2-135m", "cpu", kv_cache_gib=0.008)
-    table, pairs = compare_all(runs, profiles, "a", LIMITS, 186, 64, deployment)
-    grid_rows = table[table["source"] == INTERLEAVED_GRID_SOURCE]
-    assert len(grid_rows) == 2 and grid_rows["held_out"].all()
+    table, pairs = compare_all(runs, profiles, "a", LIMITS, 186, 64, deployment,
+                               {LOCAL_GRID_SOURCE: [1.0, 1.2]})  # fmt: skip
+    for source in (INTERLEAVED_GRID_SOURCE, LOCAL_GRID_SOURCE):
+        rows = table[table["source"] == source]
+        assert len(rows) == 2 and rows["held_out"].all()
     fit_rows = table[table["source"] == FIT_SOURCE].set_index("workload")
     assert not fit_rows.loc["a", "held_out"] and fit_rows.loc["b", "held_out"]
-    # The truth's own costs predict run a exactly, not run b (its steps cost 10 ms more).
-    assert grid_rows.set_index("workload").loc["a", "e2e_mape_pct"] == pytest.approx(0.0)
-    assert grid_rows.set_index("workload").loc["b", "e2e_mape_pct"] > 5.0
-    assert set(pairs["source"]) == {INTERLEAVED_GRID_SOURCE, FIT_SOURCE}
+    # The truth's own costs predict run a exactly, not run b (its steps cost 20 % more) ...
+    grid_rows = table[table["source"] == INTERLEAVED_GRID_SOURCE].set_index("workload")
+    assert grid_rows.loc["a", "e2e_mape_pct"] == pytest.approx(0.0)
+    assert grid_rows.loc["b", "e2e_mape_pct"] > 10.0
+    # ... unless scaled by run b's drift.
+    local_rows = table[table["source"] == LOCAL_GRID_SOURCE].set_index("workload")
+    assert local_rows["e2e_mape_pct"].tolist() == pytest.approx([0.0, 0.0], abs=1e-9)
+    assert set(pairs["source"]) == set(profiles)
+
+
+def test_drift_scales_read_the_grid_parts_around_each_slice():
+    shape = IterationShape(0, 0, 2, 40)
+    costs = dict.fromkeys((*PROFILE_TERMS, *SWAP_TERMS), 0.0) | {"fixed_s": 0.1}
+    grid_runs = [_record([shape] * 3, [d] * 3, 0.0, part=part, workload="grid")
+                 for part, d in ((0, 0.1), (1, 0.12), (1, 0.12), (2, 0.13))]  # fmt: skip
+    # Job 0 between parts 0 and 1 (3 steps at 1.0, 6 at 1.2), job 1 between parts 1 and 2.
+    assert drift_scales(grid_runs, costs, 2) == pytest.approx([1.2, 1.2])
+    grid_runs[1] = _record([shape] * 3, [0.1] * 3, 0.0, part=1, workload="grid")
+    assert drift_scales(grid_runs, costs, 2) == pytest.approx([1.0, 1.2])
 
 
 def _record(shapes, durations, start_unix_s, block_size=16, part=-1, point=-1, workload="a"):

@@ -5,10 +5,12 @@ between the slices' runs the closed batches of a grid of controlled shapes (``re
 served the same way: the grid is dealt into parts measured before, between and after the runs, so
 the grid and the runs sample the same minutes of the machine. Two profiles are fitted by the same
 NNLS: one on the grid's steps (every slice is then held out), one on the real iterations of the
-first workload (the fit slice); with ``executor.profile=FILE`` a ``task=profile`` file is
-evaluated too. The requests of every run are simulated with each (``executor=profiled``'s model,
-per allocator at its kernel block size). Writes ``sim_to_real.parquet`` (errors per run and
-profile), ``sim_to_real_requests.parquet`` (measured and predicted latencies per request),
+first workload (the fit slice). A third prices each slice x rate with the grid's profile scaled
+by the machine's speed the grid parts just before and after it measured (``drift_scales``); with
+``executor.profile=FILE`` a ``task=profile`` file is evaluated too.
+The requests of every run are simulated with each (``executor=profiled``'s model, per allocator
+at its kernel block size). Writes ``sim_to_real.parquet`` (errors per run and profile),
+``sim_to_real_requests.parquet`` (measured and predicted latencies per request),
 ``real_steps.parquet`` (every step of the runs and the grid, on one wall-clock time line), both
 fitted profiles, ``plots/sim_to_real*.png|svg`` and ``report.md`` (with the machine's drift).
 """
@@ -17,10 +19,12 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from kvbench.allocators import make_allocator
@@ -53,6 +57,9 @@ from kvbench.workloads import to_requests, with_arrivals, workload_rows
 
 FIT_SOURCE = "fit_slice"  # fitted on the first workload's real runs
 INTERLEAVED_GRID_SOURCE = "interleaved_grid"  # fitted on the grid measured between the runs
+# The grid's profile scaled, per slice x rate, by the machine's speed the grid parts measured just
+# before and after its runs (``drift_scales``): the same minutes, no step of the runs used.
+LOCAL_GRID_SOURCE = "interleaved_grid_local"
 GRID_SOURCE = "grid_profile"  # a task=profile file (executor.profile)
 GRID_WORKLOAD = "grid"  # the workload label of the grid's steps
 
@@ -66,6 +73,8 @@ class RealRunRecord:
         grid_point: the point's index in the grid, -1 for a replay.
         grid_part: the part of the grid it was measured in (part k before the k-th slice x rate,
             the last after them all), -1 for a replay.
+        job: a replay's slice x rate, its index in measurement order (grid parts ``job`` and
+            ``job + 1`` bracket it), -1 for a grid point.
     """
 
     workload: str
@@ -78,6 +87,7 @@ class RealRunRecord:
     started_unix_s: float = 0.0
     grid_point: int = -1
     grid_part: int = -1
+    job: int = -1
 
 
 @dataclass(frozen=True)
@@ -112,10 +122,13 @@ def run_sim_to_real(
             "model": cfg.model.name, "dtype": cfg.model.dtype,
             "fit_workload": GRID_WORKLOAD if source == INTERLEAVED_GRID_SOURCE else fit_label,
             "coefficients": profiles[source]})  # fmt: skip
+    scales = drift_scales(grid_runs, profiles[INTERLEAVED_GRID_SOURCE], len(runs_jobs(runs)))
+    profiles[LOCAL_GRID_SOURCE] = profiles[INTERLEAVED_GRID_SOURCE]
     if cfg.executor.profile:
         profiles[GRID_SOURCE] = read_profile(cfg.executor.profile)["coefficients"]
     table, pairs_table = compare_all(runs, profiles, fit_label, limits, num_slots,
-                                     max_model_len, deployment)  # fmt: skip
+                                     max_model_len, deployment,
+                                     {LOCAL_GRID_SOURCE: scales})  # fmt: skip
     steps = real_steps_frame(runs + grid_runs, profiles[FIT_SOURCE],
                              profiles[INTERLEAVED_GRID_SOURCE])  # fmt: skip
     metadata = provenance(raw_cfg)
@@ -126,7 +139,7 @@ def run_sim_to_real(
         _plot(pairs_table, output_dir, cfg.model.name, fit_label)
     lines = error_summary(table)
     drift = drift_lines(steps)
-    grid = grid_fit_lines(steps, len(points), len(grid_runs))
+    grid = grid_fit_lines(steps, len(points), len(grid_runs)) + scale_lines(runs, scales)
     print(f"sim-to-real: {len(runs)} real runs and {len(grid_runs)} grid points in "
           f"{time.perf_counter() - started_s:.0f} s")  # fmt: skip
     print("\n".join(lines + grid + drift))
@@ -184,7 +197,8 @@ def measure_interleaved(model: Any, jobs: list[ReplayJob], points: list[RealGrid
             allocator = make_allocator(name, num_slots, cfg.allocator.block_size, max_model_len)
             executor = RealExecutor(model, allocator)
             executor.warm_up()
-            runs.append(serve(job.workload, job.rate, name, job.requests, executor, limits))
+            runs.append(dataclasses.replace(serve(job.workload, job.rate, name, job.requests,
+                                                  executor, limits), job=part))  # fmt: skip
             print(f"real: {job.workload} @ {job.rate:g} req/s, {name}: "
                   f"{len(runs[-1].shapes)} iterations")  # fmt: skip
     return runs, grid_runs
@@ -199,6 +213,33 @@ def serve(workload: str, rate: float, allocator_name: str, requests: list[Reques
     served = run_real(requests, Scheduler(limits), executor.allocator, executor)
     return RealRunRecord(workload, rate, allocator_name, requests, served.result, served.shapes,
                          executor.allocator.block_size, started_unix_s)  # fmt: skip
+
+
+def runs_jobs(runs: list[RealRunRecord]) -> list[tuple[str, float]]:
+    """Each replayed slice x rate, in measurement order (index: the runs' ``job``)."""
+    jobs: dict[int, tuple[str, float]] = {run.job: (run.workload, run.rate) for run in runs}
+    return [jobs[index] for index in sorted(jobs)]
+
+
+def drift_scales(grid_runs: list[RealRunRecord], coefficients: dict[str, float],
+                 num_jobs: int) -> list[float]:  # fmt: skip
+    """Per slice x rate (``job``), the median of measured / fitted step time over the grid's
+    steps in the parts just before and after it (``job`` and ``job + 1``): how much slower than
+    the grid's profile the machine ran in those minutes, from the grid alone."""
+    ratios: dict[int, list[float]] = {}
+    for run in grid_runs:
+        model = ProfiledCostModel(coefficients, run.block_size)
+        durations = run.result.steps.columns["duration_s"]
+        ratios.setdefault(run.grid_part, []).extend(
+            duration / model.iteration_time_s(shape)
+            for shape, duration in zip(run.shapes, durations, strict=True))  # fmt: skip
+    return [float(np.median(ratios.get(job, []) + ratios.get(job + 1, [])))
+            for job in range(num_jobs)]  # fmt: skip
+
+
+def scale_coefficients(coefficients: dict[str, float], scale: float) -> dict[str, float]:
+    """Every term of ``coefficients`` times ``scale``."""
+    return {term: value * scale for term, value in coefficients.items()}
 
 
 def fit_on_runs(runs: list[RealRunRecord]) -> dict[str, float]:
@@ -216,14 +257,19 @@ def fit_on_runs(runs: list[RealRunRecord]) -> dict[str, float]:
 
 def compare_all(runs: list[RealRunRecord], profiles: dict[str, dict[str, float]],
                 fit_label: str, limits: Any, num_slots: int, max_model_len: int,
-                deployment: Deployment) -> tuple[pd.DataFrame, pd.DataFrame]:  # fmt: skip
+                deployment: Deployment, run_scales: Mapping[str, Sequence[float]] | None = None
+                ) -> tuple[pd.DataFrame, pd.DataFrame]:  # fmt: skip
     """Every run predicted under every profile: the error table (one row per profile and run)
-    and the per-request pairs. A run is held out unless the profile is the fit slice's and the
+    and the per-request pairs. A source in ``run_scales`` has its profile scaled per run by the
+    scale of the run's ``job``. A run is held out unless the profile is the fit slice's and the
     run is of that slice (the grid's and a file's profiles saw no slice)."""
     rows_out, pairs_out = [], []
     for source, coefficients in profiles.items():
+        scales = (run_scales or {}).get(source)
         for run in runs:
-            row, pairs = _compare(run, coefficients, limits, num_slots, max_model_len,
+            run_coefficients = (coefficients if scales is None
+                                else scale_coefficients(coefficients, scales[run.job]))
+            row, pairs = _compare(run, run_coefficients, limits, num_slots, max_model_len,
                                   deployment)  # fmt: skip
             labels = {"source": source, "workload": run.workload, "request_rate": run.rate,
                       "allocator": run.allocator,
@@ -275,6 +321,14 @@ def grid_fit_lines(steps: pd.DataFrame, num_points: int, num_grid_runs: int) -> 
         f"- grid profile on its own steps: median |error| {float(pd.Series(errors).median()):.1f} "
         f"%; on the runs' steps (held out): {float(pd.Series(replay_errors).median()):.1f} %",
     ]
+
+
+def scale_lines(runs: list[RealRunRecord], scales: list[float]) -> list[str]:
+    """The drift scale each slice x rate was predicted with under ``interleaved_grid_local``."""
+    return [f"- {LOCAL_GRID_SOURCE}: {workload} @ {rate:g} req/s priced x {scale:.3f} (grid "
+            f"parts {job} and {job + 1})"
+            for job, ((workload, rate), scale) in enumerate(zip(runs_jobs(runs), scales,
+                                                               strict=True))]  # fmt: skip
 
 
 def _plot(pairs_table: pd.DataFrame, output_dir: Path, model_name: str, fit_label: str) -> None:
