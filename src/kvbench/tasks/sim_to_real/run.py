@@ -1,22 +1,30 @@
-"""``python -m kvbench experiment=sim_to_real``: real runs, a profile, predicted runs, errors.
+"""``python -m kvbench experiment=sim_to_real``: real runs, an interleaved grid, profiles, errors.
 
-Every workload slice x rate x allocator is served on the real model (``executors.real``). A
-profile is fitted on the real iterations of the first workload (the fit slice) and the requests
-of every run are simulated with it (``executor=profiled``'s model, per allocator at its kernel
-block size); with ``executor.profile=FILE`` the grid profile of ``task=profile`` is evaluated
-too. Writes ``sim_to_real.parquet`` (errors per run and profile), ``sim_to_real_requests.parquet``
-(measured and predicted latencies per request), the profile file fitted on the slice,
-``plots/sim_to_real.png|svg`` and ``report.md``.
+Every workload slice x rate x allocator is served on the real model (``executors.real``), and
+between the slices' runs the closed batches of a grid of controlled shapes (``real_grid``) are
+served the same way: the grid is dealt into parts measured before, between and after the runs, so
+the grid and the runs sample the same minutes of the machine. Two profiles are fitted by the same
+NNLS: one on the grid's steps (every slice is then held out), one on the real iterations of the
+first workload (the fit slice). A third prices each slice x rate with the grid's profile scaled
+by the machine's speed the grid parts just before and after it measured (``drift_scales``); with
+``executor.profile=FILE`` a ``task=profile`` file is evaluated too.
+The requests of every run are simulated with each (``executor=profiled``'s model, per allocator
+at its kernel block size). Writes ``sim_to_real.parquet`` (errors per run and profile),
+``sim_to_real_requests.parquet`` (measured and predicted latencies per request),
+``real_steps.parquet`` (every step of the runs and the grid, on one wall-clock time line), both
+fitted profiles, ``plots/sim_to_real*.png|svg`` and ``report.md`` (with the machine's drift).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from kvbench.allocators import make_allocator
@@ -27,25 +35,47 @@ from kvbench.core.specs import Deployment
 from kvbench.engine import Scheduler, simulate
 from kvbench.engine.profiled import PROFILE_TERMS, SWAP_TERMS, ProfiledCostModel, iteration_features
 from kvbench.engine.records import SimulationResult
+from kvbench.engine.scheduler import SchedulerLimits
 from kvbench.tables.parquet import write_table
 from kvbench.tables.provenance import provenance
-from kvbench.tasks.profile.fit import fit_non_negative
+from kvbench.tasks.profile.fit import abs_pct_errors, fit_non_negative
 from kvbench.tasks.profile.plot import plot_predicted_vs_measured
 from kvbench.tasks.profile.profile_file import read_profile, write_profile
-from kvbench.tasks.sim_to_real.table import error_row, peak_kv_in_use_slots, request_pairs
+from kvbench.tasks.sim_to_real.real_grid import GRID_POOL_SLOTS, RealGridPoint, real_grid
+from kvbench.tasks.sim_to_real.table import (
+    drift_lines,
+    error_row,
+    peak_kv_in_use_slots,
+    request_pairs,
+)
+from kvbench.tasks.sim_to_real.vllm_grid import interleave
 from kvbench.tasks.simulate.experiment import scheduler_limits
 from kvbench.tasks.simulate.real_runner import load_real_model, pin_threads
 from kvbench.tasks.simulate.run_outputs import print_files, write_task_report
 from kvbench.tasks.simulate.table import requests_frame, summarize
 from kvbench.workloads import to_requests, with_arrivals, workload_rows
 
-FIT_SOURCE = "fit_slice"
-GRID_SOURCE = "grid_profile"
+FIT_SOURCE = "fit_slice"  # fitted on the first workload's real runs
+INTERLEAVED_GRID_SOURCE = "interleaved_grid"  # fitted on the grid measured between the runs
+# The grid's profile scaled, per slice x rate, by the machine's speed the grid parts measured just
+# before and after its runs (``drift_scales``): the same minutes, no step of the runs used.
+LOCAL_GRID_SOURCE = "interleaved_grid_local"
+GRID_SOURCE = "grid_profile"  # a task=profile file (executor.profile)
+GRID_WORKLOAD = "grid"  # the workload label of the grid's steps
 
 
 @dataclass
 class RealRunRecord:
-    """One real run: its labels, requests and what it measured."""
+    """One real run (a slice's replay or a grid point): its labels, requests and what it measured.
+
+    Attributes:
+        started_unix_s: when the run began (Unix seconds), so every step has a wall-clock time.
+        grid_point: the point's index in the grid, -1 for a replay.
+        grid_part: the part of the grid it was measured in (part k before the k-th slice x rate,
+            the last after them all), -1 for a replay.
+        job: a replay's slice x rate, its index in measurement order (grid parts ``job`` and
+            ``job + 1`` bracket it), -1 for a grid point.
+    """
 
     workload: str
     rate: float
@@ -54,89 +84,265 @@ class RealRunRecord:
     result: SimulationResult
     shapes: list[Any]
     block_size: int
+    started_unix_s: float = 0.0
+    grid_point: int = -1
+    grid_part: int = -1
+    job: int = -1
+
+
+@dataclass(frozen=True)
+class ReplayJob:
+    """One slice at one rate: its label, rate and requests (served under every allocator)."""
+
+    workload: str
+    rate: float
+    requests: list[Request]
 
 
 def run_sim_to_real(
     cfg: KvbenchConfig, deployment: Deployment, raw_cfg: Any, output_dir: Path
 ) -> pd.DataFrame:
-    """Serve every slice for real, fit on the first, predict all; returns the error table."""
-    from kvbench.executors.real import RealExecutor, run_real
-
+    """Serve every slice for real with the grid's parts between them, fit a profile on the grid
+    and one on the first slice, predict every run with each; returns the error table."""
     started_s = time.perf_counter()
     pin_threads(cfg.executor.num_threads)
     model = load_real_model(cfg.model.name, cfg.model.dtype)
     limits = scheduler_limits(cfg, deployment)
     max_model_len = deployment.model.max_model_len
     num_slots = pool_slots(deployment, cfg.allocator.block_size, cfg.allocator.num_gpu_blocks)
-    runs: list[RealRunRecord] = []
-    for label, workload_cfg in run_workloads(cfg).items():
-        rows = workload_rows(workload_cfg, max_model_len)
-        rates = cfg.workload_request_rates.get(label) or cfg.request_rates
-        for rate in rates or [workload_cfg.request_rate]:
-            rate_cfg = dataclasses.replace(workload_cfg, request_rate=rate)
-            requests = to_requests(with_arrivals(rows, rate_cfg))
-            for name in cfg.allocators:
-                allocator = make_allocator(name, num_slots, cfg.allocator.block_size,
-                                           max_model_len)  # fmt: skip
-                executor = RealExecutor(model, allocator)
-                executor.warm_up()
-                served = run_real(requests, Scheduler(limits), allocator, executor)
-                runs.append(RealRunRecord(label, float(rate), name, requests, served.result,
-                                          served.shapes, allocator.block_size))  # fmt: skip
-                print(f"real: {label} @ {rate:g} req/s, {name}: {len(served.shapes)} "
-                      "iterations")  # fmt: skip
-    fit_label = next(iter(run_workloads(cfg)))
-    profiles = {FIT_SOURCE: _fit_on(runs, fit_label)}
-    write_profile(output_dir / f"profile_fitted_on_{fit_label}.json",
-                  {"model": cfg.model.name, "dtype": cfg.model.dtype, "fit_workload": fit_label,
-                   "coefficients": profiles[FIT_SOURCE]})  # fmt: skip
+    points = real_grid(limits.max_num_seqs, max_model_len)
+    runs, grid_runs = measure_interleaved(model, replay_jobs(cfg, max_model_len), points, cfg,
+                                          limits, num_slots)  # fmt: skip
+    fit_label = runs[0].workload
+    profiles = {INTERLEAVED_GRID_SOURCE: fit_on_runs(grid_runs),
+                FIT_SOURCE: fit_on_runs([run for run in runs if run.workload == fit_label])}
+    for source, name in ((INTERLEAVED_GRID_SOURCE, "profile_real_grid.json"),
+                         (FIT_SOURCE, f"profile_fitted_on_{fit_label}.json")):  # fmt: skip
+        write_profile(output_dir / name, {
+            "model": cfg.model.name, "dtype": cfg.model.dtype,
+            "fit_workload": GRID_WORKLOAD if source == INTERLEAVED_GRID_SOURCE else fit_label,
+            "coefficients": profiles[source]})  # fmt: skip
+    scales = drift_scales(grid_runs, profiles[INTERLEAVED_GRID_SOURCE], len(runs_jobs(runs)))
+    profiles[LOCAL_GRID_SOURCE] = profiles[INTERLEAVED_GRID_SOURCE]
     if cfg.executor.profile:
         profiles[GRID_SOURCE] = read_profile(cfg.executor.profile)["coefficients"]
-    rows_out, pairs_out = [], []
-    for source, coefficients in profiles.items():
-        for run in runs:
-            row, pairs = _compare(run, coefficients, limits, num_slots, max_model_len,
-                                  deployment)  # fmt: skip
-            labels = {"source": source, "workload": run.workload, "request_rate": run.rate,
-                      "allocator": run.allocator, "held_out": run.workload != fit_label}
-            rows_out.append({**labels, **row})
-            pairs_out.append(pairs.assign(**labels))
-    table = pd.DataFrame(rows_out)
+    table, pairs_table = compare_all(runs, profiles, fit_label, limits, num_slots,
+                                     max_model_len, deployment,
+                                     {LOCAL_GRID_SOURCE: scales})  # fmt: skip
+    steps = real_steps_frame(runs + grid_runs, profiles[FIT_SOURCE],
+                             profiles[INTERLEAVED_GRID_SOURCE])  # fmt: skip
     metadata = provenance(raw_cfg)
     write_table(table, output_dir / "sim_to_real.parquet", metadata)
-    pairs_table = pd.concat(pairs_out, ignore_index=True)
     write_table(pairs_table, output_dir / "sim_to_real_requests.parquet", metadata)
+    write_table(steps, output_dir / "real_steps.parquet", metadata)
     if cfg.plots:
-        chart = pairs_table[pairs_table["source"] == FIT_SOURCE].rename(
-            columns={"e2e_latency_s_measured": "measured_s", "e2e_latency_s_predicted":
-                     "predicted_s"})  # fmt: skip
-        plot_predicted_vs_measured(chart, output_dir / "plots", "sim_to_real",
-                                   f"E2E latency per request: profiled simulation vs "
-                                   f"{cfg.model.name} served for real (fit on {fit_label})",
-                                   group="workload")  # fmt: skip
+        _plot(pairs_table, output_dir, cfg.model.name, fit_label)
     lines = error_summary(table)
-    print(f"sim-to-real: {len(runs)} real runs in {time.perf_counter() - started_s:.0f} s")
-    print("\n".join(lines))
+    drift = drift_lines(steps)
+    grid = grid_fit_lines(steps, len(points), len(grid_runs)) + scale_lines(runs, scales)
+    print(f"sim-to-real: {len(runs)} real runs and {len(grid_runs)} grid points in "
+          f"{time.perf_counter() - started_s:.0f} s")  # fmt: skip
+    print("\n".join(lines + grid + drift))
     write_task_report(output_dir, f"{cfg.experiment_name}: profiled simulation vs real runs",
-                      raw_cfg, ["## Errors\n\n" + "\n".join(lines)])  # fmt: skip
+                      raw_cfg, ["## Errors\n\n" + "\n".join(lines),
+                                "## The interleaved grid\n\n" + "\n".join(grid),
+                                "## Drift of the real executor's step times\n\n"
+                                + "\n".join(drift)])  # fmt: skip
     if cfg.summary_table:
         print_files(output_dir)
     return table
 
 
-def _fit_on(runs: list[RealRunRecord], label: str) -> dict[str, float]:
-    """Coefficients fitted on every real iteration of the workload ``label``'s runs (swap terms
-    0: these runs recompute)."""
+def replay_jobs(cfg: KvbenchConfig, max_model_len: int) -> list[ReplayJob]:
+    """Every workload slice x rate of ``cfg``, in order (the first slice is the fit slice)."""
+    jobs = []
+    for label, workload_cfg in run_workloads(cfg).items():
+        rows = workload_rows(workload_cfg, max_model_len)
+        rates = cfg.workload_request_rates.get(label) or cfg.request_rates
+        for rate in rates or [workload_cfg.request_rate]:
+            arrivals = with_arrivals(rows, dataclasses.replace(workload_cfg, request_rate=rate))
+            jobs.append(ReplayJob(label, float(rate), to_requests(arrivals)))
+    return jobs
+
+
+def measure_interleaved(model: Any, jobs: list[ReplayJob], points: list[RealGridPoint],
+                        cfg: KvbenchConfig, limits: SchedulerLimits, num_slots: int
+                        ) -> tuple[list[RealRunRecord], list[RealRunRecord]]:  # fmt: skip
+    """The grid's parts and the slices' runs alternately (part 0, every allocator on job 0, part
+    1, ..., the last part), so the grid samples the machine before, between and after the runs.
+    Each grid point is served by one executor per block size, made once (its pool
+    ``GRID_POOL_SLOTS``); each replay by a fresh one over the experiment's pool, as before."""
+    from kvbench.executors.real import RealExecutor
+
+    max_model_len = limits.max_model_len
+    grid_executors: dict[int, Any] = {}
+    runs: list[RealRunRecord] = []
+    grid_runs: list[RealRunRecord] = []
+    for part, part_points in enumerate(interleave(points, len(jobs) + 1)):
+        for point in part_points:
+            if point.block_size not in grid_executors:
+                allocator = make_allocator(point.allocator, GRID_POOL_SLOTS, point.block_size,
+                                           max_model_len)  # fmt: skip
+                grid_executors[point.block_size] = RealExecutor(model, allocator)
+                grid_executors[point.block_size].warm_up()
+            record = serve(GRID_WORKLOAD, float("nan"), point.allocator, point.requests(),
+                           grid_executors[point.block_size], limits)  # fmt: skip
+            grid_runs.append(dataclasses.replace(record, grid_point=points.index(point),
+                                                 grid_part=part))  # fmt: skip
+        print(f"real: grid part {part}: {len(part_points)} points")
+        if part == len(jobs):
+            break
+        job = jobs[part]
+        for name in cfg.allocators:
+            allocator = make_allocator(name, num_slots, cfg.allocator.block_size, max_model_len)
+            executor = RealExecutor(model, allocator)
+            executor.warm_up()
+            runs.append(dataclasses.replace(serve(job.workload, job.rate, name, job.requests,
+                                                  executor, limits), job=part))  # fmt: skip
+            print(f"real: {job.workload} @ {job.rate:g} req/s, {name}: "
+                  f"{len(runs[-1].shapes)} iterations")  # fmt: skip
+    return runs, grid_runs
+
+
+def serve(workload: str, rate: float, allocator_name: str, requests: list[Request],
+          executor: Any, limits: SchedulerLimits) -> RealRunRecord:  # fmt: skip
+    """``requests`` served by ``executor`` (``run_real``), with the wall-clock time it began."""
+    from kvbench.executors.real import run_real
+
+    started_unix_s = time.time()
+    served = run_real(requests, Scheduler(limits), executor.allocator, executor)
+    return RealRunRecord(workload, rate, allocator_name, requests, served.result, served.shapes,
+                         executor.allocator.block_size, started_unix_s)  # fmt: skip
+
+
+def runs_jobs(runs: list[RealRunRecord]) -> list[tuple[str, float]]:
+    """Each replayed slice x rate, in measurement order (index: the runs' ``job``)."""
+    jobs: dict[int, tuple[str, float]] = {run.job: (run.workload, run.rate) for run in runs}
+    return [jobs[index] for index in sorted(jobs)]
+
+
+def drift_scales(grid_runs: list[RealRunRecord], coefficients: dict[str, float],
+                 num_jobs: int) -> list[float]:  # fmt: skip
+    """Per slice x rate (``job``), the median of measured / fitted step time over the grid's
+    steps in the parts just before and after it (``job`` and ``job + 1``): how much slower than
+    the grid's profile the machine ran in those minutes, from the grid alone."""
+    ratios: dict[int, list[float]] = {}
+    for run in grid_runs:
+        model = ProfiledCostModel(coefficients, run.block_size)
+        durations = run.result.steps.columns["duration_s"]
+        ratios.setdefault(run.grid_part, []).extend(
+            duration / model.iteration_time_s(shape)
+            for shape, duration in zip(run.shapes, durations, strict=True))  # fmt: skip
+    return [float(np.median(ratios.get(job, []) + ratios.get(job + 1, [])))
+            for job in range(num_jobs)]  # fmt: skip
+
+
+def scale_coefficients(coefficients: dict[str, float], scale: float) -> dict[str, float]:
+    """Every term of ``coefficients`` times ``scale``."""
+    return {term: value * scale for term, value in coefficients.items()}
+
+
+def fit_on_runs(runs: list[RealRunRecord]) -> dict[str, float]:
+    """Coefficients fitted on every real iteration of ``runs`` (swap terms 0: these runs
+    recompute)."""
     features, times = [], []
     for run in runs:
-        if run.workload != label:
-            continue
         features += [iteration_features(shape, run.block_size) for shape in run.shapes]
         times += list(run.result.steps.columns["duration_s"])
     fitted = fit_non_negative(features, times)
     coefficients = dict(zip(PROFILE_TERMS, map(float, fitted), strict=True))
     coefficients.update(dict.fromkeys(SWAP_TERMS, 0.0))
     return coefficients
+
+
+def compare_all(runs: list[RealRunRecord], profiles: dict[str, dict[str, float]],
+                fit_label: str, limits: Any, num_slots: int, max_model_len: int,
+                deployment: Deployment, run_scales: Mapping[str, Sequence[float]] | None = None
+                ) -> tuple[pd.DataFrame, pd.DataFrame]:  # fmt: skip
+    """Every run predicted under every profile: the error table (one row per profile and run)
+    and the per-request pairs. A source in ``run_scales`` has its profile scaled per run by the
+    scale of the run's ``job``. A run is held out unless the profile is the fit slice's and the
+    run is of that slice (the grid's and a file's profiles saw no slice)."""
+    rows_out, pairs_out = [], []
+    for source, coefficients in profiles.items():
+        scales = (run_scales or {}).get(source)
+        for run in runs:
+            run_coefficients = (coefficients if scales is None
+                                else scale_coefficients(coefficients, scales[run.job]))
+            row, pairs = _compare(run, run_coefficients, limits, num_slots, max_model_len,
+                                  deployment)  # fmt: skip
+            labels = {"source": source, "workload": run.workload, "request_rate": run.rate,
+                      "allocator": run.allocator,
+                      "held_out": source != FIT_SOURCE or run.workload != fit_label}
+            rows_out.append({**labels, **row})
+            pairs_out.append(pairs.assign(**labels))
+    return pd.DataFrame(rows_out), pd.concat(pairs_out, ignore_index=True)
+
+
+def real_steps_frame(runs: list[RealRunRecord], fit_coefficients: dict[str, float],
+                     grid_coefficients: dict[str, float]) -> pd.DataFrame:  # fmt: skip
+    """Every step of the runs and the grid, in wall-clock order: its shape, wall-clock time,
+    measured time and the time each profile gives it (a profile's error and the machine's drift
+    read per step)."""
+    rows = []
+    for run in runs:
+        fit_model = ProfiledCostModel(fit_coefficients, run.block_size)
+        grid_model = ProfiledCostModel(grid_coefficients, run.block_size)
+        columns = run.result.steps.columns
+        for index, shape in enumerate(run.shapes):
+            start_s = float(columns["time_s"][index])
+            rows.append({
+                "phase": "grid" if run.grid_part >= 0 else "replay", "workload": run.workload,
+                "request_rate": run.rate, "allocator": run.allocator,
+                "block_size": run.block_size, "grid_point": run.grid_point,
+                "grid_part": run.grid_part, "step": index, "start_s": start_s,
+                "unix_time_s": run.started_unix_s + start_s,
+                "duration_s": float(columns["duration_s"][index]),
+                "fitted_s": fit_model.iteration_time_s(shape),
+                "grid_fitted_s": grid_model.iteration_time_s(shape),
+                "num_prefill_seqs": shape.num_prefill_seqs,
+                "num_prefill_tokens": shape.num_prefill_tokens,
+                "prefill_attention_pairs": shape.prefill_attention_pairs,
+                "num_decode_tokens": shape.num_decode_tokens,
+                "decode_context_tokens": shape.decode_context_tokens,
+            })  # fmt: skip
+    return pd.DataFrame(rows).sort_values("unix_time_s", kind="stable", ignore_index=True)
+
+
+def grid_fit_lines(steps: pd.DataFrame, num_points: int, num_grid_runs: int) -> list[str]:
+    """How the grid was measured and how well its profile fits its own steps."""
+    grid = steps[steps["phase"] == "grid"]
+    errors = abs_pct_errors(grid["grid_fitted_s"], grid["duration_s"])
+    replays = steps[steps["phase"] == "replay"]
+    replay_errors = abs_pct_errors(replays["grid_fitted_s"], replays["duration_s"])
+    return [
+        f"- {num_points} points served {num_grid_runs} times ({len(grid)} steps, "
+        f"{grid['duration_s'].sum():.0f} s of steps) in {grid['grid_part'].nunique()} parts",
+        f"- grid profile on its own steps: median |error| {float(pd.Series(errors).median()):.1f} "
+        f"%; on the runs' steps (held out): {float(pd.Series(replay_errors).median()):.1f} %",
+    ]
+
+
+def scale_lines(runs: list[RealRunRecord], scales: list[float]) -> list[str]:
+    """The drift scale each slice x rate was predicted with under ``interleaved_grid_local``."""
+    return [f"- {LOCAL_GRID_SOURCE}: {workload} @ {rate:g} req/s priced x {scale:.3f} (grid "
+            f"parts {job} and {job + 1})"
+            for job, ((workload, rate), scale) in enumerate(zip(runs_jobs(runs), scales,
+                                                               strict=True))]  # fmt: skip
+
+
+def _plot(pairs_table: pd.DataFrame, output_dir: Path, model_name: str, fit_label: str) -> None:
+    """Predicted vs measured E2E per request, one chart per fitted profile."""
+    titles = {FIT_SOURCE: ("sim_to_real", f"fit on {fit_label}"),
+              INTERLEAVED_GRID_SOURCE: ("sim_to_real_grid", "fit on the interleaved grid")}
+    for source, (name, fitted) in titles.items():
+        chart = pairs_table[pairs_table["source"] == source].rename(
+            columns={"e2e_latency_s_measured": "measured_s", "e2e_latency_s_predicted":
+                     "predicted_s"})  # fmt: skip
+        plot_predicted_vs_measured(chart, output_dir / "plots", name,
+                                   f"E2E latency per request: profiled simulation vs "
+                                   f"{model_name} served for real ({fitted})",
+                                   group="workload")  # fmt: skip
 
 
 def _compare(

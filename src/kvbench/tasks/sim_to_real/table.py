@@ -52,3 +52,18 @@ def error_row(pairs: pd.DataFrame, measured: dict[str, float],
             if measured[name] else float("nan")
         )
     return row
+
+
+def drift_lines(steps: pd.DataFrame) -> list[str]:
+    """The machine's drift as the grid profile sees it: per stretch of the run in time order
+    (each grid part, each replay), the median of measured / grid-fitted step time."""
+    ratio = steps["duration_s"] / steps["grid_fitted_s"]
+    stretch = np.where(steps["phase"] == "grid", "grid part " + steps["grid_part"].astype(str),
+                       steps["workload"] + " @ " + steps["request_rate"].map("{:g}".format)
+                       + " req/s")  # fmt: skip
+    frame = pd.DataFrame({"stretch": stretch, "ratio": ratio,
+                          "minute": (steps["unix_time_s"] - steps["unix_time_s"].min()) / 60})
+    grouped = frame.groupby("stretch", sort=False).agg(ratio=("ratio", "median"),
+                                                        minute=("minute", "min"))  # fmt: skip
+    return [f"- {name} (from minute {row.minute:.1f}): measured / grid-fitted step time, median "
+            f"{row.ratio:.3f}" for name, row in grouped.iterrows()]  # fmt: skip

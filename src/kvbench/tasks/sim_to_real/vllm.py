@@ -49,7 +49,7 @@ from kvbench.tasks.profile.plot import plot_predicted_vs_measured
 from kvbench.tasks.profile.profile_file import write_profile
 from kvbench.tasks.sim_to_real.fair_instrument import fair_instrument, fair_summary, profile_tables
 from kvbench.tasks.sim_to_real.run import error_summary
-from kvbench.tasks.sim_to_real.table import error_row, request_pairs
+from kvbench.tasks.sim_to_real.table import drift_lines, error_row, request_pairs
 from kvbench.tasks.sim_to_real.vllm_grid import VllmGridPoint, interleave, vllm_grid
 from kvbench.tasks.simulate.experiment import scheduler_limits, v1_limits
 from kvbench.tasks.simulate.real_runner import pin_threads
@@ -275,21 +275,6 @@ def vllm_steps_frame(runs: list[VllmRunRecord], grid_runs: list[GridRun],
         for labels, run in labelled for index, step in enumerate(run.steps)
     ])  # fmt: skip
     return frame.sort_values("unix_time_s", kind="stable", ignore_index=True)
-
-
-def drift_lines(steps: pd.DataFrame) -> list[str]:
-    """The machine's drift as the grid profile sees it: per stretch of the run in time order
-    (each grid part, each replay), the median of measured / grid-fitted step time."""
-    ratio = steps["duration_s"] / steps["grid_fitted_s"]
-    stretch = np.where(steps["phase"] == "grid", "grid part " + steps["grid_part"].astype(str),
-                       steps["workload"] + " @ " + steps["request_rate"].map("{:g}".format)
-                       + " req/s")  # fmt: skip
-    frame = pd.DataFrame({"stretch": stretch, "ratio": ratio,
-                          "minute": (steps["unix_time_s"] - steps["unix_time_s"].min()) / 60})
-    grouped = frame.groupby("stretch", sort=False).agg(ratio=("ratio", "median"),
-                                                        minute=("minute", "min"))  # fmt: skip
-    return [f"- {name} (from minute {row.minute:.1f}): measured / grid-fitted step time, median "
-            f"{row.ratio:.3f}" for name, row in grouped.iterrows()]  # fmt: skip
 
 
 def measured_requests(run: VllmRunRecord) -> pd.DataFrame:

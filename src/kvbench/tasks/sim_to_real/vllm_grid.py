@@ -19,6 +19,7 @@ minute of vLLM steps on two CPU cores (docs/sim_to_real.md).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TypeVar
 
 from kvbench.core.request import Request
 
@@ -108,7 +109,10 @@ def vllm_grid(num_free_blocks: int, block_size: int, max_num_seqs: int,
             if point.fits(num_free_blocks, block_size, max_num_seqs, max_model_len)]  # fmt: skip
 
 
-def interleave(points: list[VllmGridPoint], num_parts: int) -> list[list[VllmGridPoint]]:
+Point = TypeVar("Point")  # a grid point: vLLM's here, the real executor's in ``real_grid``
+
+
+def interleave(points: list[Point], num_parts: int) -> list[list[Point]]:
     """``GRID_REPEATS`` copies of ``points`` dealt into ``num_parts`` parts of every kind (the
     i-th of the repeated list to part i mod n), to be measured between the replays: each part
     samples the machine at its own time, and a point's copies fall in different parts (unless

@@ -1,0 +1,219 @@
+"""experiment=sim_to_real's interleaved grid (``tasks.sim_to_real.real_grid``) and the pure parts
+around it: every point runs at once in the grid's pool with the shapes it is meant to have, the
+grid's parts alternate with the slices' runs, the grid's profile holds every run out, the fit
+recovers known costs, and the steps table shows drift on one time line. The real model is not
+needed: runs are simulated, or the executor stands in."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from kvbench.allocators import make_allocator
+from kvbench.core.catalog import get_deployment
+from kvbench.core.request import Request
+from kvbench.engine import Scheduler, simulate
+from kvbench.engine.cost_model import IterationShape
+from kvbench.engine.profiled import PROFILE_TERMS, SWAP_TERMS, ProfiledCostModel
+from kvbench.engine.scheduler import SchedulerLimits
+from kvbench.executors.real import _iteration_start_s
+from kvbench.tasks.sim_to_real import run as sim_to_real
+from kvbench.tasks.sim_to_real.real_grid import GRID_POOL_SLOTS, RealGridPoint, real_grid
+from kvbench.tasks.sim_to_real.run import (
+    FIT_SOURCE,
+    INTERLEAVED_GRID_SOURCE,
+    LOCAL_GRID_SOURCE,
+    RealRunRecord,
+    ReplayJob,
+    compare_all,
+    drift_scales,
+    fit_on_runs,
+    measure_interleaved,
+    real_steps_frame,
+    scale_coefficients,
+)
+from kvbench.tasks.sim_to_real.table import drift_lines
+from kvbench.tasks.sim_to_real.vllm_grid import GRID_REPEATS
+
+LIMITS = SchedulerLimits(max_model_len=64)
+COSTS = dict.fromkeys((*PROFILE_TERMS, *SWAP_TERMS), 0.0) | {
+    "fixed_s": 0.05, "per_seq_s": 0.005, "per_token_s": 0.002, "per_context_token_s": 1e-4}
+
+
+def _simulated(point: RealGridPoint):
+    allocator = make_allocator(point.allocator, GRID_POOL_SLOTS, point.block_size, 64)
+    return simulate(point.requests(), Scheduler(LIMITS), allocator,
+                    ProfiledCostModel(COSTS, point.block_size))  # fmt: skip
+
+
+def test_every_grid_point_runs_at_once_in_the_grids_pool():
+    points = real_grid(LIMITS.max_num_seqs, 64)
+    assert {point.block_size for point in points} == {1, 16}
+    for point in points:
+        assert point.num_slots() <= GRID_POOL_SLOTS
+        result = _simulated(point)
+        assert all(record.status == "finished" for record in result.requests)
+        assert sum(result.steps.columns["num_preempted"]) == 0
+    # A point longer than the model's context, or wider than the sequence limit, is left out.
+    assert all(p.prompt_tokens + p.decode_steps + 1 <= 32 for p in real_grid(256, 32))
+    assert max(p.num_seqs for p in real_grid(4, 64)) == 4
+
+
+def test_the_grid_spans_prefill_decode_and_mixed_steps():
+    kinds = set()
+    for point in real_grid(LIMITS.max_num_seqs, 64):
+        columns = _simulated(point).steps.columns
+        for prefill, decode in zip(columns["num_prefill_tokens"], columns["num_decode_tokens"],
+                                   strict=True):  # fmt: skip
+            kinds.add((prefill > 0, decode > 0))
+        if point.joining_prompts:  # the joiners are computed beside the first decode
+            assert columns["num_prefill_tokens"][1] == sum(point.joining_prompts)
+            assert columns["num_decode_tokens"][1] == point.num_seqs
+    assert kinds == {(True, False), (False, True), (True, True)}
+
+
+def test_a_points_requests_and_slots():
+    point = RealGridPoint(16, 2, 24, 3, (48,))
+    assert [(r.request_id, r.arrival_s > 0, r.prompt_tokens, r.output_tokens)
+            for r in point.requests()] == [(0, False, 24, 4), (1, False, 24, 4),
+                                           (2, True, 48, 1)]  # fmt: skip
+    assert point.num_slots() == 32 + 32 + 64  # 28, 28 and 49 tokens in blocks of 16
+    assert RealGridPoint(1, 1, 40, 3).num_slots() == 64  # a buddy extent of 44 tokens: 64
+
+
+def test_a_busy_iteration_starts_where_the_last_ended():
+    assert _iteration_start_s(1.0004, 1.0, float("inf")) == 1.0  # back to back
+    assert _iteration_start_s(1.0004, None, float("inf")) == 1.0004  # after an idle wait
+    # A request that arrived in between: the iteration cannot have started before it.
+    assert _iteration_start_s(1.0004, 1.0, 1.0002) == 1.0004
+    assert _iteration_start_s(1.0004, 1.0, 0.9) == 1.0  # it arrived during the last iteration
+
+
+def test_the_grids_parts_alternate_with_the_slices_runs(monkeypatch):
+    served = []
+
+    def fake_serve(workload, rate, allocator_name, requests, executor, limits):
+        served.append((workload, rate, allocator_name))
+        return RealRunRecord(workload, rate, allocator_name, requests, None, [], 1)
+
+    class FakeExecutor:
+        def __init__(self, model, allocator):
+            self.allocator = allocator
+
+        def warm_up(self):
+            pass
+
+    monkeypatch.setattr(sim_to_real, "serve", fake_serve)
+    monkeypatch.setattr("kvbench.executors.real.RealExecutor", FakeExecutor)
+    points = real_grid(LIMITS.max_num_seqs, 64)
+    jobs = [ReplayJob("a", 0.5, []), ReplayJob("a", 4.0, []), ReplayJob("b", 0.5, [])]
+    cfg = SimpleNamespace(allocators=["naive_max", "paged"],
+                          allocator=SimpleNamespace(block_size=16))  # fmt: skip
+    runs, grid_runs = measure_interleaved(None, jobs, points, cfg, LIMITS, 186)
+    assert [(r.workload, r.rate, r.allocator) for r in runs] == [
+        ("a", 0.5, "naive_max"), ("a", 0.5, "paged"), ("a", 4.0, "naive_max"),
+        ("a", 4.0, "paged"), ("b", 0.5, "naive_max"), ("b", 0.5, "paged")]  # fmt: skip
+    # Part k is served before the k-th job, the last after them all.
+    order = [("grid" if workload == "grid" else "run") for workload, _, _ in served]
+    boundaries = [i for i in range(1, len(order)) if order[i] != order[i - 1]]
+    assert order[0] == "grid" and order[-1] == "grid" and len(boundaries) == 6
+    assert sorted({run.grid_part for run in grid_runs}) == [0, 1, 2, 3]
+    assert len(grid_runs) == GRID_REPEATS * len(points)
+    for index in range(len(points)):  # each point's copies in different parts
+        parts = [run.grid_part for run in grid_runs if run.grid_point == index]
+        assert len(parts) == len(set(parts)) == GRID_REPEATS
+
+
+def _measured(workload: str, requests: list[Request], costs: dict[str, float]) -> RealRunRecord:
+    """A run whose 'measured' side is a simulation priced by ``costs`` (the truth)."""
+    allocator = make_allocator("paged", 186, 16, 64)
+    result = simulate(requests, Scheduler(LIMITS), allocator, ProfiledCostModel(costs, 16))
+    return RealRunRecord(workload, 4.0, "paged", requests, result, [], 16)
+
+
+def test_the_grid_profiles_hold_every_run_out_and_the_fit_slice_only_its_own():
+    requests = [Request(i, 0.1 * i, 8 + 4 * i, 6 + i) for i in range(6)]
+    slower = scale_coefficients(COSTS, 1.2)  # the machine 20 % slower during run b
+    runs = [_measured("a", requests, COSTS), _measured("b", requests, slower)]
+    runs = [dataclasses.replace(run, job=job) for job, run in enumerate(runs)]
+    profiles = {INTERLEAVED_GRID_SOURCE: COSTS, FIT_SOURCE: COSTS, LOCAL_GRID_SOURCE: COSTS}
+    deployment = get_deployment("smollm2-135m", "cpu", kv_cache_gib=0.008)
+    table, pairs = compare_all(runs, profiles, "a", LIMITS, 186, 64, deployment,
+                               {LOCAL_GRID_SOURCE: [1.0, 1.2]})  # fmt: skip
+    for source in (INTERLEAVED_GRID_SOURCE, LOCAL_GRID_SOURCE):
+        rows = table[table["source"] == source]
+        assert len(rows) == 2 and rows["held_out"].all()
+    fit_rows = table[table["source"] == FIT_SOURCE].set_index("workload")
+    assert not fit_rows.loc["a", "held_out"] and fit_rows.loc["b", "held_out"]
+    # The truth's own costs predict run a exactly, not run b (its steps cost 20 % more) ...
+    grid_rows = table[table["source"] == INTERLEAVED_GRID_SOURCE].set_index("workload")
+    assert grid_rows.loc["a", "e2e_mape_pct"] == pytest.approx(0.0)
+    assert grid_rows.loc["b", "e2e_mape_pct"] > 10.0
+    # ... unless scaled by run b's drift.
+    local_rows = table[table["source"] == LOCAL_GRID_SOURCE].set_index("workload")
+    assert local_rows["e2e_mape_pct"].tolist() == pytest.approx([0.0, 0.0], abs=1e-9)
+    assert set(pairs["source"]) == set(profiles)
+
+
+def test_drift_scales_read_the_grid_parts_around_each_slice():
+    shape = IterationShape(0, 0, 2, 40)
+    costs = dict.fromkeys((*PROFILE_TERMS, *SWAP_TERMS), 0.0) | {"fixed_s": 0.1}
+    grid_runs = [_record([shape] * 3, [d] * 3, 0.0, part=part, workload="grid")
+                 for part, d in ((0, 0.1), (1, 0.12), (1, 0.12), (2, 0.13))]  # fmt: skip
+    # Job 0 between parts 0 and 1 (3 steps at 1.0, 6 at 1.2), job 1 between parts 1 and 2.
+    assert drift_scales(grid_runs, costs, 2) == pytest.approx([1.2, 1.2])
+    grid_runs[1] = _record([shape] * 3, [0.1] * 3, 0.0, part=1, workload="grid")
+    assert drift_scales(grid_runs, costs, 2) == pytest.approx([1.0, 1.2])
+
+
+def _record(shapes, durations, start_unix_s, block_size=16, part=-1, point=-1, workload="a"):
+    columns = {"time_s": [0.1 * i for i in range(len(shapes))], "duration_s": durations}
+    result = SimpleNamespace(steps=SimpleNamespace(columns=columns))
+    return RealRunRecord(workload, 4.0 if part < 0 else float("nan"), "paged", [], result,
+                         shapes, block_size, start_unix_s, point, part)  # fmt: skip
+
+
+def test_the_fit_recovers_the_costs_the_steps_were_priced_by():
+    shapes = [IterationShape(tokens, tokens * (tokens + 1) // 2, decodes, decodes * context,
+                             num_prefill_seqs=1 if tokens else 0)
+              for tokens in (0, 8, 32) for decodes in (1, 3, 6)
+              for context in (10, 40)]  # fmt: skip
+    for block_size in (1, 16):
+        model = ProfiledCostModel(COSTS, block_size)
+        run = _record(shapes, [model.iteration_time_s(shape) for shape in shapes], 0.0,
+                      block_size)  # fmt: skip
+        fitted = fit_on_runs([run])
+        for term in ("fixed_s", "per_seq_s", "per_token_s"):
+            assert fitted[term] == pytest.approx(COSTS[term], rel=1e-6, abs=1e-9)
+        # Under block size 1 a context token is a block: the two terms are one feature.
+        per_context_s = fitted["per_context_token_s"] + fitted["per_context_block_s"] / block_size
+        assert per_context_s == pytest.approx(COSTS["per_context_token_s"], rel=1e-6)
+        assert fitted["swap_per_token_s"] == 0.0
+
+
+def test_the_steps_table_puts_grid_and_runs_on_one_time_line_and_shows_drift():
+    shape = IterationShape(0, 0, 1, 40)
+    grid_costs = dict.fromkeys((*PROFILE_TERMS, *SWAP_TERMS), 0.0) | {"fixed_s": 0.1}
+    runs = [
+        _record([shape, shape], [0.1, 0.1], 1000.0, part=0, point=3, workload="grid"),
+        _record([shape], [0.11], 1050.0),
+        _record([shape, shape], [0.12, 0.12], 1100.0, part=1, point=3, workload="grid"),
+    ]
+    steps = real_steps_frame(runs[::-1], COSTS, grid_costs)  # any order in: time order out
+    assert list(steps["phase"]) == ["grid", "grid", "replay", "grid", "grid"]
+    assert steps["unix_time_s"].is_monotonic_increasing
+    assert steps.loc[1, "unix_time_s"] == pytest.approx(1000.1)
+    assert (steps["grid_fitted_s"] == 0.1).all()
+    assert steps.loc[2, "fitted_s"] == pytest.approx(0.05 + 0.005 + 0.002 + 40e-4)
+    lines = drift_lines(steps)
+    assert [line.split(" (")[0] for line in lines] == ["- grid part 0", "- a @ 4 req/s",
+                                                       "- grid part 1"]  # fmt: skip
+    assert lines[0].endswith("1.000") and lines[1].endswith("1.100")
+    assert lines[2].endswith("1.200") and "from minute 1.7" in lines[2]
+    # Every column is defined in the table's own section of docs/metrics.md.
+    docs = (Path(__file__).resolve().parents[1] / "docs" / "metrics.md").read_text()
+    section = docs.split("`real_steps.parquet`", 1)[1].split("\n## ", 1)[0]
+    assert [column for column in steps.columns if f"`{column}`" not in section] == []
