@@ -1,11 +1,14 @@
 """How often an experiment writes its tables: the summary after every run, the large steps and
-requests tables once in a short experiment, and rewrites in a long one spaced by their cost."""
+requests tables once in a short experiment (run by run, published at the end), and rewrites in a
+long one spaced by their cost; the run-by-run file is the one ``write_frames`` writes."""
 
 import pandas as pd
+import pyarrow.parquet as pq
 import pytest
 from conftest import compose_config
 
 from kvbench.tables import parquet as parquet_module
+from kvbench.tables.parquet_stream import RunsTable
 from kvbench.tasks.simulate import experiment
 
 OVERRIDES = ("model=opt-13b", "hardware=a100-40gb", "workload=sharegpt",
@@ -14,10 +17,20 @@ OVERRIDES = ("model=opt-13b", "hardware=a100-40gb", "workload=sharegpt",
 
 
 def _written_tables(tmp_path, monkeypatch):
-    """Run the 4-run experiment; the names of the files it wrote, in order."""
+    """Run the 4-run experiment; the names of the files it wrote whole or published run by run
+    (``RunsTable``), in order."""
     written = []
     for name in ("write_table", "write_frames"):
         monkeypatch.setattr(experiment, name, _counting(getattr(parquet_module, name), written))
+    close = RunsTable.close
+
+    def counting_close(self):
+        published = close(self)
+        if published:
+            written.append(self.path.name)
+        return published
+
+    monkeypatch.setattr(RunsTable, "close", counting_close)
     cfg, deployment, raw = compose_config(*OVERRIDES)
     experiment.run_experiment(cfg, deployment, raw, tmp_path)
     steps = pd.read_parquet(tmp_path / "steps.parquet")
@@ -79,3 +92,74 @@ def test_write_frames_constants_are_the_columns_assign_would_add(tmp_path):
     labelled = pd.read_parquet(tmp_path / "labelled.parquet")
     pd.testing.assert_frame_equal(labelled, pd.read_parquet(tmp_path / "concat.parquet"))
     assert list(labelled["allocator"]) == ["paged"] * 2 + ["naive_max"] * 3
+
+
+def _runs():
+    first = pd.DataFrame({"step": [0, 1], "time_s": [0.0, 0.5], "batch_size": [1, 2]})
+    second = pd.DataFrame({"step": [0, 1, 2], "time_s": [0.0, 0.25, 0.75], "batch_size": [3, 1, 2]})
+    labels = [{"allocator": "paged", "request_rate": 1.0}, {"allocator": "naive_max",
+                                                            "request_rate": 2.0}]  # fmt: skip
+    return [first, second], labels
+
+
+def test_a_runs_table_is_the_file_write_frames_writes(tmp_path):
+    frames, labels = _runs()
+    runs_table = RunsTable(tmp_path / "steps.parquet", {"git_commit": "abc"})
+    for frame, columns in zip(frames, labels, strict=True):
+        runs_table.append(frame, columns)
+    assert not (tmp_path / "steps.parquet").exists()  # published by close only
+    assert runs_table.close()
+    parquet_module.write_frames(frames, tmp_path / "whole.parquet", {"git_commit": "abc"}, labels)
+    pd.testing.assert_frame_equal(pd.read_parquet(tmp_path / "steps.parquet"),
+                                  pd.read_parquet(tmp_path / "whole.parquet"))  # fmt: skip
+    assert pq.ParquetFile(tmp_path / "steps.parquet").num_row_groups == 2  # one per run
+    assert parquet_module.read_metadata(tmp_path / "steps.parquet") == {"git_commit": "abc"}
+    assert not list(tmp_path.glob(".*.tmp-*"))
+
+
+def test_a_run_whose_types_differ_leaves_the_table_to_be_written_whole(tmp_path):
+    frames, labels = _runs()
+    labels[1]["request_rate"] = None  # a null column after a float one: write_frames promotes it
+    runs_table = RunsTable(tmp_path / "steps.parquet", {})
+    for frame, columns in zip(frames, labels, strict=True):
+        runs_table.append(frame, columns)
+    assert not runs_table.close()
+    assert not list(tmp_path.iterdir())  # nothing published, no temporary file left
+
+
+def test_a_failed_run_by_run_write_names_the_table_and_leaves_no_temporary(tmp_path,
+                                                                          monkeypatch):
+    write_table = pq.ParquetWriter.write_table
+    calls = []
+
+    def disk_full_at_the_second_run(self, table, *rest):  # the first run's rows are in the file
+        calls.append(table.num_rows)
+        if len(calls) == 2:
+            raise OSError(28, "No space left on device")
+        return write_table(self, table, *rest)
+
+    monkeypatch.setattr(pq.ParquetWriter, "write_table", disk_full_at_the_second_run)
+    runs_table = RunsTable(tmp_path / "steps.parquet", {})
+    frames, labels = _runs()
+    for frame, columns in zip(frames, labels, strict=True):
+        runs_table.append(frame, columns)
+    with pytest.raises(OSError, match="No space left") as error:
+        runs_table.close()
+    assert error.value.filename == str(tmp_path / "steps.parquet")
+    assert calls == [2, 3] and not list(tmp_path.iterdir())
+
+
+def test_an_experiment_whose_runs_differ_in_type_still_writes_every_run(tmp_path, monkeypatch):
+    labels = experiment._run_labels
+
+    def mixed_rates(cfg, deployment, workload, allocator, rate):  # an int rate, then a float
+        run_labels = labels(cfg, deployment, workload, allocator, rate)
+        run_labels["request_rate"] = int(rate) if allocator == "paged" else float(rate)
+        return run_labels
+
+    monkeypatch.setattr(experiment, "_run_labels", mixed_rates)
+    cfg, deployment, raw = compose_config(*OVERRIDES)
+    experiment.run_experiment(cfg, deployment, raw, tmp_path)
+    steps = pd.read_parquet(tmp_path / "steps.parquet")
+    assert steps["request_rate"].dtype == "float64"  # promoted, as write_frames does
+    assert steps.groupby(["allocator", "request_rate"]).ngroups == 4

@@ -40,18 +40,27 @@ def write_frames(
     ``constants[i]``, when given, adds to frame ``i`` one column per key holding its value on
     every row, after the frame's own columns: the table ``frame.assign(**constants[i])`` would
     give, built in Arrow (a repeated value) rather than as pandas columns."""
-    tables = [pa.Table.from_pandas(frame, preserve_index=False) for frame in frames]
-    for position, columns in enumerate(constants or []):
-        for name, value in columns.items():
-            table = tables[position]
-            tables[position] = table.append_column(name, pa.repeat(value, table.num_rows))
+    tables = [arrow_table(frame, constants[position] if constants else None)
+              for position, frame in enumerate(frames)]  # fmt: skip
     return _write_arrow(pa.concat_tables(tables, promote_options="permissive"), path, metadata)
 
 
+def arrow_table(frame: pd.DataFrame, constants: Mapping[str, object] | None = None) -> pa.Table:
+    """``frame`` as an Arrow table, with one column per key of ``constants`` holding its value
+    on every row after the frame's own (``frame.assign(**constants)``, built in Arrow)."""
+    table = pa.Table.from_pandas(frame, preserve_index=False)
+    for name, value in (constants or {}).items():
+        table = table.append_column(name, pa.repeat(value, table.num_rows))
+    return table
+
+
+def with_provenance(schema: pa.Schema, metadata: dict[str, str]) -> pa.Schema:
+    """``schema`` carrying ``metadata`` (``read_metadata`` reads it back) beside what it had."""
+    return schema.with_metadata({**(schema.metadata or {}), METADATA_KEY: json.dumps(metadata)})
+
+
 def _write_arrow(table: pa.Table, path: Path, metadata: dict[str, str]) -> Path:
-    schema_metadata = dict(table.schema.metadata or {})
-    schema_metadata[METADATA_KEY] = json.dumps(metadata).encode()
-    table = table.replace_schema_metadata(schema_metadata)
+    table = table.replace_schema_metadata(with_provenance(table.schema, metadata).metadata)
     with atomic_path(path) as tmp_path:
         pq.write_table(table, tmp_path)
     return path

@@ -1,4 +1,5 @@
-"""Parquet files written chunk by chunk while the engine runs (``simulate``'s sinks).
+"""Parquet files written chunk by chunk while the engine runs (``simulate``'s sinks), or run by
+run beside the simulations (``RunsTable``).
 
 For traces too long to keep every step (and every request) in memory: each chunk the engine hands
 over is appended to the file as a row group. The file is written beside its destination (a
@@ -13,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import json
 from collections.abc import Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -23,7 +25,7 @@ import pyarrow.parquet as pq
 from kvbench.engine.records import RequestRecord
 from kvbench.tables.atomic import naming, publish, temporary_path
 from kvbench.tables.kill_points import kill_point
-from kvbench.tables.parquet import METADATA_KEY
+from kvbench.tables.parquet import METADATA_KEY, arrow_table, with_provenance
 from kvbench.tables.record_columns import record_columns
 
 
@@ -79,6 +81,88 @@ class ParquetStream:
 
     def _discard(self) -> None:
         """Drop the temporary file after a failed write (the destination keeps what it held)."""
+        if self._writer is not None:
+            with contextlib.suppress(OSError):  # closing writes the footer: it may fail again
+                self._writer.close()
+            self._writer = None
+        self._tmp_path.unlink(missing_ok=True)
+
+
+class RunsTable:
+    """One table of an experiment (its steps, its requests) written run by run: each run's rows
+    are appended as row groups by a thread while the next run simulates (pyarrow encodes without
+    holding the interpreter's lock, so on a second core), and ``close`` publishes the file. The
+    experiment's end then writes only its last run's rows, not the whole table. The file reads
+    back as ``write_frames`` of the same runs writes it.
+
+    Every run must bring the first run's columns and types: ``write_frames`` would promote a
+    column whose type differs (an integer meeting a float), which a file already begun cannot.
+    Such a run stops the appending and ``close`` returns False, publishing nothing: the caller
+    writes the table whole. The file is written beside its destination under a name of its own
+    (``NAME.runs``'s temporary), so a checkpoint writing the whole table meanwhile
+    (``atomic_path``) never meets it; a failed write (a full disk) removes it and raises, naming
+    the destination, at the next ``append`` or at ``close``.
+    """
+
+    def __init__(self, path: Path, metadata: dict[str, str]) -> None:
+        self.path = path
+        self._metadata = metadata
+        self._tmp_path = temporary_path(path.with_name(f"{path.name}.runs"))
+        self._writer: pq.ParquetWriter | None = None
+        self._thread = ThreadPoolExecutor(1, thread_name_prefix="kvbench-runs-table")
+        self._last: Future[None] | None = None
+        self._refused = False
+
+    def append(self, frame: pd.DataFrame, constants: Mapping[str, object] | None = None) -> None:
+        """Hand one run's rows (``constants`` added as columns, as ``write_frames`` adds them)
+        to the thread; an earlier run's failed write raises here."""
+        if self._last is not None and self._last.done():
+            self._last.result()
+        self._last = self._thread.submit(self._write, arrow_table(frame, constants))
+
+    def _write(self, table: pa.Table) -> None:
+        if self._refused:
+            return
+        try:
+            if self._writer is None:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                self._writer = pq.ParquetWriter(self._tmp_path,
+                                                with_provenance(table.schema, self._metadata))
+            elif not table.schema.equals(self._writer.schema, check_metadata=False):
+                self._refused = True
+                self._discard()
+                return
+            self._writer.write_table(table)
+        except OSError as error:
+            self._discard()
+            raise naming(error, self.path) from error
+        kill_point(self.path, "chunk")
+
+    def close(self) -> bool:
+        """Wait for the thread and publish the file; False (nothing published) when a run's
+        types differed from the first's or no run came."""
+        self._thread.shutdown(wait=True)
+        if self._last is not None:
+            self._last.result()
+        if self._refused or self._writer is None:
+            return False
+        try:
+            self._writer.close()
+            kill_point(self.path, "written")
+            publish(self._tmp_path, self.path)
+        except OSError as error:
+            self._discard()
+            raise naming(error, self.path) from error
+        kill_point(self.path, "published")
+        return True
+
+    def discard(self) -> None:
+        """Stop after the write under way and remove the temporary file (an experiment that
+        failed before its end)."""
+        self._thread.shutdown(wait=True, cancel_futures=True)
+        self._discard()
+
+    def _discard(self) -> None:
         if self._writer is not None:
             with contextlib.suppress(OSError):  # closing writes the footer: it may fail again
                 self._writer.close()

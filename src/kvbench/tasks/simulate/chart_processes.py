@@ -2,19 +2,17 @@
 
 Drawing a run's charts costs seconds of CPU (laying out text and rendering PNGs), all of it after
 the last simulation, when the main process also builds and writes its tables. A study run from
-the command line (``num_chart_processes()`` workers) that has already simulated
-``CHART_PROCESSES_AFTER_S`` seconds starts its workers; their start (each imports matplotlib and
-the chart modules, about a CPU-second) then overlaps the runs still to come, and each chart is
-drawn in a worker while the main process writes its tables. A shorter study (a test, a quick
-look) draws in the main process, after its tables: there the start would cost more than it
-hides. The files are the same either way.
+the command line (``num_chart_processes()`` workers) starts its workers as it starts: their
+start (importing matplotlib and the chart modules, about a CPU-second) overlaps the simulations,
+and each chart is then drawn in a worker while the main process writes its tables. A study
+without workers (a script calling ``run_study``, a test, one CPU) draws in the main process,
+after its tables. The files are the same either way.
 
 The workers come from a fork server (``multiprocessing``'s ``forkserver``): a clean process
 forks each worker, so nothing of the main process's state (its threads, its memory) is copied
 into them. The server imports the chart modules (matplotlib among them) once, before it forks,
-so every worker starts with them imported: one import, not one per worker, beside the runs.
-The pool is started from a thread of its own, which waits for the server while this process
-goes on simulating.
+so every worker starts with them imported: one import, not one per worker. The pool is started
+from a thread of its own, which waits for the server while this process goes on simulating.
 """
 
 from __future__ import annotations
@@ -23,6 +21,7 @@ import contextlib
 import gc
 import importlib
 import multiprocessing
+import multiprocessing.connection
 import os
 import threading
 from collections.abc import Iterator
@@ -32,8 +31,6 @@ from typing import Any
 
 from kvbench.plots import chart_formats, saved_formats
 
-# Seconds a study simulates before its charts move to worker processes.
-CHART_PROCESSES_AFTER_S = 1.0
 # What a worker imports as it starts, before any chart is asked of it: the modules of every chart
 # ``tasks.simulate.plot`` names.
 _CHART_MODULES = [
@@ -73,33 +70,40 @@ def _draw(formats: tuple[str, ...], chart: str, args: tuple[Any, ...]) -> None:
         draw(*args)
 
 
+def _exit_with_the_main_process() -> None:
+    """Each worker's initializer: a worker whose main process has died (killed: it could not
+    stop its workers) exits too. Otherwise it would wait for charts for ever (its task queue's
+    pipe is open in the worker itself), and keep the fork server and the command's output open."""
+    main_process = multiprocessing.parent_process()
+    if main_process is not None:
+        threading.Thread(target=_exit_when_ready, args=(main_process.sentinel,), daemon=True,
+                         name="kvbench-main-process-watch").start()  # fmt: skip
+
+
+def _exit_when_ready(sentinel: int) -> None:
+    multiprocessing.connection.wait([sentinel])
+    os._exit(1)
+
+
 def _started() -> None:
     """A no-op task: submitting one per worker starts the workers before any chart is due."""
 
 
 class ChartDrawer:
-    """Hands charts (``draw``) to worker processes once ``simulated`` has counted
-    ``CHART_PROCESSES_AFTER_S`` seconds of simulation, and before that keeps them to draw here
-    in ``wait`` (or, with ``defer=False``, draws them at once). ``wait`` returns when every chart
-    is written, raising the first chart's error (a full disk names its file)."""
+    """Hands charts (``draw``) to ``num_processes`` worker processes, started (from a thread)
+    as the drawer is made; without workers, keeps them to draw here in ``wait`` (or, with
+    ``defer=False``, draws them at once). ``wait`` returns when every chart is written, raising
+    the first chart's error (a full disk names its file)."""
 
     def __init__(self, num_processes: int, defer: bool = True) -> None:
         self._num_processes = num_processes
         self._defer = defer
-        self._simulated_s = 0.0
         self._starter: threading.Thread | None = None
         self._start_error: BaseException | None = None
         self._pool: ProcessPoolExecutor | None = None
         self._pending: list[Future[None]] = []
         self._deferred: list[tuple[tuple[str, ...], str, tuple[Any, ...]]] = []
-
-    def simulated(self, wall_s: float) -> None:
-        """Count ``wall_s`` more seconds of simulation; start the workers once there are enough
-        (from a thread: the caller goes on while they start)."""
-        self._simulated_s += wall_s
-        if self._starter is None and self._num_processes and (
-            self._simulated_s >= CHART_PROCESSES_AFTER_S
-        ):
+        if num_processes:  # the caller goes on (simulating) while the workers start
             self._starter = threading.Thread(target=self._start_pool, daemon=True,
                                              name="kvbench-chart-processes")  # fmt: skip
             self._starter.start()
@@ -109,8 +113,10 @@ class ChartDrawer:
         error is kept for ``_started_pool`` to raise in the caller's thread."""
         try:
             context = multiprocessing.get_context("forkserver")
-            context.set_forkserver_preload(_CHART_MODULES)
-            pool = ProcessPoolExecutor(self._num_processes, mp_context=context)
+            context.set_forkserver_preload(["kvbench.tasks.simulate.chart_server",
+                                            *_CHART_MODULES])  # fmt: skip
+            pool = ProcessPoolExecutor(self._num_processes, mp_context=context,
+                                       initializer=_exit_with_the_main_process)  # fmt: skip
             self._pending += [pool.submit(_started) for _ in range(self._num_processes)]
             self._pool = pool
         except BaseException as error:  # raised again where the charts are drawn

@@ -30,10 +30,10 @@ from kvbench.engine.scheduler_v1 import ReservingV1Memory, V1Limits, V1Memory
 from kvbench.engine.simulate_v1 import simulate_v1, v1_rejection_reason
 from kvbench.plots.time_series import run_memory_chart_rows
 from kvbench.tables.parquet import write_frames, write_table
+from kvbench.tables.parquet_stream import RunsTable
 from kvbench.tables.provenance import provenance
 from kvbench.tasks.profile.profile_file import load_profiled_cost_model
 from kvbench.tasks.simulate.accounting import workload_accounting
-from kvbench.tasks.simulate.chart_processes import drawer
 from kvbench.tasks.simulate.per_run_files import StreamedTables
 from kvbench.tasks.simulate.plot import plot_run
 from kvbench.tasks.simulate.real_runner import run_on_real_model
@@ -188,12 +188,14 @@ def run_experiment(
     is simulated and its charts handed out, before the steps and requests tables are written
     (a study hands out its own charts there, to be drawn beside that write).
 
-    The summary is written after every run and the (larger) steps and requests tables at the
-    end, and rewritten on the way at most every ``TABLES_EVERY_S`` seconds
-    (and ``TABLES_COST_MULTIPLE`` times their last write), so an interrupted experiment keeps
-    what it finished without rewriting millions of step rows after each run; an experiment
-    shorter than ``TABLES_EVERY_S`` writes each once. The memory chart gets each run's rows
-    thinned to what it draws (``memory_chart_rows``), not a second copy of every step.
+    The summary is written after every run. The (larger) steps and requests tables are written
+    run by run as the runs end, in a thread beside the next simulation, and published at the end
+    (``RunsTable``); the whole tables so far are also written on the way at most every
+    ``TABLES_EVERY_S`` seconds (and ``TABLES_COST_MULTIPLE`` times their last write), so an
+    interrupted experiment keeps what it finished without rewriting millions of step rows after
+    each run; an experiment shorter than ``TABLES_EVERY_S`` writes each once. The memory chart
+    gets each run's rows thinned to what it draws (``memory_chart_rows``), not a second copy of
+    every step.
     With ``engine.stream_tables`` each run's steps and requests go to their own parquet files in
     ``steps/`` and ``requests/`` as the run goes (``StreamedTables``): memory no longer grows with
     the steps (one run's request records are still held, for its summary).
@@ -205,102 +207,99 @@ def run_experiment(
     # paged_hybrid's pool: the model's KV-cache groups, blocks counted as vLLM's hybrid manager.
     groups_pool = hybrid_pool(deployment, cfg.allocator.block_size, cfg.allocator.num_gpu_blocks)
     summaries: list[dict] = []
-    all_steps: list[pd.DataFrame] = []
-    step_labels: list[dict] = []  # each run's labels, for its steps
-    all_requests: list[pd.DataFrame] = []
     plot_steps: list[pd.DataFrame] = []
     streamed = StreamedTables(output_dir, metadata) if cfg.engine.stream_tables else None
+    tables = None if streamed else _LargeTables(output_dir, metadata)
     checkpoint = _Checkpoint()
     workload_attrs: dict[str, dict] = {}
-    for workload_label, workload_cfg in _runs(cfg):
-        if workload_label not in workload_attrs:  # its rates share the rows: read them once
-            rows = workload_rows(workload_cfg, max_model_len)
-        workload = with_arrivals(rows, workload_cfg)
-        workload_attrs[workload_label] = dict(workload.attrs)
-        requests = to_requests(workload)
-        rate = workload_cfg.request_rate
-        beams = load_beam_ancestry() if workload_cfg.beam_width > 1 else None
-        ideal_by_design: dict[tuple[bool, int], dict[str, float]] = {}
-        v1_pool_slots = num_slots if cfg.scheduler.name == "vllm_v1" else None
-        for name in cfg.allocators:
-            # Checkpoint before a run, not after: the last run's tables are written once.
-            if all_steps and checkpoint.is_due():
-                checkpoint.write(_write_large_tables, output_dir, all_steps, step_labels,
-                                 all_requests, metadata)  # fmt: skip
-            settings = vattention_settings(cfg, deployment, name)
-            allocator = make_allocator(
-                name, num_slots, cfg.allocator.block_size, max_model_len,
-                radix_page_tokens=cfg.allocator.radix_page_tokens,
-                cpu_cache_slots=int(cfg.allocator.cpu_cache_gib * GIB
-                                    // deployment.kv_bytes_per_token),
-                hybrid_pool=groups_pool,
-                vattention=settings,
-            )
-            costs = cost_model(cfg, deployment, name)
-            labels = _run_labels(cfg, deployment, workload_label, name, rate)
-            if name == "radix":  # its block-table entry is a page: hit rates count pages
-                labels["block_size"] = allocator.block_size
-            ideal_key = (name == "radix", labels["block_size"])
-            if ideal_key not in ideal_by_design:
-                ideal_by_design[ideal_key] = _ideal_prefix_columns(
-                    requests, limits, labels["block_size"], v1_pool_slots,
-                    by_radix_tree=ideal_key[0],
+    try:
+        for workload_label, workload_cfg in _runs(cfg):
+            if workload_label not in workload_attrs:  # its rates share the rows: read them once
+                rows = workload_rows(workload_cfg, max_model_len)
+            workload = with_arrivals(rows, workload_cfg)
+            workload_attrs[workload_label] = dict(workload.attrs)
+            requests = to_requests(workload)
+            rate = workload_cfg.request_rate
+            beams = load_beam_ancestry() if workload_cfg.beam_width > 1 else None
+            ideal_by_design: dict[tuple[bool, int], dict[str, float]] = {}
+            v1_pool_slots = num_slots if cfg.scheduler.name == "vllm_v1" else None
+            for name in cfg.allocators:
+                # Checkpoint before a run, not after: the last run's tables are written once.
+                if tables is not None and tables.num_runs and checkpoint.is_due():
+                    checkpoint.write(tables.write_whole)
+                settings = vattention_settings(cfg, deployment, name)
+                allocator = make_allocator(
+                    name, num_slots, cfg.allocator.block_size, max_model_len,
+                    radix_page_tokens=cfg.allocator.radix_page_tokens,
+                    cpu_cache_slots=int(cfg.allocator.cpu_cache_gib * GIB
+                                        // deployment.kv_bytes_per_token),
+                    hybrid_pool=groups_pool,
+                    vattention=settings,
                 )
-            ideal = ideal_by_design[ideal_key]
-            labels["n"] = workload_cfg.num_samples
-            labels["beam_width"] = workload_cfg.beam_width
-            step_sink = streamed.start_run(labels, deployment) if streamed else None
-            started_s = time.perf_counter()
-            with tqdm(
-                total=len(requests),
-                desc=f"{name} @ {rate:g} req/s",
-                unit="req",
-                disable=not cfg.progress,
-            ) as bar:
-                measured: dict[str, Any] = {}
-                if cfg.executor.kind == "profiled":  # priced at the allocator's blocks
-                    costs = cost_model(cfg, deployment, name, allocator.block_size)
-                if cfg.executor.kind == "real":
-                    result, measured = run_on_real_model(cfg, requests, Scheduler(limits),
-                                                         allocator, bar.update)  # fmt: skip
-                elif cfg.scheduler.name == "vllm_v1":
-                    result = simulate_v1(requests, v1_memory(name, allocator, max_model_len),
-                                         v1_limits(limits), costs, num_slots, bar.update,
-                                         step_sink=step_sink, fast=cfg.engine.fast)
-                else:
-                    result = simulate(requests, Scheduler(limits), allocator, costs, bar.update,
-                                      beam_ancestry=beams, fast=cfg.engine.fast,
-                                      step_sink=step_sink)
-            wall_s = time.perf_counter() - started_s
-            drawer().simulated(wall_s)
-            request_table = requests_frame(result).assign(**labels)
-            summary = {**labels, **summarize(request_table, result, deployment), **ideal,
-                       **measured}  # fmt: skip
-            summary["simulation_wall_s"] = wall_s
-            summary.update(_virtual_columns(allocator, settings, deployment))
-            summaries.append(summary)
-            if streamed:
-                streamed.end_run(request_table)
-            else:
-                # Labelled as it is written (``write_frames``): a constant column of every step
-                # would cost more to build here than the run's steps themselves.
-                run_steps = steps_frame(result, deployment)
-                all_steps.append(run_steps)
-                step_labels.append(labels)
-                all_requests.append(request_table)
-                if cfg.plots:
-                    plot_steps.append(run_memory_chart_rows(run_steps, labels))
-            write_table(pd.DataFrame(summaries), output_dir / "summary.parquet", metadata)
-    if streamed:
-        plot_steps = streamed.plot_steps  # thinned as they streamed: the tables are on disk
-    summary_table = pd.DataFrame(summaries)
-    if cfg.plots:  # first: chart processes draw while this one writes the tables
-        plot_run(summary_table, pd.concat(plot_steps, ignore_index=True), output_dir / "plots",
-                 deployment, limits.max_num_seqs)  # fmt: skip
-    if before_tables is not None:
-        before_tables(summary_table)
-    if not streamed:
-        _write_large_tables(output_dir, all_steps, step_labels, all_requests, metadata)
+                costs = cost_model(cfg, deployment, name)
+                labels = _run_labels(cfg, deployment, workload_label, name, rate)
+                if name == "radix":  # its block-table entry is a page: hit rates count pages
+                    labels["block_size"] = allocator.block_size
+                ideal_key = (name == "radix", labels["block_size"])
+                if ideal_key not in ideal_by_design:
+                    ideal_by_design[ideal_key] = _ideal_prefix_columns(
+                        requests, limits, labels["block_size"], v1_pool_slots,
+                        by_radix_tree=ideal_key[0],
+                    )
+                ideal = ideal_by_design[ideal_key]
+                labels["n"] = workload_cfg.num_samples
+                labels["beam_width"] = workload_cfg.beam_width
+                step_sink = streamed.start_run(labels, deployment) if streamed else None
+                started_s = time.perf_counter()
+                with tqdm(
+                    total=len(requests),
+                    desc=f"{name} @ {rate:g} req/s",
+                    unit="req",
+                    disable=not cfg.progress,
+                ) as bar:
+                    measured: dict[str, Any] = {}
+                    if cfg.executor.kind == "profiled":  # priced at the allocator's blocks
+                        costs = cost_model(cfg, deployment, name, allocator.block_size)
+                    if cfg.executor.kind == "real":
+                        result, measured = run_on_real_model(cfg, requests, Scheduler(limits),
+                                                             allocator, bar.update)  # fmt: skip
+                    elif cfg.scheduler.name == "vllm_v1":
+                        result = simulate_v1(requests, v1_memory(name, allocator, max_model_len),
+                                             v1_limits(limits), costs, num_slots, bar.update,
+                                             step_sink=step_sink, fast=cfg.engine.fast)
+                    else:
+                        result = simulate(requests, Scheduler(limits), allocator, costs, bar.update,
+                                          beam_ancestry=beams, fast=cfg.engine.fast,
+                                          step_sink=step_sink)
+                wall_s = time.perf_counter() - started_s
+                request_table = requests_frame(result).assign(**labels)
+                summary = {**labels, **summarize(request_table, result, deployment), **ideal,
+                           **measured}  # fmt: skip
+                summary["simulation_wall_s"] = wall_s
+                summary.update(_virtual_columns(allocator, settings, deployment))
+                summaries.append(summary)
+                if streamed:
+                    streamed.end_run(request_table)
+                elif tables is not None:
+                    run_steps = steps_frame(result, deployment)
+                    tables.add(run_steps, labels, request_table)
+                    if cfg.plots:
+                        plot_steps.append(run_memory_chart_rows(run_steps, labels))
+                write_table(pd.DataFrame(summaries), output_dir / "summary.parquet", metadata)
+        if streamed:
+            plot_steps = streamed.plot_steps  # thinned as they streamed: the tables are on disk
+        summary_table = pd.DataFrame(summaries)
+        if cfg.plots:  # first: chart processes draw while this one writes the tables
+            plot_run(summary_table, pd.concat(plot_steps, ignore_index=True),
+                     output_dir / "plots", deployment, limits.max_num_seqs)  # fmt: skip
+        if before_tables is not None:
+            before_tables(summary_table)
+        if tables is not None:
+            tables.close()
+    except BaseException:  # an experiment that fails keeps no half-written table
+        if tables is not None:
+            tables.discard()
+        raise
     if cfg.summary_table:  # the end-of-run summary's switch silences this line too
         for label, attrs in workload_attrs.items():
             print(workload_accounting(label, summary_table, attrs))
@@ -382,14 +381,57 @@ class _Checkpoint:
         self._wait_s = max(TABLES_EVERY_S, TABLES_COST_MULTIPLE * (self._written_s - started_s))
 
 
-def _write_large_tables(
-    output_dir: Path,
-    steps: list[pd.DataFrame],
-    step_labels: list[dict],
-    requests: list[pd.DataFrame],
-    metadata: dict[str, str],
-) -> None:
-    """The steps (each run's with its labels) and requests tables of every run so far (the
-    summary is written per run)."""
-    write_frames(steps, output_dir / "steps.parquet", metadata, step_labels)
-    write_frames(requests, output_dir / "requests.parquet", metadata)
+class _LargeTables:
+    """An experiment's steps and requests tables: each run's rows kept, and appended to the files
+    as the run ends (``RunsTable``, in a thread beside the next simulation); ``close`` publishes
+    them (or, when a run's column types differed from the first's, writes them whole). A step's
+    labels (the run's ``experiment``, ``allocator``, ...) are added as the rows are written: a
+    constant column of every step would cost more to build than the run's steps themselves."""
+
+    def __init__(self, output_dir: Path, metadata: dict[str, str]) -> None:
+        self.steps_path = output_dir / "steps.parquet"
+        self.requests_path = output_dir / "requests.parquet"
+        self._metadata = metadata
+        self._steps: list[pd.DataFrame] = []
+        self._step_labels: list[dict] = []  # each run's labels, for its steps
+        self._requests: list[pd.DataFrame] = []
+        self._runs_tables = (RunsTable(self.steps_path, metadata),
+                             RunsTable(self.requests_path, metadata))  # fmt: skip
+
+    @property
+    def num_runs(self) -> int:
+        """Runs added so far."""
+        return len(self._steps)
+
+    def add(self, steps: pd.DataFrame, labels: dict, requests: pd.DataFrame) -> None:
+        """One run's steps (``labels`` added to each as it is written) and requests."""
+        self._steps.append(steps)
+        self._step_labels.append(labels)
+        self._requests.append(requests)
+        steps_table, requests_table = self._runs_tables
+        steps_table.append(steps, labels)
+        requests_table.append(requests)
+
+    def write_whole(self) -> None:
+        """Both tables of every run so far, each written at once (a checkpoint)."""
+        self._write_steps()
+        self._write_requests()
+
+    def close(self) -> None:
+        """Publish both tables."""
+        steps_table, requests_table = self._runs_tables
+        if not steps_table.close():
+            self._write_steps()
+        if not requests_table.close():
+            self._write_requests()
+
+    def discard(self) -> None:
+        """Drop what the files' threads wrote (an experiment that failed)."""
+        for table in self._runs_tables:
+            table.discard()
+
+    def _write_steps(self) -> None:
+        write_frames(self._steps, self.steps_path, self._metadata, self._step_labels)
+
+    def _write_requests(self) -> None:
+        write_frames(self._requests, self.requests_path, self._metadata)

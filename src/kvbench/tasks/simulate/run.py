@@ -149,7 +149,7 @@ def run_study(
 ) -> pd.DataFrame:
     """Run the grid (or the single setting), then the analyses; returns every summary row.
 
-    ``num_chart_workers`` processes draw the charts once the study has simulated a second
+    ``num_chart_workers`` processes, started with the study, draw the charts beside the tables
     (``chart_processes``; 0: this process draws them, after the tables). The command line asks
     for them; a script calling this function need not guard its main module as ``multiprocessing``
     would require.
