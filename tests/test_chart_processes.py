@@ -4,7 +4,10 @@ after the tables."""
 
 from __future__ import annotations
 
+import atexit
+import importlib
 import inspect
+import os
 import signal
 import subprocess
 import sys
@@ -139,3 +142,12 @@ def _running(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
     except FileNotFoundError:
         return False
+
+
+def test_the_quick_exit_of_the_fork_server_is_not_taken_by_another_process():
+    before = atexit._ncallbacks()
+    try:
+        importlib.reload(importlib.import_module("kvbench.tasks.simulate.chart_server"))
+        assert atexit._ncallbacks() == before
+    finally:  # were it registered here, pytest would end with status 0 whatever failed
+        atexit.unregister(os._exit)

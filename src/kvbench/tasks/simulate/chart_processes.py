@@ -31,7 +31,7 @@ from typing import Any
 
 from kvbench.plots import chart_formats, saved_formats
 
-# What a worker imports as it starts, before any chart is asked of it: the modules of every chart
+# What the fork server imports before it forks the workers: the modules of every chart
 # ``tasks.simulate.plot`` names.
 _CHART_MODULES = [
     "kvbench.tasks.simulate.plot",
