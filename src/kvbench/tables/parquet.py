@@ -54,13 +54,10 @@ def arrow_table(frame: pd.DataFrame, constants: Mapping[str, object] | None = No
     return table
 
 
-def with_provenance(schema: pa.Schema, metadata: dict[str, str]) -> pa.Schema:
-    """``schema`` carrying ``metadata`` (``read_metadata`` reads it back) beside what it had."""
-    return schema.with_metadata({**(schema.metadata or {}), METADATA_KEY: json.dumps(metadata)})
-
-
 def _write_arrow(table: pa.Table, path: Path, metadata: dict[str, str]) -> Path:
-    table = table.replace_schema_metadata(with_provenance(table.schema, metadata).metadata)
+    schema_metadata = dict(table.schema.metadata or {})
+    schema_metadata[METADATA_KEY] = json.dumps(metadata).encode()
+    table = table.replace_schema_metadata(schema_metadata)
     with atomic_path(path) as tmp_path:
         pq.write_table(table, tmp_path)
     return path

@@ -25,38 +25,46 @@ import pyarrow.parquet as pq
 from kvbench.engine.records import RequestRecord
 from kvbench.tables.atomic import naming, publish, temporary_path
 from kvbench.tables.kill_points import kill_point
-from kvbench.tables.parquet import METADATA_KEY, arrow_table, with_provenance
+from kvbench.tables.parquet import METADATA_KEY, arrow_table
 from kvbench.tables.record_columns import record_columns
 
 
 class ParquetStream:
     """Appends column chunks to one parquet file; ``close`` publishes it."""
 
-    def __init__(self, path: Path, metadata: dict[str, str]) -> None:
+    def __init__(self, path: Path, metadata: dict[str, str], tmp_path: Path | None = None) -> None:
+        """``tmp_path``: where the file is written until ``close`` (default: ``atomic``'s
+        temporary of ``path``)."""
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
         self.num_rows = 0
         self._metadata = {METADATA_KEY: json.dumps(metadata).encode()}
-        self._tmp_path = temporary_path(path)
+        self._tmp_path = tmp_path or temporary_path(path)
         self._writer: pq.ParquetWriter | None = None
+
+    @property
+    def schema(self) -> pa.Schema | None:
+        """The file's columns and types (the first chunk's); None before any chunk."""
+        return None if self._writer is None else self._writer.schema
 
     def write_columns(self, columns: Mapping[str, Sequence | np.ndarray]) -> None:
         """Append one chunk of rows, given column by column (a ``step_sink``)."""
-        self._write(pa.table(columns))
+        self.write_table(pa.table(columns))
 
     def write_frame(self, frame: pd.DataFrame) -> None:
         """Append the rows of a table."""
         if len(frame):
-            self._write(pa.Table.from_pandas(frame, preserve_index=False))
+            self.write_table(pa.Table.from_pandas(frame, preserve_index=False))
 
-    def _write(self, table: pa.Table) -> None:
+    def write_table(self, table: pa.Table) -> None:
+        """Append the rows of an Arrow table (cast to the first chunk's types)."""
         try:
             if self._writer is None:
                 schema = table.schema.with_metadata(self._metadata)
                 self._writer = pq.ParquetWriter(self._tmp_path, schema)
             self._writer.write_table(table.cast(self._writer.schema))
         except OSError as error:
-            self._discard()
+            self.discard()
             raise naming(error, self.path) from error
         self.num_rows += table.num_rows
         kill_point(self.path, "chunk")
@@ -74,13 +82,13 @@ class ParquetStream:
                 kill_point(self.path, "written")
                 publish(self._tmp_path, self.path)
             except OSError as error:
-                self._discard()
+                self.discard()
                 raise naming(error, self.path) from error
             kill_point(self.path, "published")
         return self.path
 
-    def _discard(self) -> None:
-        """Drop the temporary file after a failed write (the destination keeps what it held)."""
+    def discard(self) -> None:
+        """Drop the temporary file (after a failed write: the destination keeps what it held)."""
         if self._writer is not None:
             with contextlib.suppress(OSError):  # closing writes the footer: it may fail again
                 self._writer.close()
@@ -106,9 +114,8 @@ class RunsTable:
 
     def __init__(self, path: Path, metadata: dict[str, str]) -> None:
         self.path = path
-        self._metadata = metadata
-        self._tmp_path = temporary_path(path.with_name(f"{path.name}.runs"))
-        self._writer: pq.ParquetWriter | None = None
+        self._stream = ParquetStream(path, metadata,
+                                     temporary_path(path.with_name(f"{path.name}.runs")))
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="kvbench-runs-table")
         self._last: Future[None] | None = None
         self._refused = False
@@ -123,20 +130,12 @@ class RunsTable:
     def _write(self, table: pa.Table) -> None:
         if self._refused:
             return
-        try:
-            if self._writer is None:
-                self.path.parent.mkdir(parents=True, exist_ok=True)
-                self._writer = pq.ParquetWriter(self._tmp_path,
-                                                with_provenance(table.schema, self._metadata))
-            elif not table.schema.equals(self._writer.schema, check_metadata=False):
-                self._refused = True
-                self._discard()
-                return
-            self._writer.write_table(table)
-        except OSError as error:
-            self._discard()
-            raise naming(error, self.path) from error
-        kill_point(self.path, "chunk")
+        schema = self._stream.schema
+        if schema is not None and not table.schema.equals(schema, check_metadata=False):
+            self._refused = True
+            self._stream.discard()
+            return
+        self._stream.write_table(table)
 
     def close(self) -> bool:
         """Wait for the thread and publish the file; False (nothing published) when a run's
@@ -144,27 +143,13 @@ class RunsTable:
         self._thread.shutdown(wait=True)
         if self._last is not None:
             self._last.result()
-        if self._refused or self._writer is None:
+        if self._refused or self._stream.schema is None:
             return False
-        try:
-            self._writer.close()
-            kill_point(self.path, "written")
-            publish(self._tmp_path, self.path)
-        except OSError as error:
-            self._discard()
-            raise naming(error, self.path) from error
-        kill_point(self.path, "published")
+        self._stream.close()
         return True
 
     def discard(self) -> None:
         """Stop after the write under way and remove the temporary file (an experiment that
         failed before its end)."""
         self._thread.shutdown(wait=True, cancel_futures=True)
-        self._discard()
-
-    def _discard(self) -> None:
-        if self._writer is not None:
-            with contextlib.suppress(OSError):  # closing writes the footer: it may fail again
-                self._writer.close()
-            self._writer = None
-        self._tmp_path.unlink(missing_ok=True)
+        self._stream.discard()
