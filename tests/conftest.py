@@ -54,3 +54,20 @@ def shared_traces() -> Path:
     if not SHARED_TRACES.is_dir():
         pytest.skip(f"{SHARED_TRACES} is absent (real traces live in ../shared/traces)")
     return SHARED_TRACES
+
+
+def assert_least_squares_optimum(features, times_s, coefficients) -> None:
+    """``coefficients`` minimise the relative squared error of ``features`` against ``times_s``
+    over all non-negative coefficients (Karush-Kuhn-Tucker): moving a positive coefficient
+    either way, or raising one at 0, lowers it nowhere."""
+    import numpy as np
+
+    targets = np.asarray(times_s, dtype=np.float64)  # [num_points]
+    weighted = np.asarray(features, dtype=np.float64) / targets[:, None]  # [num_points, num_terms]
+    residual = weighted @ np.asarray(coefficients) - 1.0  # [num_points]
+    norms = np.linalg.norm(weighted, axis=0) * np.linalg.norm(residual)  # [num_terms]
+    # Each term's slope of the error, as a cosine between its column and the residual.
+    slopes = np.divide(weighted.T @ residual, norms, out=np.zeros(len(norms)), where=norms > 0)
+    positive = np.asarray(coefficients) > 0
+    assert np.all(np.abs(slopes[positive]) < 1e-6), f"a positive term's slope: {slopes}"
+    assert np.all(slopes[~positive] > -1e-6), f"a term at 0 would lower the error: {slopes}"

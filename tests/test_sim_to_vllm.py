@@ -10,7 +10,7 @@ import re
 
 import pandas as pd
 import pytest
-from conftest import compose_config
+from conftest import assert_least_squares_optimum, compose_config
 from referee_support import peer
 
 from kvbench.config import ConfigError
@@ -18,7 +18,6 @@ from kvbench.core.request import Request
 from kvbench.engine.profiled import (
     PROFILE_TERMS,
     SWAP_TERMS,
-    ProfiledCostModel,
     iteration_features,
 )
 from kvbench.engine.simulate_v1 import chunks_shape
@@ -148,7 +147,6 @@ def test_the_grid_records_vllms_schedule_and_its_fit_prices_its_own_steps():
     from kvbench.referee.vllm_engine import EngineSettings, run_waves, start_vllm
     from kvbench.referee.vllm_v1 import RefereeLimits, run_referee
     from kvbench.tasks.equivalence.models import smollm2_model_dir
-    from kvbench.tasks.profile.fit import abs_pct_errors
 
     # A 64-token budget: the two 48-token prompts are chunked, the mixed point's prompt joins
     # two decodes in chunks of 62.
@@ -191,20 +189,14 @@ def test_the_grid_records_vllms_schedule_and_its_fit_prices_its_own_steps():
     assert any(s.num_prefill_tokens and s.num_decode_tokens for s in steps)  # a mixed step
     assert any(s.shape.prefill_attention_pairs > s.num_prefill_tokens * (s.num_prefill_tokens + 1)
                // 2 for s in steps)  # a chunk attending to the chunks before it  # fmt: skip
+    # The same point served twice schedules the same shapes.
+    first, second = repeats[: len(TINY_GRID)], repeats[len(TINY_GRID):]  # fmt: skip
+    assert [[s.shape for s in run] for run in first] == [[s.shape for s in run] for run in second]
+    # The fit is the best non-negative one over these steps' shapes and measured times. How
+    # close it comes is the machine's to say (another engine shares the two cores under -n 2):
+    # the experiment publishes that error, a test on a shared machine cannot bound it.
     coefficients = fit_on_vllm_steps(steps, settings.block_size)
-    assert all(value >= 0 for value in coefficients.values())
-    model = ProfiledCostModel(coefficients, settings.block_size)
-    errors = abs_pct_errors([model.iteration_time_s(s.shape) for s in steps],
-                            [s.duration_s for s in steps])  # fmt: skip
-    # The same point served twice schedules the same shapes; how far apart their times are is
-    # the machine's noise (large when another engine shares the two cores, as under -n 2).
-    first, second = repeats[: len(TINY_GRID)], repeats[len(TINY_GRID):]
-    pairs = [(a, b) for run_a, run_b in zip(first, second, strict=True)
-             for a, b in zip(run_a, run_b, strict=True)]  # fmt: skip
-    assert all(a.shape == b.shape for a, b in pairs)
-    noise_pct = float(pd.Series([abs(a.duration_s - b.duration_s) / (a.duration_s + b.duration_s)
-                                 * 200 for a, b in pairs]).median())  # fmt: skip
-    # The fit prices the steps it was fitted on within 15 % (median), or within twice the
-    # steps' own repeat noise where the machine is noisier than that: no fit is more precise
-    # than what it fits.
-    assert float(pd.Series(errors).median()) <= max(15.0, 2 * noise_pct)
+    fitted = [coefficients[term] for term in PROFILE_TERMS]
+    assert all(value >= 0 for value in fitted) and any(value > 0 for value in fitted)
+    assert_least_squares_optimum([iteration_features(s.shape, settings.block_size) for s in steps],
+                                 [s.duration_s for s in steps], fitted)  # fmt: skip

@@ -1,10 +1,10 @@
-"""Fit the profiled cost model's coefficients to measured times (numpy only).
+"""Fit the profiled cost model's coefficients to measured times.
 
 Least squares on relative error (each point weighted by 1 / its time, so a 5 ms decode step
-counts as much as a 2 s prefill), under non-negative coefficients: a term that would come out
-negative is dropped and the rest refitted, until every coefficient is >= 0 (the active-set idea
-of Lawson and Hanson, in its simplest form). A dropped term is 0: that cost did not show on this
-device.
+counts as much as a 2 s prefill), under non-negative coefficients, solved exactly (Lawson and
+Hanson's active set, ``scipy.optimize.nnls``). A term at 0 is a cost that did not show on this
+device. (Dropping whichever term comes out most negative and refitting, as this module once did,
+can stop at a set of terms that is not the optimum's.)
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
+from scipy.optimize import nnls
 
 
 def fit_non_negative(
@@ -26,18 +27,11 @@ def fit_non_negative(
     weighted = matrix * weights[:, None]  # [num_points, num_terms]
     # Scale columns to unit norm so the solve is well conditioned (pairs reach 1e5, 1 is 1).
     norms = np.linalg.norm(weighted, axis=0)  # [num_terms]
-    active = norms > 0
-    coefficients = np.zeros(matrix.shape[1])
-    while active.any():
-        columns = weighted[:, active] / norms[active]
-        solution, *_ = np.linalg.lstsq(columns, targets * weights, rcond=None)
-        solution = solution / norms[active]
-        if (solution >= 0).all():
-            coefficients[active] = solution
-            break
-        # Drop the most negative term and refit.
-        active_indices = np.flatnonzero(active)
-        active[active_indices[int(np.argmin(solution))]] = False
+    active = norms > 0  # a term no point has prices nothing: 0
+    coefficients = np.zeros(matrix.shape[1])  # [num_terms]
+    if active.any():
+        scaled, _ = nnls(weighted[:, active] / norms[active], targets * weights)
+        coefficients[active] = scaled / norms[active]
     return coefficients
 
 
