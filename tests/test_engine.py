@@ -170,3 +170,41 @@ def test_measured_attention_replaces_the_roofline_decode_attention():
     assert measured.iteration_time_s(shape) == COSTS.iteration_time_s(no_decode_attention) + 8e-4
     decode = IterationShape(0, 0, 8, 10_000)
     assert measured.decode_time_fn(8)(10_000) == measured.iteration_time_s(decode)
+
+
+def _wake_model():  # type: ignore[no-untyped-def]
+    from kvbench.engine.profiled import PROFILE_TERMS, SWAP_TERMS, ProfiledCostModel
+
+    costs = dict.fromkeys((*PROFILE_TERMS, *SWAP_TERMS), 0.0)
+    costs |= {"fixed_s": 0.01, "per_token_s": 1e-3, "wake_s": 0.05, "wake_per_idle_s": 0.1}
+    return ProfiledCostModel(costs, 16)
+
+
+@pytest.mark.parametrize("fast", [True, False])
+@pytest.mark.parametrize("scheduler", ["v0", "vllm_v1"])
+def test_the_first_iteration_after_an_idle_wait_pays_the_wake_up(fast, scheduler):
+    from kvbench.engine.scheduler_v1 import V1Limits
+    from kvbench.engine.simulate_v1 import simulate_v1
+    from kvbench.tasks.simulate.experiment import v1_memory
+
+    # Request 0 waits 2 s from the start, request 1 arrives while it runs (no wait), request 2
+    # after both have ended.
+    requests = [Request(0, 2.0, 20, 3), Request(1, 2.05, 20, 2), Request(2, 4.0, 20, 2)]
+    model = _wake_model()
+    allocator = make_allocator("paged", 16 * 64, 16, 256)
+    if scheduler == "v0":
+        result = simulate(requests, Scheduler(SchedulerLimits(max_model_len=256)), allocator,
+                          model, fast=fast)  # fmt: skip
+    else:
+        limits = V1Limits(max_num_seqs=8, max_num_batched_tokens=256, max_model_len=256)
+        result = simulate_v1(requests, v1_memory("paged", allocator, 256), limits, model,
+                             16 * 64, fast=fast)  # fmt: skip
+    starts = list(result.steps.columns["time_s"])
+    durations = list(result.steps.columns["duration_s"])
+    # A 20-token prefill costs 0.03 s by its shape; a step of one or two decodes 0.011 / 0.012.
+    assert starts[0] == 2.0 and durations[0] == pytest.approx(0.03 + 0.05 + 0.1 * 2.0)
+    last = starts.index(4.0)  # request 2's prefill
+    wait_s = 4.0 - (starts[last - 1] + durations[last - 1])
+    assert wait_s > 1.0 and durations[last] == pytest.approx(0.03 + 0.05 + 0.1 * wait_s)
+    # Every other step (request 1's prefill beside request 0's decode included) is its shape's.
+    assert [i for i, duration in enumerate(durations) if duration > 0.05] == [0, last]

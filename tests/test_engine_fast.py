@@ -256,6 +256,9 @@ class _TableCostModel:
     def swap_time_s(self, num_tokens):
         return 1e-7 * num_tokens
 
+    def wake_time_s(self, idle_s):
+        return 0.0 if idle_s <= 0 else 2e-3 + 1e-2 * idle_s
+
     def decode_time_fn(self, num_decode_tokens):
         return decode_time_by_shape(self, num_decode_tokens)
 

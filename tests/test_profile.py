@@ -12,6 +12,7 @@ from kvbench.config import ConfigError
 from kvbench.core.catalog import get_deployment
 from kvbench.engine.cost_model import IterationShape
 from kvbench.engine.profiled import (
+    OPTIONAL_TERMS,
     PROFILE_TERMS,
     ProfiledCostModel,
     iteration_features,
@@ -27,7 +28,7 @@ from kvbench.tasks.profile.profile_file import (
 COEFFICIENTS = {
     "fixed_s": 0.02, "per_seq_s": 4e-4, "per_token_s": 3e-3, "per_prefill_pair_s": 2e-7,
     "per_context_token_s": 1e-6, "per_context_block_s": 5e-6, "per_mean_context_s": 2e-5,
-    "swap_per_token_s": 1e-6, "swap_per_block_s": 3e-6,
+    "per_mixed_step_s": 4e-3, "swap_per_token_s": 1e-6, "swap_per_block_s": 3e-6,
 }  # fmt: skip
 
 
@@ -92,6 +93,18 @@ def test_missing_coefficients_are_refused():
         ProfiledCostModel({k: v for k, v in COEFFICIENTS.items() if k != "per_seq_s"}, 16)
 
 
+def test_mixed_steps_and_wake_ups_are_priced_apart_and_older_profiles_price_them_0():
+    full = ProfiledCostModel(COEFFICIENTS | {"wake_s": 0.03, "wake_per_idle_s": 0.01}, 16)
+    older = ProfiledCostModel({k: v for k, v in COEFFICIENTS.items()
+                               if k not in OPTIONAL_TERMS}, 16)  # fmt: skip
+    mixed = IterationShape(20, 210, 2, 80, num_prefill_seqs=1)
+    assert full.iteration_time_s(mixed) - older.iteration_time_s(mixed) == pytest.approx(4e-3)
+    for unmixed in (IterationShape(20, 210, 0, 0, num_prefill_seqs=1), IterationShape(0, 0, 2, 80)):
+        assert full.iteration_time_s(unmixed) == older.iteration_time_s(unmixed)
+    assert full.wake_time_s(2.0) == pytest.approx(0.05) and full.wake_time_s(0.0) == 0.0
+    assert older.wake_time_s(2.0) == 0.0
+
+
 def test_profile_file_round_trips_and_names_its_model(tmp_path):
     versions = {"kvbench": "1.0", "torch": "2.13.0", "transformers": "5.0"}
     name = profile_file_name("cpu", "smollm2-135m", "fp32", versions)
@@ -154,3 +167,16 @@ def test_a_grid_point_times_on_a_real_model(block_size):
     shape, timing = time_iteration(model, point, repeats=2)
     assert shape == IterationShape(12, 78, 2, 60, num_prefill_seqs=1)
     assert timing.median_s > 0 and timing.spread >= 0
+
+
+def test_a_wake_up_point_idles_before_every_run_and_the_grid_has_them():
+    from kvbench.tasks.equivalence.models import load_model
+    from kvbench.tasks.profile.grid import WAKE_WAITS_S
+    from kvbench.tasks.profile.measure import time_iteration
+
+    waits: list[float] = []
+    point = IterationPoint(16, prefill_prompts=(12,), wait_s=0.5)
+    shape, _ = time_iteration(load_model("tiny-llama-gqa"), point, repeats=2,
+                              sleep=waits.append)  # fmt: skip
+    assert waits == [0.5] * 3 and shape == IterationShape(12, 78, 0, 0, num_prefill_seqs=1)
+    assert [p.wait_s for p in iteration_grid() if p.wait_s] == list(WAKE_WAITS_S)

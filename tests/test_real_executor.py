@@ -104,3 +104,29 @@ def test_requests_arrive_on_the_wall_clock(model):
     for record in run.result.requests:
         assert record.admit_s >= record.arrival_s
         assert record.first_token_s > record.admit_s
+
+
+def test_each_step_records_the_idle_wait_before_it(model):
+    # A clock the loop's sleeps move forward at once: the waits are exact, the test quick.
+    import time
+
+    slept_s = [0.0]
+
+    def clock() -> float:
+        return time.perf_counter() + slept_s[0]
+
+    def sleep(seconds: float) -> None:
+        slept_s[0] += seconds
+
+    requests = [Request(0, 1.0, 6, 3), Request(1, 1.0, 6, 2), Request(2, 10.0, 6, 2)]
+    allocator = make_allocator("paged", 256, 8, MAX_MODEL_LEN)
+    run = run_real(requests, Scheduler(SchedulerLimits(max_model_len=MAX_MODEL_LEN)), allocator,
+                   RealExecutor(model, allocator), clock=clock, sleep=sleep)  # fmt: skip
+    starts = list(run.result.steps.columns["time_s"])
+    ends = [start + d for start, d in zip(starts, run.result.steps.columns["duration_s"],
+                                          strict=True)]  # fmt: skip
+    last = next(i for i, start in enumerate(starts) if start >= 10.0)  # request 2's prefill
+    # The first step waited from the run's start, request 2's from the end of the step before.
+    assert run.idle_before_s[0] == starts[0] == pytest.approx(1.0, abs=0.01)
+    assert run.idle_before_s[last] == pytest.approx(10.0 - ends[last - 1])
+    assert [i for i, idle_s in enumerate(run.idle_before_s) if idle_s] == [0, last]

@@ -21,7 +21,12 @@ from kvbench.engine.profiled import PROFILE_TERMS, SWAP_TERMS, ProfiledCostModel
 from kvbench.engine.scheduler import SchedulerLimits
 from kvbench.executors.real import _iteration_start_s
 from kvbench.tasks.sim_to_real import run as sim_to_real
-from kvbench.tasks.sim_to_real.real_grid import GRID_POOL_SLOTS, RealGridPoint, real_grid
+from kvbench.tasks.sim_to_real.real_grid import (
+    GRID_POOL_SLOTS,
+    IDLE_WAITS_S,
+    RealGridPoint,
+    real_grid,
+)
 from kvbench.tasks.sim_to_real.run import (
     FIT_SOURCE,
     INTERLEAVED_GRID_SOURCE,
@@ -40,7 +45,8 @@ from kvbench.tasks.sim_to_real.vllm_grid import GRID_REPEATS
 
 LIMITS = SchedulerLimits(max_model_len=64)
 COSTS = dict.fromkeys((*PROFILE_TERMS, *SWAP_TERMS), 0.0) | {
-    "fixed_s": 0.05, "per_seq_s": 0.005, "per_token_s": 0.002, "per_context_token_s": 1e-4}
+    "fixed_s": 0.05, "per_seq_s": 0.005, "per_token_s": 0.002, "per_context_token_s": 1e-4,
+    "per_mixed_step_s": 0.004}
 
 
 def _simulated(point: RealGridPoint):
@@ -75,6 +81,20 @@ def test_the_grid_spans_prefill_decode_and_mixed_steps():
     assert kinds == {(True, False), (False, True), (True, True)}
 
 
+def test_the_grids_idle_points_wait_before_their_first_step():
+    waiting = [point for point in real_grid(LIMITS.max_num_seqs, 64) if point.wait_s]
+    assert [point.wait_s for point in waiting] == list(IDLE_WAITS_S)
+    wake_costs = COSTS | {"wake_s": 0.01, "wake_per_idle_s": 0.02}
+    for point in waiting:
+        allocator = make_allocator(point.allocator, GRID_POOL_SLOTS, point.block_size, 64)
+        model = ProfiledCostModel(wake_costs, point.block_size)
+        columns = simulate(point.requests(), Scheduler(LIMITS), allocator, model).steps.columns
+        assert columns["time_s"][0] == point.wait_s and len(columns["time_s"]) == 4
+        warm_s = ProfiledCostModel(COSTS, point.block_size).iteration_time_s(
+            IterationShape(20, 210, 0, 0, num_prefill_seqs=1))  # fmt: skip
+        assert columns["duration_s"][0] == pytest.approx(warm_s + 0.01 + 0.02 * point.wait_s)
+
+
 def test_a_points_requests_and_slots():
     point = RealGridPoint(16, 2, 24, 3, (48,))
     assert [(r.request_id, r.arrival_s > 0, r.prompt_tokens, r.output_tokens)
@@ -97,7 +117,7 @@ def test_the_grids_parts_alternate_with_the_slices_runs(monkeypatch):
 
     def fake_serve(workload, rate, allocator_name, requests, executor, limits):
         served.append((workload, rate, allocator_name))
-        return RealRunRecord(workload, rate, allocator_name, requests, None, [], 1)
+        return RealRunRecord(workload, rate, allocator_name, requests, None, [], [], 1)
 
     class FakeExecutor:
         def __init__(self, model, allocator):
@@ -131,7 +151,7 @@ def _measured(workload: str, requests: list[Request], costs: dict[str, float]) -
     """A run whose 'measured' side is a simulation priced by ``costs`` (the truth)."""
     allocator = make_allocator("paged", 186, 16, 64)
     result = simulate(requests, Scheduler(LIMITS), allocator, ProfiledCostModel(costs, 16))
-    return RealRunRecord(workload, 4.0, "paged", requests, result, [], 16)
+    return RealRunRecord(workload, 4.0, "paged", requests, result, [], [], 16)
 
 
 def test_the_grid_profiles_hold_every_run_out_and_the_fit_slice_only_its_own():
@@ -169,29 +189,50 @@ def test_drift_scales_read_the_grid_parts_around_each_slice():
     assert drift_scales(grid_runs, costs, 2) == pytest.approx([1.0, 1.2])
 
 
-def _record(shapes, durations, start_unix_s, block_size=16, part=-1, point=-1, workload="a"):
+def _record(shapes, durations, start_unix_s, block_size=16, part=-1, point=-1, workload="a",
+            idle_before_s=None):  # fmt: skip
     columns = {"time_s": [0.1 * i for i in range(len(shapes))], "duration_s": durations}
     result = SimpleNamespace(steps=SimpleNamespace(columns=columns))
+    idle_before_s = idle_before_s or [0.0] * len(shapes)
     return RealRunRecord(workload, 4.0 if part < 0 else float("nan"), "paged", [], result,
-                         shapes, block_size, start_unix_s, point, part)  # fmt: skip
+                         shapes, idle_before_s, block_size, start_unix_s, point,
+                         part)  # fmt: skip
 
 
 def test_the_fit_recovers_the_costs_the_steps_were_priced_by():
     shapes = [IterationShape(tokens, tokens * (tokens + 1) // 2, decodes, decodes * context,
                              num_prefill_seqs=1 if tokens else 0)
-              for tokens in (0, 8, 32) for decodes in (1, 3, 6)
-              for context in (10, 40)]  # fmt: skip
+              for tokens in (0, 8, 32) for decodes in (0, 1, 3, 6)
+              for context in (10, 40) if tokens or decodes]  # fmt: skip
     for block_size in (1, 16):
         model = ProfiledCostModel(COSTS, block_size)
         run = _record(shapes, [model.iteration_time_s(shape) for shape in shapes], 0.0,
                       block_size)  # fmt: skip
         fitted = fit_on_runs([run])
-        for term in ("fixed_s", "per_seq_s", "per_token_s"):
+        for term in ("fixed_s", "per_seq_s", "per_token_s", "per_mixed_step_s"):
             assert fitted[term] == pytest.approx(COSTS[term], rel=1e-6, abs=1e-9)
         # Under block size 1 a context token is a block: the two terms are one feature.
         per_context_s = fitted["per_context_token_s"] + fitted["per_context_block_s"] / block_size
         assert per_context_s == pytest.approx(COSTS["per_context_token_s"], rel=1e-6)
         assert fitted["swap_per_token_s"] == 0.0
+        assert fitted["wake_s"] == fitted["wake_per_idle_s"] == 0.0  # no step after a wait
+
+
+def test_the_fit_prices_the_wake_up_after_an_idle_wait_apart_from_the_shape():
+    shapes = [IterationShape(tokens, tokens * (tokens + 1) // 2, decodes, decodes * 30,
+                             num_prefill_seqs=1 if tokens else 0)
+              for tokens in (0, 8, 32) for decodes in (1, 3, 6)]  # fmt: skip
+    costs = COSTS | {"wake_s": 0.01, "wake_per_idle_s": 0.008}
+    model = ProfiledCostModel(costs, 16)
+    # Every shape warm, and some again as the first step after waits of 0.5-4 s.
+    idle_before_s = [0.0] * len(shapes) + [0.5, 1.0, 2.0, 4.0, 0.25, 3.0]
+    shapes = shapes + shapes[1:7]
+    durations = [model.iteration_time_s(shape) + model.wake_time_s(idle_s)
+                 for shape, idle_s in zip(shapes, idle_before_s, strict=True)]  # fmt: skip
+    fitted = fit_on_runs([_record(shapes, durations, 0.0, idle_before_s=idle_before_s)])
+    assert fitted["wake_s"] == pytest.approx(0.01, rel=1e-6)
+    assert fitted["wake_per_idle_s"] == pytest.approx(0.008, rel=1e-6)
+    assert fitted["fixed_s"] == pytest.approx(COSTS["fixed_s"], rel=1e-6)
 
 
 def test_the_steps_table_puts_grid_and_runs_on_one_time_line_and_shows_drift():

@@ -57,6 +57,12 @@ class CostModel(Protocol):
         """Seconds to copy ``num_tokens`` tokens of KV between GPU and CPU (one direction)."""
         ...
 
+    def wake_time_s(self, idle_s: float) -> float:
+        """Seconds the first iteration after an idle wait of ``idle_s`` seconds (nothing to run
+        until a request arrived) takes beyond its shape's price: a device whose caches, memory
+        or clocks went cold while it waited (0.0 for a model that does not price it)."""
+        ...
+
     def decode_time_fn(self, num_decode_tokens: int) -> DecodeTimeFn:
         """``iteration_time_s`` of decode-only iterations of ``num_decode_tokens`` sequences, as
         a function of their summed context, giving identical floats. The engine's fast path calls

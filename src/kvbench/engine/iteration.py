@@ -1,6 +1,6 @@
 """What both engine paths do with an iteration they run, in one place: price and record it
-(``record_step``), then its sequences' tokens come out, samples fork, finished sequences go
-(``end_iteration``)."""
+(``record_step``, with the wake-up after an idle wait that ``IdleWait`` keeps), then its
+sequences' tokens come out, samples fork, finished sequences go (``end_iteration``)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,29 @@ from kvbench.engine.scheduler import Batch, Scheduler
 from kvbench.engine.sequence import Sequence
 
 
+class IdleWait:
+    """Whether the engine has waited for an arrival with nothing to run since its last
+    iteration, and from when: the next iteration it runs pays ``CostModel.wake_time_s`` for it.
+
+    The loops call ``begin`` when they jump (or sleep) to the next arrival, and ``record_step``
+    calls ``end`` for every iteration it prices: only the first after the wait is charged."""
+
+    __slots__ = ("since_s",)
+
+    def __init__(self) -> None:
+        self.since_s: float | None = None  # when the wait began (None: no wait)
+
+    def begin(self, now_s: float) -> None:
+        """The engine has nothing to run from ``now_s`` (a wait already begun goes on)."""
+        if self.since_s is None:
+            self.since_s = now_s
+
+    def end(self, now_s: float) -> float:
+        """Seconds waited before an iteration starting at ``now_s`` (0.0 without a wait)."""
+        since_s, self.since_s = self.since_s, None
+        return 0.0 if since_s is None else now_s - since_s
+
+
 def record_step(
     steps: StepRecords,
     batch: Batch,
@@ -20,10 +43,12 @@ def record_step(
     scheduler: Scheduler,
     allocator: Allocator,
     cost_model: CostModel,
+    idle: IdleWait | None = None,
 ) -> float:
     """Price the iteration ``batch`` runs from ``now_s`` (slots allocated, queues updated) and
     append its step row; returns its duration (s). ``decode_context_tokens`` is the decode
     sequences' KV tokens in all (the lazy batch keeps the sum: its sequences' counts are stale).
+    The first iteration after an idle wait (``idle``) also pays the cost model's wake-up.
 
     Decode-only stretches of the lazy batch write their rows in bulk instead
     (``StepRecords.decode_row_appenders``): the same columns, without a call per iteration."""
@@ -37,6 +62,9 @@ def record_step(
     swap_tokens = batch.num_swap_in_tokens + batch.num_swap_out_tokens + batch.num_cpu_load_tokens
     if swap_tokens:
         duration_s += cost_model.swap_time_s(swap_tokens)
+    idle_s = idle.end(now_s) if idle is not None else 0.0
+    if idle_s > 0:
+        duration_s += cost_model.wake_time_s(idle_s)
     steps.append(
         time_s=now_s,
         duration_s=duration_s,

@@ -24,7 +24,7 @@ from typing import cast
 from kvbench.allocators.base import Allocator, CohortAllocator
 from kvbench.engine.arrival_queue import Arrivals
 from kvbench.engine.cost_model import CostModel, DecodeTimeFn
-from kvbench.engine.iteration import end_iteration, finish_sequence, record_step
+from kvbench.engine.iteration import IdleWait, end_iteration, finish_sequence, record_step
 from kvbench.engine.records import EXCEEDS_POOL, StepRecords
 from kvbench.engine.samples import SampleGroups
 from kvbench.engine.scheduler import FCFS, Scheduler
@@ -48,6 +48,7 @@ class LazyBatch:
         cost_model: CostModel,
         steps: StepRecords,
         samples: SampleGroups,
+        idle: IdleWait,
     ) -> None:
         # lpm reorders the queue as the cache changes, which a stretch's blocked head assumes
         # it does not: lpm runs step by step (the same records the step loop gives).
@@ -59,6 +60,8 @@ class LazyBatch:
         self._cost_model = cost_model
         self._steps = steps
         self._samples = samples
+        # Only an admission iteration can follow an idle wait (nothing ran during it).
+        self._idle = idle
         self._tick = 0  # iterations run while active: a running sequence generated offset + tick
         self._finish_tick: dict[Sequence, int] = {}  # running sequence -> tick it finishes at
         self._finishing: dict[int, list[Sequence]] = {}  # tick -> its finishers, running order
@@ -161,7 +164,7 @@ class LazyBatch:
         if not batch.decode and not prefill:
             return now_s, len(rejected)
         duration_s = record_step(self._steps, batch, now_s, self._context_tokens, scheduler,
-                                 allocator, self._cost_model)  # fmt: skip
+                                 allocator, self._cost_model, self._idle)  # fmt: skip
         end_s = now_s + duration_s
         forks = False
         for seq in prefill:

@@ -11,7 +11,14 @@ pricing one thing an iteration does (``PROFILE_TERMS``; docs/sim_to_real.md):
            + per_context_token_s  x decode context     # decode attention, per KV token read
            + per_context_block_s  x decode context / block_size   # per block-table entry walked
            + per_mean_context_s   x decode context / decode seqs  # the kernel's walk over tiles
+           + per_mixed_step_s     x (1 if it prefills and decodes)  # both attention paths
     swap_s = swap_per_token_s x tokens + swap_per_block_s x tokens / block_size
+    wake_s = wake_s + wake_per_idle_s x idle seconds  # the first iteration after an idle wait
+
+The wake terms price a device gone cold while the engine waited for a request (on a CPU, the
+model's memory leaving the caches). ``per_mixed_step_s`` prices a step that runs the decode
+kernel and the prefill attention side by side (each layer launches both). Both came after the
+first profiles were written: a profile without them prices them 0 (``OPTIONAL_TERMS``).
 
 The block size is the kernel's: the allocator's for the paged ones, 1 for the contiguous ones
 (their tables list slots). Pure: the coefficients are given (the profile file is read at the edge,
@@ -34,8 +41,18 @@ PROFILE_TERMS = (
     "per_context_token_s",
     "per_context_block_s",
     "per_mean_context_s",
+    "per_mixed_step_s",
 )
 SWAP_TERMS = ("swap_per_token_s", "swap_per_block_s")
+WAKE_TERMS = ("wake_s", "wake_per_idle_s")
+# Terms a profile may lack (written before they were priced): 0.
+OPTIONAL_TERMS = ("per_mixed_step_s", *WAKE_TERMS)
+
+
+def missing_terms(coefficients: Mapping[str, float]) -> list[str]:
+    """The terms a profile must price that ``coefficients`` lacks."""
+    return [t for t in (*PROFILE_TERMS, *SWAP_TERMS)
+            if t not in coefficients and t not in OPTIONAL_TERMS]  # fmt: skip
 
 
 def iteration_features(shape: IterationShape, block_size: int) -> tuple[float, ...]:
@@ -52,7 +69,14 @@ def iteration_features(shape: IterationShape, block_size: int) -> tuple[float, .
         float(context),
         context / block_size,
         mean_context,
+        1.0 if shape.num_prefill_tokens and shape.num_decode_tokens else 0.0,
     )
+
+
+def wake_features(idle_s: float) -> tuple[float, float]:
+    """What each of ``WAKE_TERMS`` multiplies in the iteration after an idle wait of ``idle_s``
+    seconds (0, 0 without a wait)."""
+    return (1.0, idle_s) if idle_s > 0 else (0.0, 0.0)
 
 
 def swap_features(num_tokens: int, block_size: int) -> tuple[float, float]:
@@ -65,7 +89,8 @@ class ProfiledCostModel:
     """Prices iterations and swaps with fitted coefficients (a ``CostModel``).
 
     Args:
-        coefficients: seconds per unit of every term of ``PROFILE_TERMS`` and ``SWAP_TERMS``.
+        coefficients: seconds per unit of every term of ``PROFILE_TERMS`` and ``SWAP_TERMS``,
+            and of ``WAKE_TERMS`` where measured (a missing one is 0).
         block_size: the attention kernel's block size for this run's allocator.
     """
 
@@ -73,7 +98,7 @@ class ProfiledCostModel:
     block_size: int
 
     def __post_init__(self) -> None:
-        missing = [t for t in (*PROFILE_TERMS, *SWAP_TERMS) if t not in self.coefficients]
+        missing = missing_terms(self.coefficients)
         if missing:
             raise ValueError(f"profile coefficients miss {', '.join(missing)}")
         if self.block_size < 1:
@@ -84,12 +109,20 @@ class ProfiledCostModel:
         if shape.num_prefill_tokens + shape.num_decode_tokens == 0:
             return 0.0
         features = iteration_features(shape, self.block_size)
-        return sum(self.coefficients[t] * f for t, f in zip(PROFILE_TERMS, features, strict=True))
+        return sum(self.coefficients.get(t, 0.0) * f
+                   for t, f in zip(PROFILE_TERMS, features, strict=True))  # fmt: skip
 
     def swap_time_s(self, num_tokens: int) -> float:
         """Seconds to copy ``num_tokens`` tokens of KV to swap space or back (one direction)."""
         features = swap_features(num_tokens, self.block_size)
         return sum(self.coefficients[t] * f for t, f in zip(SWAP_TERMS, features, strict=True))
+
+    def wake_time_s(self, idle_s: float) -> float:
+        """Seconds the first iteration after an idle wait of ``idle_s`` seconds takes beyond its
+        shape's price (0.0 without a wait or without wake terms)."""
+        features = wake_features(idle_s)
+        return sum(self.coefficients.get(t, 0.0) * f for t, f in zip(WAKE_TERMS, features,
+                                                                     strict=True))  # fmt: skip
 
     def decode_time_fn(self, num_decode_tokens: int) -> DecodeTimeFn:
         """``iteration_time_s`` of decode-only iterations of ``num_decode_tokens`` sequences,

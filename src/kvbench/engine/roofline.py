@@ -263,6 +263,10 @@ class RooflineCostModel:
 
         return time_s
 
+    def wake_time_s(self, idle_s: float) -> float:
+        """0.0: peak figures say nothing of a device waking from an idle wait."""
+        return 0.0
+
     def swap_time_s(self, num_tokens: int) -> float:
         """Seconds to copy ``num_tokens`` tokens of KV over PCIe (one direction, all GPUs)."""
         link_bytes_per_s = (

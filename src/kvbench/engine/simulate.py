@@ -14,7 +14,7 @@ from kvbench.core.request import Request
 from kvbench.engine.arrival_queue import Arrivals, RecordSink
 from kvbench.engine.beams import Ancestry
 from kvbench.engine.cost_model import CostModel
-from kvbench.engine.iteration import end_iteration, record_step
+from kvbench.engine.iteration import IdleWait, end_iteration, record_step
 from kvbench.engine.lazy_batch import LazyBatch
 from kvbench.engine.records import EXCEEDS_POOL, SimulationResult, StepRecords, StepSink
 from kvbench.engine.samples import SampleGroups
@@ -60,14 +60,16 @@ def simulate(
     samples = SampleGroups(next_seq_id=arrivals.first_free_seq_id,
                            beam_ancestry=beam_ancestry or {})
     use_fast_path = fast and on_step is None
+    idle = IdleWait()
     lazy_batch = None
     if use_fast_path:
-        lazy_batch = LazyBatch(arrivals, scheduler, allocator, cost_model, steps, samples)
+        lazy_batch = LazyBatch(arrivals, scheduler, allocator, cost_model, steps, samples, idle)
         if not lazy_batch.enabled:
             lazy_batch = None
     now_s = 0.0
     while arrivals.num_pending or scheduler.has_work:
         if not scheduler.has_work and arrivals.next_arrival_s() > now_s:
+            idle.begin(now_s)
             now_s = arrivals.next_arrival_s()  # idle: jump to the next arrival
         num_ended = arrivals.admit_until(now_s, scheduler, samples)
         lazy_step = lazy_batch.step(now_s) if lazy_batch is not None else None
@@ -83,7 +85,7 @@ def simulate(
                 if on_step is not None:
                     on_step(batch, allocator)
                 now_s, num_finished = _run_iteration(
-                    batch, now_s, scheduler, allocator, cost_model, steps, samples
+                    batch, now_s, scheduler, allocator, cost_model, steps, samples, idle
                 )
                 num_ended += num_finished
         if num_ended:
@@ -111,11 +113,12 @@ def _run_iteration(
     cost_model: CostModel,
     steps: StepRecords,
     samples: SampleGroups,
+    idle: IdleWait,
 ) -> tuple[float, int]:
     """Price and record one iteration, advance its sequences; returns (end time, finished)."""
     decode_context_tokens = sum(seq.num_kv_tokens for seq in batch.decode)
     decode_context_tokens += sum(seq.num_kv_tokens for seq in batch.swapped_in)
     duration_s = record_step(steps, batch, now_s, decode_context_tokens, scheduler, allocator,
-                             cost_model)  # fmt: skip
+                             cost_model, idle)  # fmt: skip
     end_s = now_s + duration_s
     return end_s, end_iteration(batch, now_s, end_s, scheduler, allocator, samples)

@@ -19,6 +19,7 @@ from collections.abc import Sequence as SequenceOf
 
 from kvbench.core.request import Request
 from kvbench.engine.cost_model import CostModel, IterationShape
+from kvbench.engine.iteration import IdleWait
 from kvbench.engine.records import (
     EMPTY_PROMPT,
     EXCEEDS_MAX_MODEL_LEN,
@@ -77,9 +78,11 @@ def simulate_v1(
     records: list[RequestRecord] = []
     record_of: dict[int, RequestRecord] = {}
     num_arrived = 0
+    idle = IdleWait()
     now_s = 0.0
     while num_arrived < len(pending) or scheduler.has_unfinished:
         if not scheduler.has_unfinished and pending[num_arrived].arrival_s > now_s:
+            idle.begin(now_s)
             now_s = pending[num_arrived].arrival_s  # idle: jump to the next arrival
         num_ended = 0
         while num_arrived < len(pending) and pending[num_arrived].arrival_s <= now_s:
@@ -102,7 +105,8 @@ def simulate_v1(
                 record_of.pop(scheduler.drop_first_waiting().request_id).mark_rejected(EXCEEDS_POOL)
                 num_ended += 1
                 continue
-            now_s, num_finished = _record_step(step, scheduler, cost_model, now_s, steps, record_of)
+            now_s, num_finished = _record_step(step, scheduler, cost_model, now_s, steps,
+                                               record_of, idle.end(now_s))  # fmt: skip
             num_ended += num_finished
         if num_ended and on_finish is not None:
             on_finish(num_ended)
@@ -117,13 +121,17 @@ def _record_step(
     now_s: float,
     steps: StepRecords,
     record_of: dict[int, RequestRecord],
+    idle_s: float,
 ) -> tuple[float, int]:
-    """Price the step, append its row and update its requests' records; (end time, finished)."""
+    """Price the step, append its row and update its requests' records; (end time, finished).
+    ``idle_s``: the idle wait before it (the cost model's wake-up is charged when > 0)."""
     batch = scheduler.last_batch
     assert batch.usage is not None  # the scheduler records it
     usage = batch.usage.with_free_blocked() if batch.memory_blocked else batch.usage
     shape, num_prefill_seqs = step_shape(batch)
     duration_s = cost_model.iteration_time_s(shape)
+    if idle_s > 0:
+        duration_s += cost_model.wake_time_s(idle_s)
     end_s = now_s + duration_s
     steps.append(
         time_s=now_s,

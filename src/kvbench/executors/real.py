@@ -27,7 +27,7 @@ from kvbench.allocators.base import Allocator, CopyOnWriteCounter
 from kvbench.core.request import Request
 from kvbench.engine.arrival_queue import Arrivals
 from kvbench.engine.cost_model import DecodeTimeFn, IterationShape, iteration_shape
-from kvbench.engine.iteration import end_iteration, record_step
+from kvbench.engine.iteration import IdleWait, end_iteration, record_step
 from kvbench.engine.records import EXCEEDS_POOL, SimulationResult, StepRecords
 from kvbench.engine.samples import SampleGroups
 from kvbench.engine.scheduler import Batch, Scheduler
@@ -160,6 +160,10 @@ class MeasuredTime:
         """0: the executor's swap copies ran inside the measured iteration."""
         return 0.0
 
+    def wake_time_s(self, idle_s: float) -> float:
+        """0: waking from an idle wait is inside the measured iteration."""
+        return 0.0
+
     def decode_time_fn(self, num_decode_tokens: int) -> DecodeTimeFn:
         """The measured duration for any context (never called: ``run_real`` has no fast
         path)."""
@@ -176,6 +180,9 @@ class RealRun:
         peak_rss_bytes: the process's largest resident memory sampled after each iteration.
         num_forwards: forward passes run.
         shapes: each recorded iteration's shape (what a profiled cost model is fitted on).
+        idle_before_s: each recorded iteration's idle wait before it, from the end of the
+            iteration before (or the run's start) when the loop slept for an arrival in
+            between, else 0.0 (what a profile's wake terms are fitted on).
     """
 
     result: SimulationResult
@@ -183,6 +190,7 @@ class RealRun:
     peak_rss_bytes: int
     num_forwards: int
     shapes: list[IterationShape]
+    idle_before_s: list[float]
 
 
 def run_real(
@@ -202,12 +210,15 @@ def run_real(
     samples = SampleGroups(next_seq_id=arrivals.first_free_seq_id)
     peak_rss_bytes = resident_bytes()
     shapes: list[IterationShape] = []
+    idle_before_s: list[float] = []
+    idle = IdleWait()
     start_s = clock()
     last_end_s: float | None = None  # when the last iteration ended (None: idle since)
     while arrivals.num_pending or scheduler.has_work:
         now_s = clock() - start_s
         next_arrival_s = arrivals.next_arrival_s()
         if not scheduler.has_work and next_arrival_s > now_s:
+            idle.begin(0.0 if last_end_s is None else last_end_s)  # the run starts idle at 0
             sleep(next_arrival_s - now_s)  # idle until the next request arrives
             now_s = max(clock() - start_s, next_arrival_s)
             last_end_s = None
@@ -218,6 +229,7 @@ def run_real(
         num_ended += len(rejected)
         if batch.sequences:
             now_s = _iteration_start_s(now_s, last_end_s, next_arrival_s)
+            idle_before_s.append(idle.end(now_s))
             executor.run(batch, scheduler)
             end_s = last_end_s = clock() - start_s
             decode_context_tokens = sum(seq.num_kv_tokens for seq in batch.decode)
@@ -236,7 +248,7 @@ def run_real(
     result = SimulationResult(steps=steps, requests=arrivals.records,
                               num_slots=allocator.num_slots, num_copy_on_writes=copies)  # fmt: skip
     return RealRun(result, executor.memory.pool_bytes, peak_rss_bytes, executor.num_forwards,
-                   shapes)  # fmt: skip
+                   shapes, idle_before_s)  # fmt: skip
 
 
 def _iteration_start_s(now_s: float, last_end_s: float | None, next_arrival_s: float) -> float:

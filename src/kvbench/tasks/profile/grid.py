@@ -1,9 +1,11 @@
-"""The shapes ``task=profile`` times: decode batches, prefills, mixed iterations, swap copies.
+"""The shapes ``task=profile`` times: decode batches, prefills, mixed iterations, wake-ups,
+swap copies.
 
 Each point is one iteration the real executor runs. Decode batches span batch sizes, contexts
 (spread around their mean, as a real batch's are) and the kernel's block sizes (1: a contiguous
-allocator's arena); prefills span prompt lengths and counts; swaps span sizes and block sizes.
-Sized to take a few minutes on two CPU cores (docs/sim_to_real.md).
+allocator's arena); prefills span prompt lengths and counts; wake-ups are a prefill timed after
+idle waits of several lengths; swaps span sizes and block sizes. Sized to take a few minutes on
+two CPU cores (docs/sim_to_real.md).
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ DECODE_MEAN_CONTEXTS = (64, 256, 768)
 PREFILL_PROMPTS = (16, 64, 256)
 PREFILL_COUNTS = (1, 2)
 SWAP_TOKENS = (256, 2048)
+# Idle waits (s) before a timed 64-token prefill: what the wake terms are fitted on.
+WAKE_WAITS_S = (0.5, 1.0, 2.0, 4.0)
 
 
 @dataclass(frozen=True)
@@ -27,11 +31,13 @@ class IterationPoint:
         block_size: the kernel's block size (1: a contiguous allocator).
         decode_contexts: each decoding sequence's context, the new token included.
         prefill_prompts: each prefilled sequence's prompt tokens.
+        wait_s: seconds the executor idles before each run of it (a wake-up point).
     """
 
     block_size: int
     decode_contexts: tuple[int, ...] = ()
     prefill_prompts: tuple[int, ...] = ()
+    wait_s: float = 0.0
 
     def num_slots(self, output_tokens: int) -> int:
         """Slots a pool needs to hold the point: every sequence with room for ``output_tokens``
@@ -78,6 +84,7 @@ def iteration_grid() -> list[IterationPoint]:
         for block_size in (1, 16)
         for prompt in (32, 128)
     ]
+    points += [IterationPoint(16, prefill_prompts=(64,), wait_s=wait_s) for wait_s in WAKE_WAITS_S]
     return points
 
 

@@ -3,7 +3,8 @@
 Each iteration point gets a fresh allocator (``naive_oracle`` for block size 1, ``paged``
 otherwise) and executor; its sequences are admitted as the scheduler would admit them, and
 ``RealExecutor.run`` is timed on the batch, as ``run_real`` times an iteration. A point runs once
-untimed, then ``repeats`` times; the median is kept, with the spread (max - min) / median.
+untimed, then ``repeats`` times; the median is kept, with the spread (max - min) / median. A
+wake-up point sleeps its ``wait_s`` before each run, as ``run_real`` sleeps for an arrival.
 """
 
 from __future__ import annotations
@@ -60,9 +61,9 @@ def _sequence(seq_id: int, prompt_tokens: int, num_generated: int) -> Sequence:
 
 
 def time_iteration(
-    model: Any, point: IterationPoint, repeats: int
+    model: Any, point: IterationPoint, repeats: int, sleep: Callable[[float], None] = time.sleep
 ) -> tuple[IterationShape, Timing]:
-    """The point's shape and its measured time."""
+    """The point's shape and its measured time (after an idle wait of ``point.wait_s``)."""
     name = "naive_oracle" if point.block_size == 1 else "paged"
     max_model_len = max((*point.decode_contexts, *point.prefill_prompts)) + OUTPUT_TOKENS + 2
     allocator = make_allocator(name, point.num_slots(OUTPUT_TOKENS), point.block_size,
@@ -81,6 +82,8 @@ def time_iteration(
         _readmit(allocator, decode + prefill)
         for seq in decode:
             executor.assume_computed(seq.seq_id, [0] * seq.num_kv_tokens)
+        if point.wait_s:
+            sleep(point.wait_s)
 
     batch = Batch(decode=decode, prefill=prefill)
     timing = time_repeats(lambda: executor.run(batch, scheduler), prepare, repeats)

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from kvbench.core.specs import Deployment
-from kvbench.engine.profiled import PROFILE_TERMS, SWAP_TERMS, ProfiledCostModel
+from kvbench.engine.profiled import ProfiledCostModel, missing_terms
 from kvbench.tables.atomic import write_text_atomic
 
 FORMAT_VERSION = 1
@@ -39,8 +39,7 @@ def read_profile(path: str | Path) -> dict[str, Any]:
     except json.JSONDecodeError as error:
         raise ValueError(f"{path}: not a profile file (invalid JSON: {error.msg}); write one "
                          "with `python -m kvbench task=profile`") from None  # fmt: skip
-    missing = [t for t in (*PROFILE_TERMS, *SWAP_TERMS)
-               if t not in document.get("coefficients", {})]  # fmt: skip
+    missing = missing_terms(document.get("coefficients", {}))
     if missing:
         raise ValueError(f"{path}: profile has no coefficient {missing[0]}; write it again with "
                          "`python -m kvbench task=profile`")  # fmt: skip

@@ -20,9 +20,11 @@ from kvbench import __version__
 from kvbench.engine.profiled import (
     PROFILE_TERMS,
     SWAP_TERMS,
+    WAKE_TERMS,
     ProfiledCostModel,
     iteration_features,
     swap_features,
+    wake_features,
 )
 from kvbench.tables.parquet import write_table
 from kvbench.tables.provenance import provenance
@@ -50,17 +52,19 @@ def run_profile(cfg: Any, deployment: Any, raw_cfg: Any, output_dir: Path) -> pd
     iterations = [(point, *time_iteration(model, point, REPEATS)) for point in iteration_grid()]
     swaps = [(point, time_swap(model, point, REPEATS)) for point in swap_grid()]
     iteration_coefficients = fit_non_negative(
-        [iteration_features(shape, point.block_size) for point, shape, _ in iterations],
+        [iteration_features(shape, point.block_size) + wake_features(point.wait_s)
+         for point, shape, _ in iterations],
         [timing.median_s for _, _, timing in iterations],
-    )
+    )  # fmt: skip
     swap_coefficients = fit_non_negative(
         [swap_features(point.num_tokens, point.block_size) for point, _ in swaps],
         [timing.median_s for _, timing in swaps],
     )
-    coefficients = dict(zip(PROFILE_TERMS, map(float, iteration_coefficients), strict=True))
+    coefficients = dict(zip((*PROFILE_TERMS, *WAKE_TERMS), map(float, iteration_coefficients),
+                            strict=True))  # fmt: skip
     coefficients.update(zip(SWAP_TERMS, map(float, swap_coefficients), strict=True))
     rows = [
-        iteration_row(shape, point.block_size, timing.median_s, timing.spread,
+        iteration_row(shape, point.block_size, point.wait_s, timing.median_s, timing.spread,
                       ProfiledCostModel(coefficients, point.block_size))
         for point, shape, timing in iterations
     ]  # fmt: skip

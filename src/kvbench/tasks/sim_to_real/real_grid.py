@@ -11,12 +11,14 @@ contiguous arena, ``naive_oracle``) and 16 (``paged``):
 - decodes: ``num_seqs`` prompts of one length prefilled together, then ``DECODE_STEPS``
   decode-only steps at contexts just past the prompt;
 - mixed: decodes as above, joined after their prefill by prompts computed beside their first
-  decode (the joiners arrive ``JOIN_AFTER_S`` after the start, while the first step runs).
+  decode (the joiners arrive ``JOIN_AFTER_S`` after the start, while the first step runs);
+- idle waits: one request arriving ``IDLE_WAITS_S`` after the point starts, so ``run_real``
+  sleeps first and its prefill is the first step after an idle wait (the wake terms).
 
 Sized to the experiment's shapes (``max_model_len`` 64: prompts of 4-52 tokens, decode batches of
 1-6 at contexts 9-56, mixed steps) and to about 20 s of steps on two CPU cores per copy (150
-steps); ``interleave`` (``vllm_grid``) deals ``GRID_REPEATS`` copies into the parts measured
-between the real runs.
+steps), with 7.5 s of idle waits; ``interleave`` (``vllm_grid``) deals ``GRID_REPEATS`` copies
+into the parts measured between the real runs.
 """
 
 from __future__ import annotations
@@ -36,6 +38,10 @@ MIXED = ((1, 16, (16,)), (2, 40, (8,)), (4, 8, (32,)), (2, 24, (48,)), (3, 16, (
 # When the joining prompts of a mixed point arrive: after the first step (the decoders' prefill,
 # tens of ms on a CPU) has begun, so they are admitted beside the decoders' first decode.
 JOIN_AFTER_S = 0.02
+# Idle waits before a request (s), spanning the waits of the experiment's 0.5 req/s runs; its
+# prompt and decode steps are a decode point's (block size 16: a wake-up is not the kernel's).
+IDLE_WAITS_S = (0.5, 1.0, 2.0, 4.0)
+IDLE_PROMPT_TOKENS = 20
 # The grid's own pool: the largest point held at once, with no preemption, under either layout.
 GRID_POOL_SLOTS = 1024
 
@@ -51,6 +57,8 @@ class RealGridPoint:
         decode_steps: decode-only tokens each generates after its first (0: a prefill point).
         joining_prompts: prompts arriving at ``JOIN_AFTER_S``, computed beside the first decode
             with one output token each (a mixed point).
+        wait_s: how long after the point starts its requests arrive (an idle-wait point: the
+            executor sleeps until then).
     """
 
     block_size: int
@@ -58,6 +66,7 @@ class RealGridPoint:
     prompt_tokens: int
     decode_steps: int = 0
     joining_prompts: tuple[int, ...] = ()
+    wait_s: float = 0.0
 
     @property
     def allocator(self) -> str:
@@ -66,9 +75,9 @@ class RealGridPoint:
 
     def requests(self) -> list[Request]:
         """The point's requests (ids from 0), as ``run_real`` takes them."""
-        first = [Request(i, 0.0, self.prompt_tokens, self.decode_steps + 1)
+        first = [Request(i, self.wait_s, self.prompt_tokens, self.decode_steps + 1)
                  for i in range(self.num_seqs)]  # fmt: skip
-        return first + [Request(self.num_seqs + i, JOIN_AFTER_S, prompt, 1)
+        return first + [Request(self.num_seqs + i, self.wait_s + JOIN_AFTER_S, prompt, 1)
                         for i, prompt in enumerate(self.joining_prompts)]  # fmt: skip
 
     def num_slots(self) -> int:
@@ -92,7 +101,7 @@ class RealGridPoint:
 
 def real_grid(max_num_seqs: int, max_model_len: int) -> list[RealGridPoint]:
     """Every point the grid's pool and the scheduler's limits hold at once: prefills, decodes,
-    mixed, under each block size."""
+    mixed, under each block size, and the idle waits."""
     points = []
     for block_size in BLOCK_SIZES:
         points += [RealGridPoint(block_size, count, prompt)
@@ -101,5 +110,7 @@ def real_grid(max_num_seqs: int, max_model_len: int) -> list[RealGridPoint]:
                    for num_seqs in DECODE_SEQS for prompt in DECODE_PROMPTS]  # fmt: skip
         points += [RealGridPoint(block_size, num_seqs, prompt, DECODE_STEPS, joining)
                    for num_seqs, prompt, joining in MIXED]  # fmt: skip
+    points += [RealGridPoint(16, 1, IDLE_PROMPT_TOKENS, DECODE_STEPS, wait_s=wait_s)
+               for wait_s in IDLE_WAITS_S]  # fmt: skip
     return [point for point in points
             if point.fits(GRID_POOL_SLOTS, max_num_seqs, max_model_len)]  # fmt: skip

@@ -33,7 +33,14 @@ from kvbench.core.kv_capacity import pool_slots
 from kvbench.core.request import Request
 from kvbench.core.specs import Deployment
 from kvbench.engine import Scheduler, simulate
-from kvbench.engine.profiled import PROFILE_TERMS, SWAP_TERMS, ProfiledCostModel, iteration_features
+from kvbench.engine.profiled import (
+    PROFILE_TERMS,
+    SWAP_TERMS,
+    WAKE_TERMS,
+    ProfiledCostModel,
+    iteration_features,
+    wake_features,
+)
 from kvbench.engine.records import SimulationResult
 from kvbench.engine.scheduler import SchedulerLimits
 from kvbench.tables.parquet import write_table
@@ -83,6 +90,7 @@ class RealRunRecord:
     requests: list[Request]
     result: SimulationResult
     shapes: list[Any]
+    idle_before_s: list[float]
     block_size: int
     started_unix_s: float = 0.0
     grid_point: int = -1
@@ -212,7 +220,8 @@ def serve(workload: str, rate: float, allocator_name: str, requests: list[Reques
     started_unix_s = time.time()
     served = run_real(requests, Scheduler(limits), executor.allocator, executor)
     return RealRunRecord(workload, rate, allocator_name, requests, served.result, served.shapes,
-                         executor.allocator.block_size, started_unix_s)  # fmt: skip
+                         served.idle_before_s, executor.allocator.block_size,
+                         started_unix_s)  # fmt: skip
 
 
 def runs_jobs(runs: list[RealRunRecord]) -> list[tuple[str, float]]:
@@ -228,11 +237,10 @@ def drift_scales(grid_runs: list[RealRunRecord], coefficients: dict[str, float],
     the grid's profile the machine ran in those minutes, from the grid alone."""
     ratios: dict[int, list[float]] = {}
     for run in grid_runs:
-        model = ProfiledCostModel(coefficients, run.block_size)
         durations = run.result.steps.columns["duration_s"]
         ratios.setdefault(run.grid_part, []).extend(
-            duration / model.iteration_time_s(shape)
-            for shape, duration in zip(run.shapes, durations, strict=True))  # fmt: skip
+            duration / priced_s for duration, priced_s in zip(
+                durations, priced_steps_s(run, coefficients), strict=True))  # fmt: skip
     return [float(np.median(ratios.get(job, []) + ratios.get(job + 1, [])))
             for job in range(num_jobs)]  # fmt: skip
 
@@ -242,15 +250,25 @@ def scale_coefficients(coefficients: dict[str, float], scale: float) -> dict[str
     return {term: value * scale for term, value in coefficients.items()}
 
 
+def priced_steps_s(run: RealRunRecord, coefficients: dict[str, float]) -> list[float]:
+    """What a profile gives each step of ``run``: its shape's price, and the wake-up after an
+    idle wait for the first step after one (as the simulator prices them)."""
+    model = ProfiledCostModel(coefficients, run.block_size)
+    return [model.iteration_time_s(shape) + model.wake_time_s(idle_s)
+            for shape, idle_s in zip(run.shapes, run.idle_before_s, strict=True)]  # fmt: skip
+
+
 def fit_on_runs(runs: list[RealRunRecord]) -> dict[str, float]:
-    """Coefficients fitted on every real iteration of ``runs`` (swap terms 0: these runs
-    recompute)."""
+    """Coefficients fitted on every real iteration of ``runs``, the wake terms with them on the
+    steps after an idle wait (swap terms 0: these runs recompute)."""
     features, times = [], []
     for run in runs:
-        features += [iteration_features(shape, run.block_size) for shape in run.shapes]
+        features += [iteration_features(shape, run.block_size) + wake_features(idle_s)
+                     for shape, idle_s in zip(run.shapes, run.idle_before_s,
+                                              strict=True)]  # fmt: skip
         times += list(run.result.steps.columns["duration_s"])
     fitted = fit_non_negative(features, times)
-    coefficients = dict(zip(PROFILE_TERMS, map(float, fitted), strict=True))
+    coefficients = dict(zip((*PROFILE_TERMS, *WAKE_TERMS), map(float, fitted), strict=True))
     coefficients.update(dict.fromkeys(SWAP_TERMS, 0.0))
     return coefficients
 
@@ -286,8 +304,8 @@ def real_steps_frame(runs: list[RealRunRecord], fit_coefficients: dict[str, floa
     read per step)."""
     rows = []
     for run in runs:
-        fit_model = ProfiledCostModel(fit_coefficients, run.block_size)
-        grid_model = ProfiledCostModel(grid_coefficients, run.block_size)
+        fitted_s = priced_steps_s(run, fit_coefficients)
+        grid_fitted_s = priced_steps_s(run, grid_coefficients)
         columns = run.result.steps.columns
         for index, shape in enumerate(run.shapes):
             start_s = float(columns["time_s"][index])
@@ -298,8 +316,9 @@ def real_steps_frame(runs: list[RealRunRecord], fit_coefficients: dict[str, floa
                 "grid_part": run.grid_part, "step": index, "start_s": start_s,
                 "unix_time_s": run.started_unix_s + start_s,
                 "duration_s": float(columns["duration_s"][index]),
-                "fitted_s": fit_model.iteration_time_s(shape),
-                "grid_fitted_s": grid_model.iteration_time_s(shape),
+                "idle_before_s": run.idle_before_s[index],
+                "fitted_s": fitted_s[index],
+                "grid_fitted_s": grid_fitted_s[index],
                 "num_prefill_seqs": shape.num_prefill_seqs,
                 "num_prefill_tokens": shape.num_prefill_tokens,
                 "prefill_attention_pairs": shape.prefill_attention_pairs,
