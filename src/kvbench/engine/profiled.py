@@ -28,7 +28,7 @@ The block size is the kernel's: the allocator's for the paged ones, 1 for the co
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from kvbench.engine.cost_model import DecodeTimeFn, IterationShape
 
@@ -96,6 +96,10 @@ class ProfiledCostModel:
 
     coefficients: Mapping[str, float]
     block_size: int
+    # Each term group's coefficients in its terms' order (a missing optional one 0), read once:
+    # the engine prices every iteration through them.
+    _iteration_s: tuple[float, ...] = field(init=False, repr=False, compare=False)
+    _wake_s: tuple[float, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         missing = missing_terms(self.coefficients)
@@ -103,14 +107,15 @@ class ProfiledCostModel:
             raise ValueError(f"profile coefficients miss {', '.join(missing)}")
         if self.block_size < 1:
             raise ValueError(f"block_size={self.block_size}: must be >= 1")
+        for name, terms in (("_iteration_s", PROFILE_TERMS), ("_wake_s", WAKE_TERMS)):
+            object.__setattr__(self, name, tuple(self.coefficients.get(t, 0.0) for t in terms))
 
     def iteration_time_s(self, shape: IterationShape) -> float:
         """Seconds one iteration of this shape takes (0.0 for an empty one)."""
         if shape.num_prefill_tokens + shape.num_decode_tokens == 0:
             return 0.0
         features = iteration_features(shape, self.block_size)
-        return sum(self.coefficients.get(t, 0.0) * f
-                   for t, f in zip(PROFILE_TERMS, features, strict=True))  # fmt: skip
+        return sum(c * f for c, f in zip(self._iteration_s, features, strict=True))
 
     def swap_time_s(self, num_tokens: int) -> float:
         """Seconds to copy ``num_tokens`` tokens of KV to swap space or back (one direction)."""
@@ -120,9 +125,7 @@ class ProfiledCostModel:
     def wake_time_s(self, idle_s: float) -> float:
         """Seconds the first iteration after an idle wait of ``idle_s`` seconds takes beyond its
         shape's price (0.0 without a wait or without wake terms)."""
-        features = wake_features(idle_s)
-        return sum(self.coefficients.get(t, 0.0) * f for t, f in zip(WAKE_TERMS, features,
-                                                                     strict=True))  # fmt: skip
+        return sum(c * f for c, f in zip(self._wake_s, wake_features(idle_s), strict=True))
 
     def decode_time_fn(self, num_decode_tokens: int) -> DecodeTimeFn:
         """``iteration_time_s`` of decode-only iterations of ``num_decode_tokens`` sequences,
