@@ -176,7 +176,8 @@ def _wake_model():  # type: ignore[no-untyped-def]
     from kvbench.engine.profiled import PROFILE_TERMS, SWAP_TERMS, ProfiledCostModel
 
     costs = dict.fromkeys((*PROFILE_TERMS, *SWAP_TERMS), 0.0)
-    costs |= {"fixed_s": 0.01, "per_token_s": 1e-3, "wake_s": 0.05, "wake_per_idle_s": 0.1}
+    costs |= {"fixed_s": 0.01, "per_token_s": 1e-3, "wake_per_sqrt_idle_s": 0.05,
+              "wake_per_idle_s": 0.1}
     return ProfiledCostModel(costs, 16)
 
 
@@ -202,9 +203,11 @@ def test_the_first_iteration_after_an_idle_wait_pays_the_wake_up(fast, scheduler
     starts = list(result.steps.columns["time_s"])
     durations = list(result.steps.columns["duration_s"])
     # A 20-token prefill costs 0.03 s by its shape; a step of one or two decodes 0.011 / 0.012.
-    assert starts[0] == 2.0 and durations[0] == pytest.approx(0.03 + 0.05 + 0.1 * 2.0)
+    assert starts[0] == 2.0
+    assert durations[0] == pytest.approx(0.03 + 0.05 * 2.0**0.5 + 0.1 * 2.0)
     last = starts.index(4.0)  # request 2's prefill
     wait_s = 4.0 - (starts[last - 1] + durations[last - 1])
-    assert wait_s > 1.0 and durations[last] == pytest.approx(0.03 + 0.05 + 0.1 * wait_s)
+    assert wait_s > 1.0
+    assert durations[last] == pytest.approx(0.03 + 0.05 * wait_s**0.5 + 0.1 * wait_s)
     # Every other step (request 1's prefill beside request 0's decode included) is its shape's.
     assert [i for i, duration in enumerate(durations) if duration > 0.05] == [0, last]

@@ -88,20 +88,25 @@ def test_block_size_prices_decode_attention_per_block():
     assert model.swap_time_s(1024) == pytest.approx(1024 * 1e-6 + 64 * 3e-6)
 
 
-def test_missing_coefficients_are_refused():
+def test_missing_and_unknown_coefficients_are_refused():
     with pytest.raises(ValueError, match="per_seq_s"):
         ProfiledCostModel({k: v for k, v in COEFFICIENTS.items() if k != "per_seq_s"}, 16)
+    with pytest.raises(ValueError, match="wake_s price no term"):  # an older wake form's
+        ProfiledCostModel(COEFFICIENTS | {"wake_s": 0.03}, 16)
 
 
 def test_mixed_steps_and_wake_ups_are_priced_apart_and_older_profiles_price_them_0():
-    full = ProfiledCostModel(COEFFICIENTS | {"wake_s": 0.03, "wake_per_idle_s": 0.01}, 16)
+    wake = {"wake_per_sqrt_idle_s": 0.02, "wake_per_idle_s": 0.01}
+    full = ProfiledCostModel(COEFFICIENTS | wake, 16)
     older = ProfiledCostModel({k: v for k, v in COEFFICIENTS.items()
                                if k not in OPTIONAL_TERMS}, 16)  # fmt: skip
     mixed = IterationShape(20, 210, 2, 80, num_prefill_seqs=1)
     assert full.iteration_time_s(mixed) - older.iteration_time_s(mixed) == pytest.approx(4e-3)
     for unmixed in (IterationShape(20, 210, 0, 0, num_prefill_seqs=1), IterationShape(0, 0, 2, 80)):
         assert full.iteration_time_s(unmixed) == older.iteration_time_s(unmixed)
-    assert full.wake_time_s(2.0) == pytest.approx(0.05) and full.wake_time_s(0.0) == 0.0
+    # 0.02 x sqrt(wait) + 0.01 x wait: 0 at no wait, steep over the first fraction of a second.
+    assert full.wake_time_s(4.0) == pytest.approx(0.08) and full.wake_time_s(0.0) == 0.0
+    assert full.wake_time_s(0.01) == pytest.approx(0.0021)
     assert older.wake_time_s(2.0) == 0.0
 
 
@@ -118,6 +123,9 @@ def test_profile_file_round_trips_and_names_its_model(tmp_path):
         load_profiled_cost_model(path, 16, get_deployment("opt-13b", "a100-40gb"))
     path.write_text(json.dumps({"model": "smollm2-135m", "coefficients": {}}))
     with pytest.raises(ValueError, match="no coefficient fixed_s"):
+        load_profiled_cost_model(path, 16, deployment)
+    write_profile(path, {"model": "smollm2-135m", "coefficients": COEFFICIENTS | {"wake_s": 1.0}})
+    with pytest.raises(ValueError, match=r"coefficient wake_s, which this kvbench does not price"):
         load_profiled_cost_model(path, 16, deployment)
 
 

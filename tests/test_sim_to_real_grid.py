@@ -84,7 +84,7 @@ def test_the_grid_spans_prefill_decode_and_mixed_steps():
 def test_the_grids_idle_points_wait_before_their_first_step():
     waiting = [point for point in real_grid(LIMITS.max_num_seqs, 64) if point.wait_s]
     assert [point.wait_s for point in waiting] == list(IDLE_WAITS_S)
-    wake_costs = COSTS | {"wake_s": 0.01, "wake_per_idle_s": 0.02}
+    wake_costs = COSTS | {"wake_per_sqrt_idle_s": 0.01, "wake_per_idle_s": 0.02}
     for point in waiting:
         allocator = make_allocator(point.allocator, GRID_POOL_SLOTS, point.block_size, 64)
         model = ProfiledCostModel(wake_costs, point.block_size)
@@ -92,7 +92,8 @@ def test_the_grids_idle_points_wait_before_their_first_step():
         assert columns["time_s"][0] == point.wait_s and len(columns["time_s"]) == 4
         warm_s = ProfiledCostModel(COSTS, point.block_size).iteration_time_s(
             IterationShape(20, 210, 0, 0, num_prefill_seqs=1))  # fmt: skip
-        assert columns["duration_s"][0] == pytest.approx(warm_s + 0.01 + 0.02 * point.wait_s)
+        wake_s = 0.01 * point.wait_s**0.5 + 0.02 * point.wait_s
+        assert columns["duration_s"][0] == pytest.approx(warm_s + wake_s)
 
 
 def test_a_points_requests_and_slots():
@@ -215,22 +216,22 @@ def test_the_fit_recovers_the_costs_the_steps_were_priced_by():
         per_context_s = fitted["per_context_token_s"] + fitted["per_context_block_s"] / block_size
         assert per_context_s == pytest.approx(COSTS["per_context_token_s"], rel=1e-6)
         assert fitted["swap_per_token_s"] == 0.0
-        assert fitted["wake_s"] == fitted["wake_per_idle_s"] == 0.0  # no step after a wait
+        assert fitted["wake_per_sqrt_idle_s"] == fitted["wake_per_idle_s"] == 0.0  # no waits
 
 
 def test_the_fit_prices_the_wake_up_after_an_idle_wait_apart_from_the_shape():
     shapes = [IterationShape(tokens, tokens * (tokens + 1) // 2, decodes, decodes * 30,
                              num_prefill_seqs=1 if tokens else 0)
               for tokens in (0, 8, 32) for decodes in (1, 3, 6)]  # fmt: skip
-    costs = COSTS | {"wake_s": 0.01, "wake_per_idle_s": 0.008}
+    costs = COSTS | {"wake_per_sqrt_idle_s": 0.01, "wake_per_idle_s": 0.008}
     model = ProfiledCostModel(costs, 16)
-    # Every shape warm, and some again as the first step after waits of 0.5-4 s.
-    idle_before_s = [0.0] * len(shapes) + [0.5, 1.0, 2.0, 4.0, 0.25, 3.0]
+    # Every shape warm, and some again as the first step after waits of 0.1-4 s.
+    idle_before_s = [0.0] * len(shapes) + [0.5, 1.0, 2.0, 4.0, 0.25, 0.1]
     shapes = shapes + shapes[1:7]
     durations = [model.iteration_time_s(shape) + model.wake_time_s(idle_s)
                  for shape, idle_s in zip(shapes, idle_before_s, strict=True)]  # fmt: skip
     fitted = fit_on_runs([_record(shapes, durations, 0.0, idle_before_s=idle_before_s)])
-    assert fitted["wake_s"] == pytest.approx(0.01, rel=1e-6)
+    assert fitted["wake_per_sqrt_idle_s"] == pytest.approx(0.01, rel=1e-6)
     assert fitted["wake_per_idle_s"] == pytest.approx(0.008, rel=1e-6)
     assert fitted["fixed_s"] == pytest.approx(COSTS["fixed_s"], rel=1e-6)
 

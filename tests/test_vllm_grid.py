@@ -86,6 +86,15 @@ def test_the_grids_parts_repeat_every_point_in_different_parts():
         assert any(not p.decode_seqs for p in part) and any(p.decode_seqs for p in part)
 
 
+@pytest.mark.parametrize("num_points", [13, 14, 15, 21])  # 14, 21: multiples of the parts
+def test_a_points_copies_fall_in_different_parts_for_any_grid_length(num_points):
+    parts = interleave(list(range(num_points)), 7)
+    assert max(map(len, parts)) - min(map(len, parts)) <= 1
+    for point in range(num_points):
+        holding = [index for index, part in enumerate(parts) if point in part]
+        assert len(holding) == GRID_REPEATS
+
+
 def _run(start_unix_s: float, durations_s: list[float]) -> EngineRun:
     shape = chunks_shape([(40, 40, 1)])
     steps = tuple(EngineStep(0.1 * i, d, ((0, 1),), shape, 2) for i, d in enumerate(durations_s))

@@ -13,12 +13,18 @@ pricing one thing an iteration does (``PROFILE_TERMS``; docs/sim_to_real.md):
            + per_mean_context_s   x decode context / decode seqs  # the kernel's walk over tiles
            + per_mixed_step_s     x (1 if it prefills and decodes)  # both attention paths
     swap_s = swap_per_token_s x tokens + swap_per_block_s x tokens / block_size
-    wake_s = wake_s + wake_per_idle_s x idle seconds  # the first iteration after an idle wait
+    wake_s = wake_per_sqrt_idle_s x sqrt(idle seconds)  # the first iteration after an idle wait
+           + wake_per_idle_s      x idle seconds
 
 The wake terms price a device gone cold while the engine waited for a request (on a CPU, the
-model's memory leaving the caches). ``per_mixed_step_s`` prices a step that runs the decode
-kernel and the prefill attention side by side (each layer launches both). Both came after the
-first profiles were written: a profile without them prices them 0 (``OPTIONAL_TERMS``).
+model's memory leaving the caches). The cost rises fast over the first fraction of a second and
+slowly after (measured on this project's CPU: +1 ms after 0.05 s, +3 ms after 0.1 s, +10-13 ms
+after 0.25-0.5 s, ~20-30 ms after 1-4 s), and is 0 at no wait: a square root and a line through
+the origin follow that, where a constant and a line overprice the short waits.
+``per_mixed_step_s`` prices a step that runs the decode kernel and the prefill attention side by
+side (each layer launches both). Both came after the first profiles were written: a profile
+without them prices them 0 (``OPTIONAL_TERMS``); one with a term this model does not have (an
+earlier wake form's ``wake_s``) is refused, not priced in part.
 
 The block size is the kernel's: the allocator's for the paged ones, 1 for the contiguous ones
 (their tables list slots). Pure: the coefficients are given (the profile file is read at the edge,
@@ -27,6 +33,7 @@ The block size is the kernel's: the allocator's for the paged ones, 1 for the co
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -44,7 +51,7 @@ PROFILE_TERMS = (
     "per_mixed_step_s",
 )
 SWAP_TERMS = ("swap_per_token_s", "swap_per_block_s")
-WAKE_TERMS = ("wake_s", "wake_per_idle_s")
+WAKE_TERMS = ("wake_per_sqrt_idle_s", "wake_per_idle_s")
 # Terms a profile may lack (written before they were priced): 0.
 OPTIONAL_TERMS = ("per_mixed_step_s", *WAKE_TERMS)
 
@@ -53,6 +60,13 @@ def missing_terms(coefficients: Mapping[str, float]) -> list[str]:
     """The terms a profile must price that ``coefficients`` lacks."""
     return [t for t in (*PROFILE_TERMS, *SWAP_TERMS)
             if t not in coefficients and t not in OPTIONAL_TERMS]  # fmt: skip
+
+
+def unknown_terms(coefficients: Mapping[str, float]) -> list[str]:
+    """The coefficients of ``coefficients`` that price no term of this model (a profile of
+    another kvbench version's terms, whose costs would be silently dropped)."""
+    known = {*PROFILE_TERMS, *SWAP_TERMS, *WAKE_TERMS}
+    return [name for name in coefficients if name not in known]
 
 
 def iteration_features(shape: IterationShape, block_size: int) -> tuple[float, ...]:
@@ -76,7 +90,7 @@ def iteration_features(shape: IterationShape, block_size: int) -> tuple[float, .
 def wake_features(idle_s: float) -> tuple[float, float]:
     """What each of ``WAKE_TERMS`` multiplies in the iteration after an idle wait of ``idle_s``
     seconds (0, 0 without a wait)."""
-    return (1.0, idle_s) if idle_s > 0 else (0.0, 0.0)
+    return (math.sqrt(idle_s), idle_s) if idle_s > 0 else (0.0, 0.0)
 
 
 def swap_features(num_tokens: int, block_size: int) -> tuple[float, float]:
@@ -105,6 +119,10 @@ class ProfiledCostModel:
         missing = missing_terms(self.coefficients)
         if missing:
             raise ValueError(f"profile coefficients miss {', '.join(missing)}")
+        unknown = unknown_terms(self.coefficients)
+        if unknown:
+            raise ValueError(f"profile coefficients {', '.join(unknown)} price no term of this "
+                             "model")  # fmt: skip
         if self.block_size < 1:
             raise ValueError(f"block_size={self.block_size}: must be >= 1")
         for name, terms in (("_iteration_s", PROFILE_TERMS), ("_wake_s", WAKE_TERMS)):

@@ -20,7 +20,7 @@ PREFILL_PROMPTS = (16, 64, 256)
 PREFILL_COUNTS = (1, 2)
 SWAP_TOKENS = (256, 2048)
 # Idle waits (s) before a timed 64-token prefill: what the wake terms are fitted on.
-WAKE_WAITS_S = (0.5, 1.0, 2.0, 4.0)
+WAKE_WAITS_S = (0.1, 0.25, 0.5, 1.0, 2.0, 4.0)
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from kvbench.core.specs import Deployment
-from kvbench.engine.profiled import ProfiledCostModel, missing_terms
+from kvbench.engine.profiled import ProfiledCostModel, missing_terms, unknown_terms
 from kvbench.tables.atomic import write_text_atomic
 
 FORMAT_VERSION = 1
@@ -39,9 +39,15 @@ def read_profile(path: str | Path) -> dict[str, Any]:
     except json.JSONDecodeError as error:
         raise ValueError(f"{path}: not a profile file (invalid JSON: {error.msg}); write one "
                          "with `python -m kvbench task=profile`") from None  # fmt: skip
-    missing = missing_terms(document.get("coefficients", {}))
+    coefficients = document.get("coefficients", {})
+    missing = missing_terms(coefficients)
     if missing:
         raise ValueError(f"{path}: profile has no coefficient {missing[0]}; write it again with "
+                         "`python -m kvbench task=profile`")  # fmt: skip
+    unknown = unknown_terms(coefficients)
+    if unknown:
+        raise ValueError(f"{path}: profile has coefficient {unknown[0]}, which this kvbench does "
+                         "not price (another version's terms); write it again with "
                          "`python -m kvbench task=profile`")  # fmt: skip
     return dict(document)
 

@@ -17,7 +17,7 @@ contiguous arena, ``naive_oracle``) and 16 (``paged``):
 
 Sized to the experiment's shapes (``max_model_len`` 64: prompts of 4-52 tokens, decode batches of
 1-6 at contexts 9-56, mixed steps) and to about 20 s of steps on two CPU cores per copy (150
-steps), with 7.5 s of idle waits; ``interleave`` (``vllm_grid``) deals ``GRID_REPEATS`` copies
+steps), with 7.85 s of idle waits; ``interleave`` (``vllm_grid``) deals ``GRID_REPEATS`` copies
 into the parts measured between the real runs.
 """
 
@@ -38,9 +38,11 @@ MIXED = ((1, 16, (16,)), (2, 40, (8,)), (4, 8, (32,)), (2, 24, (48,)), (3, 16, (
 # When the joining prompts of a mixed point arrive: after the first step (the decoders' prefill,
 # tens of ms on a CPU) has begun, so they are admitted beside the decoders' first decode.
 JOIN_AFTER_S = 0.02
-# Idle waits before a request (s), spanning the waits of the experiment's 0.5 req/s runs; its
-# prompt and decode steps are a decode point's (block size 16: a wake-up is not the kernel's).
-IDLE_WAITS_S = (0.5, 1.0, 2.0, 4.0)
+# Idle waits before a request (s), spanning the waits of the experiment's runs (tenths of a
+# second between a 4 req/s run's requests, seconds at 0.5 req/s: the wake-up rises fastest over
+# the short ones); its prompt and decode steps are a decode point's (block size 16: a wake-up is
+# not the kernel's).
+IDLE_WAITS_S = (0.1, 0.25, 0.5, 1.0, 2.0, 4.0)
 IDLE_PROMPT_TOKENS = 20
 # The grid's own pool: the largest point held at once, with no preemption, under either layout.
 GRID_POOL_SLOTS = 1024

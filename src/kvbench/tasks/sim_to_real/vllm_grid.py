@@ -113,9 +113,15 @@ Point = TypeVar("Point")  # a grid point: vLLM's here, the real executor's in ``
 
 
 def interleave(points: list[Point], num_parts: int) -> list[list[Point]]:
-    """``GRID_REPEATS`` copies of ``points`` dealt into ``num_parts`` parts of every kind (the
-    i-th of the repeated list to part i mod n), to be measured between the replays: each part
-    samples the machine at its own time, and a point's copies fall in different parts (unless
-    the grid's length is a multiple of ``num_parts``)."""
-    repeated = points * GRID_REPEATS
-    return [repeated[part::num_parts] for part in range(num_parts)]
+    """``GRID_REPEATS`` copies of ``points`` dealt into ``num_parts`` parts of every kind, to be
+    measured between the replays: each part samples the machine at its own time, and a point's
+    copies fall in different parts. Copy c of the i-th point goes to part (i + c x step) mod n:
+    with step = len(points) mod n this deals the repeated list round-robin, whose part sizes
+    differ by at most one; where that is 0 (a grid of a multiple of n points), step 1 keeps the
+    copies apart."""
+    step = len(points) % num_parts or 1
+    parts: list[list[Point]] = [[] for _ in range(num_parts)]
+    for copy in range(GRID_REPEATS):
+        for index, point in enumerate(points):
+            parts[(index + copy * step) % num_parts].append(point)
+    return parts
