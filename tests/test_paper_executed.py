@@ -45,6 +45,10 @@ def test_table_takes_medians_over_rounds_and_ratios_within_a_source():
     profiled = table.loc[("profiled", "paged")]
     assert profiled["paged_over_naive_max"] == pytest.approx(4.0)
     assert math.isnan(profiled["paged_over_naive_oracle"])
+    # Each simulated figure over the real run's of the same allocator: 25 / 20, 100 / 60.
+    assert table.loc[("profiled", "naive_max"), "throughput_over_measured"] == pytest.approx(1.25)
+    assert profiled["throughput_over_measured"] == pytest.approx(100.0 / 60.0)
+    assert paged["throughput_over_measured"] == 1.0
     assert "| 8.000 | measured | paged | 2 | 60.000 |" in markdown_rows(paper_table(runs))
 
 
@@ -153,3 +157,23 @@ def test_chart_draws_each_source_and_the_papers_range(tmp_path, monkeypatch):
     assert drawn["problems"] == []
     # Both ratios of each of the three sources, written on their bars (3.00x and 1.50x each).
     assert sorted(drawn["labels"]) == ["1.50x"] * 3 + ["3.00x"] * 3
+
+
+def test_a_profile_of_other_threads_is_named_before_its_tokens_per_s_are_compared(tmp_path,
+                                                                                   capsys):
+    import torch
+
+    from kvbench.tasks.paper_executed.run import _warn_of_other_threads
+    from kvbench.tasks.profile.profile_file import write_profile
+
+    coefficients = dict.fromkeys(("fixed_s", "per_seq_s", "per_token_s", "per_prefill_pair_s",
+                                  "per_context_token_s", "per_context_block_s",
+                                  "per_mean_context_s", "swap_per_token_s", "swap_per_block_s"),
+                                 0.0)  # fmt: skip
+    for threads, warned in ((torch.get_num_threads(), False), (torch.get_num_threads() + 3, True)):
+        path = tmp_path / f"profile_{threads}.json"
+        write_profile(path, {"model": "smollm2-135m", "num_threads": threads,
+                             "coefficients": coefficients})  # fmt: skip
+        _warn_of_other_threads(str(path))
+        printed = capsys.readouterr().out
+        assert ("warning" in printed and f"fitted on {threads} torch threads" in printed) == warned

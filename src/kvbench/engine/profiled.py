@@ -13,8 +13,8 @@ pricing one thing an iteration does (``PROFILE_TERMS``; docs/sim_to_real.md):
            + per_mean_context_s   x decode context / decode seqs  # the kernel's walk over tiles
            + per_mixed_step_s     x (1 if it prefills and decodes)  # both attention paths
     swap_s = swap_per_token_s x tokens + swap_per_block_s x tokens / block_size
-    wake_s = wake_per_sqrt_idle_s x sqrt(idle seconds)  # the first iteration after an idle wait
-           + wake_per_idle_s      x idle seconds
+    wake_time_s = wake_per_sqrt_idle_s x sqrt(idle seconds)  # the first iteration after a wait
+                + wake_per_idle_s      x idle seconds
 
 The wake terms price a device gone cold while the engine waited for a request (on a CPU, the
 model's memory leaving the caches). The cost rises fast over the first fraction of a second and

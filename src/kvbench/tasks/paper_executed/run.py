@@ -31,7 +31,7 @@ from kvbench.tables.atomic import write_text_atomic
 from kvbench.tables.parquet import write_table
 from kvbench.tables.provenance import provenance
 from kvbench.tasks.paper_executed.table import MEASURED, markdown_rows, paper_table, run_figures
-from kvbench.tasks.profile.profile_file import load_profiled_cost_model
+from kvbench.tasks.profile.profile_file import load_profiled_cost_model, read_profile
 from kvbench.tasks.simulate.experiment import cost_model, scheduler_limits
 from kvbench.tasks.simulate.real_runner import load_real_model, pin_threads
 from kvbench.tasks.simulate.run_outputs import print_files, write_task_report
@@ -60,6 +60,7 @@ def run_paper_executed(
     started_s = time.perf_counter()
     pin_threads(cfg.executor.num_threads)
     model = load_real_model(cfg.model.name, cfg.model.dtype)
+    _warn_of_other_threads(str(cfg.executor.profile))
     setup = ServingSetup(
         limits=scheduler_limits(cfg, deployment),
         num_slots=pool_slots(deployment, cfg.allocator.block_size, cfg.allocator.num_gpu_blocks),
@@ -103,6 +104,18 @@ def run_paper_executed(
     if cfg.summary_table:
         print_files(output_dir)
     return table
+
+
+def _warn_of_other_threads(profile_path: str) -> None:
+    """Say so when the profile was fitted on another number of torch threads than these runs
+    use: its absolute tokens/s then price another machine (its ratios may still compare)."""
+    import torch
+
+    profile_threads = read_profile(profile_path).get("num_threads")
+    if profile_threads is not None and profile_threads != torch.get_num_threads():
+        print(f"paper_executed: warning: {profile_path} was fitted on {profile_threads} torch "
+              f"threads, these runs use {torch.get_num_threads()} (executor.num_threads): "
+              "compare its ratios, not its absolute tokens/s")  # fmt: skip
 
 
 def serve_rounds(
