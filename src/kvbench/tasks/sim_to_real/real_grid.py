@@ -16,7 +16,7 @@ contiguous arena, ``naive_oracle``) and 16 (``paged``):
   sleeps first and its prefill is the first step after an idle wait (the wake terms).
 
 Sized to the experiment's shapes (``max_model_len`` 64: prompts of 4-52 tokens, decode batches of
-1-6 at contexts 9-56, mixed steps) and to about 20 s of steps on two CPU cores per copy (150
+1-6 at contexts 9-56, mixed steps) and to about 12-20 s of steps on two CPU cores per copy (172
 steps), with 7.85 s of idle waits; ``interleave`` (``vllm_grid``) deals ``GRID_REPEATS`` copies
 into the parts measured between the real runs.
 """
