@@ -163,13 +163,11 @@ def test_a_profile_of_other_threads_is_named_before_its_tokens_per_s_are_compare
                                                                                    capsys):
     import torch
 
+    from kvbench.engine.profiled import PROFILE_TERMS, SWAP_TERMS
     from kvbench.tasks.paper_executed.run import _warn_of_other_threads
     from kvbench.tasks.profile.profile_file import write_profile
 
-    coefficients = dict.fromkeys(("fixed_s", "per_seq_s", "per_token_s", "per_prefill_pair_s",
-                                  "per_context_token_s", "per_context_block_s",
-                                  "per_mean_context_s", "swap_per_token_s", "swap_per_block_s"),
-                                 0.0)  # fmt: skip
+    coefficients = dict.fromkeys((*PROFILE_TERMS, *SWAP_TERMS), 0.0)
     for threads, warned in ((torch.get_num_threads(), False), (torch.get_num_threads() + 3, True)):
         path = tmp_path / f"profile_{threads}.json"
         write_profile(path, {"model": "smollm2-135m", "num_threads": threads,
