@@ -19,7 +19,7 @@ pricing one thing an iteration does (``PROFILE_TERMS``; docs/sim_to_real.md):
 The wake terms price a device gone cold while the engine waited for a request (on a CPU, the
 model's memory leaving the caches). The cost rises fast over the first fraction of a second and
 slowly after (measured on this project's CPU on two days: +1 ms after 0.05 s, +3-7 ms after
-0.1 s, +10-25 ms after 0.25-0.5 s, +17-52 ms after 1-4 s), and is 0 at no wait: a square root
+0.1 s, +10-27 ms after 0.25-0.5 s, +17-52 ms after 1-4 s), and is 0 at no wait: a square root
 and a line through the origin follow that, where a constant and a line overprice short waits.
 ``per_mixed_step_s`` prices a step that runs the decode kernel and the prefill attention side by
 side (each layer launches both). Both came after the first profiles were written: a profile

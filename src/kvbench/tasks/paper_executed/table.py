@@ -33,6 +33,8 @@ FIGURES = (
     "normalized_latency_s_per_token",
     "num_finished",
 )
+# A table row's labels: (request_rate, source, allocator).
+RowKey = tuple[float, str, str]
 # paged's throughput over each baseline's: the paper's "x times the throughput".
 BASELINES = ("naive_max", "naive_oracle")
 PAGED = "paged"
@@ -73,39 +75,30 @@ def paper_table(runs: pd.DataFrame) -> pd.DataFrame:
     table["output_token_throughput_spread_pct"] = (
         (throughput.max() - throughput.min()) / throughput.median() * 100
     ).to_numpy()
+    # Every row's throughput by (rate, source, allocator): what each ratio divides.
+    keys: list[RowKey] = list(zip(table["request_rate"], table["source"], table["allocator"],
+                                  strict=True))  # fmt: skip
+    by_key = dict(zip(keys, table["output_token_throughput"], strict=True))
     for baseline in BASELINES:
         table[f"paged_over_{baseline}"] = [
-            _ratio(table, rate, source, PAGED, baseline)
-            for rate, source in zip(table["request_rate"], table["source"], strict=True)
+            _ratio(by_key, (rate, source, PAGED), (rate, source, baseline))
+            for rate, source, _ in keys
         ]
     table["throughput_over_measured"] = [
-        _over_measured(table, rate, allocator, throughput)
-        for rate, allocator, throughput in zip(table["request_rate"], table["allocator"],
-                                               table["output_token_throughput"], strict=True)
-    ]  # fmt: skip
+        _ratio(by_key, (rate, source, allocator), (rate, MEASURED, allocator))
+        for rate, source, allocator in keys
+    ]
     return table
 
 
-def _over_measured(table: pd.DataFrame, rate: float, allocator: str, throughput: float) -> float:
-    """``throughput`` over the measured throughput of ``allocator`` at ``rate``: how far a
-    simulation's absolute figure is from the real run's (NaN where none was measured)."""
-    measured = table[(table["request_rate"] == rate) & (table["source"] == MEASURED)
-                     & (table["allocator"] == allocator)]["output_token_throughput"]  # fmt: skip
-    if measured.empty or not measured.iloc[0] > 0:
+def _ratio(throughput: dict[RowKey, float], numerator: RowKey, denominator: RowKey) -> float:
+    """The throughput of the row keyed ``numerator`` over that of ``denominator`` (keys
+    ``(request_rate, source, allocator)``); NaN if either did not run or the denominator served
+    nothing. Within a source: paged over a baseline; within an allocator: a simulation over
+    the real run."""
+    if numerator not in throughput or not throughput.get(denominator, 0.0) > 0:
         return float("nan")
-    return float(throughput / measured.iloc[0])
-
-
-def _ratio(
-    table: pd.DataFrame, rate: float, source: str, numerator: str, denominator: str
-) -> float:
-    """``numerator``'s throughput over ``denominator``'s at ``rate`` within ``source`` (NaN if
-    either did not run or served nothing)."""
-    same = (table["request_rate"] == rate) & (table["source"] == source)
-    rows = table[same].set_index("allocator")["output_token_throughput"]
-    if numerator not in rows or denominator not in rows or not rows[denominator] > 0:
-        return float("nan")
-    return float(rows[numerator] / rows[denominator])
+    return float(throughput[numerator] / throughput[denominator])
 
 
 def markdown_rows(table: pd.DataFrame) -> str:
