@@ -20,7 +20,12 @@ from .bench_batch import (
 from .block_copy import copy_blocks
 from .csr import CsrPageTable, to_csr_page_table
 from .deal import block_stream, deal_block_tables
-from .decode_attention import BACKENDS, contiguous_decode_attention, paged_decode_attention
+from .decode_attention import (
+    BACKENDS,
+    DECODE_BACKENDS,
+    contiguous_decode_attention,
+    paged_decode_attention,
+)
 from .kv_write import write_kv
 from .layout import PagedLayout, layout_from_allocator, slot_mapping, to_paged_layout
 from .reference import reference_contiguous_decode, reference_paged_decode
@@ -29,6 +34,7 @@ from .timing import PairTiming, batch_calls, device_copy_gb_per_s, time_pair
 
 __all__ = [
     "BACKENDS",
+    "DECODE_BACKENDS",
     "TILE_TOKENS",
     "CsrPageTable",
     "DecodeBatch",

@@ -4,7 +4,9 @@
 ``contiguous_decode_attention`` reads per-sequence extents (the naive allocators' layout). Both run
 the same algorithm — the same tiles, splits and online softmax — so timing one against the other
 measures the block-table indirection alone. Each has a Triton backend (GPU, or the CPU
-interpreter under ``TRITON_INTERPRET=1``) and a torch backend (any device).
+interpreter under ``TRITON_INTERPRET=1``), a torch backend (the same tiled algorithm, any device)
+and an ``sdpa`` backend (the whole context gathered at once into torch's fused attention: the
+real executor's CPU path).
 """
 
 from __future__ import annotations
@@ -13,10 +15,13 @@ import math
 
 import torch
 
-from .decode_torch import contiguous_tile_loader, paged_tile_loader, torch_decode
+from .decode_torch import contiguous_tile_loader, paged_tile_loader, sdpa_decode, torch_decode
 from .tiling import plan_splits
 
+# Backends of every kernel (decode, K/V writes, block copies).
 BACKENDS = ("triton", "torch")
+# The decode kernels' also: ``sdpa``, torch's fused attention over the gathered context.
+DECODE_BACKENDS = (*BACKENDS, "sdpa")
 STORAGE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 # fp8 K/V (e4m3, vLLM's kv_cache_dtype=fp8): stored in one byte, dequantized on load, times the
 # per-tensor scales k_scale/v_scale, to the query's dtype.
@@ -26,8 +31,8 @@ FP8_KV_DTYPE = torch.float8_e4m3fn
 def _check_common(
     query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, backend: str
 ) -> None:
-    if backend not in BACKENDS:
-        raise ValueError(f"backend={backend!r}: allowed are {', '.join(BACKENDS)}")
+    if backend not in DECODE_BACKENDS:
+        raise ValueError(f"backend={backend!r}: allowed are {', '.join(DECODE_BACKENDS)}")
     if query.dim() != 3 or key.dim() != 4 or key.shape != value.shape:
         raise ValueError(
             f"shapes: query {tuple(query.shape)} must be [num_seqs, num_q_heads, head_dim], "
@@ -88,7 +93,7 @@ def paged_decode_attention(
             but must be valid block ids (pad with 0).
         context_lens: int32 [num_seqs], each in ``[1, max_blocks_per_seq * block_size]``.
         scale: softmax scale, default ``1 / sqrt(head_dim)``.
-        backend: ``triton`` or ``torch``.
+        backend: ``triton``, ``torch`` or ``sdpa``.
         max_context_len: bound on ``context_lens`` used to plan the work (default: the block
             table's capacity); pass the same value to ``contiguous_decode_attention`` for an
             identical plan.
@@ -110,9 +115,10 @@ def paged_decode_attention(
         raise ValueError(f"block_size={block_size}: must be a power of two")
     bound = max_context_len or block_tables.shape[1] * block_size
     scale = _scale(scale, query.shape[2])
-    if backend == "torch":
+    if backend in ("torch", "sdpa"):
         loader = paged_tile_loader(key_cache, value_cache, block_tables)
-        return torch_decode(query, context_lens, loader, bound, scale, kv_scales=(k_scale, v_scale))
+        decode = sdpa_decode if backend == "sdpa" else torch_decode
+        return decode(query, context_lens, loader, bound, scale, kv_scales=(k_scale, v_scale))
     from .decode_triton import num_programs_wanted, triton_decode  # triton imported lazily
 
     plan = plan_splits(
@@ -158,6 +164,15 @@ def contiguous_decode_attention(
     if backend == "torch":
         return torch_decode(query, context_lens, contiguous_tile_loader(key, value), bound, scale,
                             kv_scales=(k_scale, v_scale))  # fmt: skip
+    if backend == "sdpa":
+        load = contiguous_tile_loader(key, value)  # slices: copied, since sdpa writes its tile
+
+        def load_copy(tile_start: int, tile_end: int) -> tuple[torch.Tensor, torch.Tensor]:
+            key_tile, value_tile = load(tile_start, tile_end)
+            return key_tile.clone(), value_tile.clone()
+
+        return sdpa_decode(query, context_lens, load_copy, bound, scale,
+                           kv_scales=(k_scale, v_scale))  # fmt: skip
     from .decode_triton import num_programs_wanted, triton_decode  # triton imported lazily
 
     plan = plan_splits(num_seqs, key.shape[2], bound, num_programs_wanted(query.device), num_splits)

@@ -135,6 +135,7 @@ def test_transformers_continuous_batching_gives_the_same_greedy_tokens(tiny):
 
 
 @pytest.mark.parametrize(("allocator", "backend"), [("paged", "torch"), ("paged_prefix", "torch"),
+                                                    ("paged", "sdpa"), ("paged_prefix", "sdpa"),
                                                     ("paged_prefix", "gather")])  # fmt: skip
 def test_batched_decode_through_the_real_executor_matches_the_stock_cache(tiny, allocator,
                                                                           backend):  # fmt: skip

@@ -25,16 +25,16 @@ def test_small_run_writes_the_table_the_plot_and_the_verdicts(tmp_path, capsys):
     run_logit_equivalence(cfg, deployment, raw, tmp_path)
     table = pd.read_parquet(tmp_path / "equivalence.parquet")
     assert list(table.columns) == list(EQUIVALENCE_COLUMNS)
-    # 2 allocators x 2 backends x 2 prompts x 2 samples x 7 steps (the prompt's and 6 decodes).
-    assert len(table) == 2 * 2 * 2 * 2 * 7
+    # 2 allocators x 3 backends x 2 prompts x 2 samples x 7 steps (the prompt's and 6 decodes).
+    assert len(table) == 2 * 3 * 2 * 2 * 7
     assert set(table["allocator"]) == {"paged", "paged_prefix"}
-    assert set(table["backend"]) == {"torch", "gather"}
+    assert set(table["backend"]) == {"torch", "sdpa", "gather"}
     assert (table["max_rel_diff"] <= 1e-5).all() and table["tokens_equal"].all()
     assert (table.loc[table["backend"] == "gather", "max_abs_diff"] == 0).all()
     assert [path.name for path in (tmp_path / "plots").iterdir()] == ["equivalence.png"]
     assert "equivalence" in read_metadata(tmp_path / "equivalence.parquet")["config_yaml"]
     printed = capsys.readouterr().out
-    assert printed.count("PASS") == 4 and "tolerance: rel <= 1e-05" in printed
+    assert printed.count("PASS") == 6 and "tolerance: rel <= 1e-05" in printed
 
 
 def test_every_equivalence_column_is_documented():

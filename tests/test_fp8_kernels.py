@@ -33,7 +33,7 @@ def _quantize(tensor: torch.Tensor, scale: float) -> tuple[torch.Tensor, torch.T
     return stored, stored.double() * scale
 
 
-@pytest.mark.parametrize("backend", ["torch", "triton"])
+@pytest.mark.parametrize("backend", ["torch", "sdpa", "triton"])
 @pytest.mark.parametrize("layout", ["paged", "contiguous"])
 def test_fp8_kv_is_dequantized_on_load_within_fp8s_bound(backend: str, layout: str) -> None:
     context_lens = [5, 17, 40]

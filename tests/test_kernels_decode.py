@@ -1,4 +1,4 @@
-"""Paged and contiguous decode attention against a float64 reference, on both backends.
+"""Paged and contiguous decode attention against a float64 reference, on every backend.
 
 Without CUDA the Triton kernels run in Triton's CPU interpreter (switched on by tests/conftest.py).
 
@@ -73,7 +73,7 @@ def assert_close_to_reference(out, batch):
     assert (error <= bound).all(), f"max error {error.max():.3g}, bound {bound.min():.3g}"
 
 
-@pytest.mark.parametrize("backend", ["triton", "torch"])
+@pytest.mark.parametrize("backend", ["triton", "torch", "sdpa"])
 @pytest.mark.parametrize("block_size", [8, 16, 64])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_paged_matches_float64_reference(dtype, block_size, backend):
@@ -82,7 +82,7 @@ def test_paged_matches_float64_reference(dtype, block_size, backend):
     assert_close_to_reference(paged(batch, backend), batch)
 
 
-@pytest.mark.parametrize("backend", ["triton", "torch"])
+@pytest.mark.parametrize("backend", ["triton", "torch", "sdpa"])
 def test_slots_past_the_context_are_never_read(backend):
     # A pool's unused slots may hold anything (torch.empty memory): NaN there must not leak.
     block_size = 16
@@ -98,12 +98,28 @@ def test_slots_past_the_context_are_never_read(backend):
     assert torch.equal(out, expected)
 
 
-@pytest.mark.parametrize("backend", ["triton", "torch"])
+@pytest.mark.parametrize("backend", ["triton", "torch", "sdpa"])
+def test_contiguous_rows_past_the_context_are_never_read_nor_written(backend):
+    batch = make_batch([5, 99, 130], 16, torch.float32)
+    expected = contiguous(batch, backend)
+    for row, length in enumerate(batch.layout.context_lens.tolist()):
+        batch.key[row, length:] = float("nan")
+        batch.value[row, length:] = float("nan")
+    key, value = batch.key.clone(), batch.value.clone()
+    assert torch.equal(contiguous(batch, backend), expected)
+    # sdpa zeroes its copy's rows past each context, never the caller's.
+    torch.testing.assert_close(batch.key, key, rtol=0, atol=0, equal_nan=True)
+    torch.testing.assert_close(batch.value, value, rtol=0, atol=0, equal_nan=True)
+
+
+@pytest.mark.parametrize("backend", ["triton", "torch", "sdpa"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_contiguous_gives_bit_identical_output(dtype, backend):
-    # Same algorithm, same tiles: the layout changes where K/V are read, never the result.
+    # Same algorithm, same plan (the same max_context_len: sdpa's one tile spans it): the layout
+    # changes where K/V are read, never the result.
     batch = make_batch([5, 99, 130], 16, dtype)
-    assert torch.equal(paged(batch, backend), contiguous(batch, backend))
+    plan = {"max_context_len": 130}
+    assert torch.equal(paged(batch, backend, **plan), contiguous(batch, backend, **plan))
     reference = reference_contiguous_decode(
         batch.query.cpu(), batch.key.cpu(), batch.value.cpu(), batch.layout.context_lens.cpu()
     )
@@ -119,7 +135,7 @@ def test_contiguous_gives_bit_identical_output(dtype, backend):
 )
 def test_head_layouts(num_q_heads, num_kv_heads, head_dim):
     batch = make_batch([33, 70], 8, torch.float32, num_q_heads, num_kv_heads, head_dim)
-    for backend in ("triton", "torch"):
+    for backend in ("triton", "torch", "sdpa"):
         assert_close_to_reference(paged(batch, backend), batch)
 
 
@@ -134,7 +150,7 @@ def test_split_context_merges_to_the_same_result(dtype):
 
 def test_block_size_256_and_a_large_scale():
     batch = make_batch([300, 17], 256, torch.float32)
-    for backend in ("triton", "torch"):
+    for backend in ("triton", "torch", "sdpa"):
         out = paged(batch, backend, scale=0.5)
         reference = reference_paged_decode(
             batch.query, batch.key_cache, batch.value_cache, batch.layout.block_tables,

@@ -160,6 +160,16 @@ def test_real_executor_refuses_a_model_it_cannot_run():
         compose_config("executor=real", "model=opt-13b", "hardware=a100-40gb")
 
 
+def test_the_decode_backend_is_one_the_kernels_have():
+    from kvbench.kernels import DECODE_BACKENDS as KERNEL_DECODE_BACKENDS
+
+    from kvbench.executors.names import DECODE_BACKENDS
+
+    assert set(DECODE_BACKENDS) == set(KERNEL_DECODE_BACKENDS)
+    with pytest.raises(ConfigError, match=r"executor\.decode_backend='cuda': allowed are triton"):
+        compose_config("executor=real", "executor.decode_backend=cuda")
+
+
 def test_spread_contexts_keep_their_mean():
     contexts = spread_contexts(5, 256)
     assert contexts == (128, 192, 256, 320, 384) and sum(contexts) / 5 == 256

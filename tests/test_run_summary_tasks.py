@@ -69,5 +69,5 @@ def test_an_equivalence_run_writes_its_verdicts_in_its_report(tmp_path, capsys, 
     assert ("results in" in printed) is summary_table
     report = (tmp_path / REPORT_NAME).read_text()
     verdicts = [line for line in report.splitlines() if line.startswith("- PASS")]
-    assert len(verdicts) == 4  # paged and paged_prefix x torch and gather
+    assert len(verdicts) == 6  # paged and paged_prefix x torch, sdpa and gather
     assert all(verdict[2:] in printed for verdict in verdicts)  # the lines the run printed

@@ -121,8 +121,9 @@ def test_the_grids_parts_alternate_with_the_slices_runs(monkeypatch):
         return RealRunRecord(workload, rate, allocator_name, requests, None, [], [], 1)
 
     class FakeExecutor:
-        def __init__(self, model, allocator):
+        def __init__(self, model, allocator, backend):
             self.allocator = allocator
+            assert backend == "sdpa"
 
         def warm_up(self):
             pass
@@ -132,7 +133,8 @@ def test_the_grids_parts_alternate_with_the_slices_runs(monkeypatch):
     points = real_grid(LIMITS.max_num_seqs, 64)
     jobs = [ReplayJob("a", 0.5, []), ReplayJob("a", 4.0, []), ReplayJob("b", 0.5, [])]
     cfg = SimpleNamespace(allocators=["naive_max", "paged"],
-                          allocator=SimpleNamespace(block_size=16))  # fmt: skip
+                          allocator=SimpleNamespace(block_size=16),
+                          executor=SimpleNamespace(decode_backend="sdpa"))  # fmt: skip
     runs, grid_runs = measure_interleaved(None, jobs, points, cfg, LIMITS, 186)
     assert [(r.workload, r.rate, r.allocator) for r in runs] == [
         ("a", 0.5, "naive_max"), ("a", 0.5, "paged"), ("a", 4.0, "naive_max"),

@@ -13,7 +13,7 @@ from kvbench.kernels import (
 )
 
 
-@pytest.mark.parametrize("backend", ["torch", "triton"])
+@pytest.mark.parametrize("backend", ["torch", "sdpa", "triton"])
 def test_the_contiguous_kernel_over_spans_gives_the_dense_extents_output(backend: str) -> None:
     context_lens = [5, 17, 9]
     generator = torch.Generator().manual_seed(0)

@@ -160,6 +160,9 @@ class ExecutorConfig:
     # executor=real and task=profile: torch threads (None: torch's default), pinned so that
     # measured times do not depend on what torch guesses about a shared machine.
     num_threads: int | None = MISSING
+    # executor=real and task=profile: the backend of the paged decode kernel the forwards read
+    # K/V through (sdpa or torch on a CPU, triton on a GPU).
+    decode_backend: str = MISSING
 
 
 @dataclass
@@ -848,6 +851,13 @@ def _check_paper_executed(cfg: KvbenchConfig) -> None:
 
 
 def _check_executor(executor: ExecutorConfig) -> None:
+    from kvbench.executors.names import DECODE_BACKENDS
+
+    _require(
+        executor.decode_backend in DECODE_BACKENDS,
+        f"executor.decode_backend={executor.decode_backend!r}: allowed are "
+        f"{', '.join(DECODE_BACKENDS)}",
+    )
     _require(
         executor.kind in EXECUTOR_KINDS,
         f"executor.kind={executor.kind!r}: allowed are {', '.join(EXECUTOR_KINDS)}",

@@ -45,10 +45,11 @@ class RealExecutor:
     Args:
         model: a transformers causal LM in eval mode (its dtype is the pools').
         allocator: the allocator whose memory the pools are (its slots, its block size).
-        backend: the paged decode kernel's backend (``torch`` on a CPU).
+        backend: the paged decode kernel's backend (``sdpa`` or ``torch`` on a CPU, ``triton``
+            on a GPU; ``executor.decode_backend``).
     """
 
-    def __init__(self, model: Any, allocator: Allocator, backend: str = "torch") -> None:
+    def __init__(self, model: Any, allocator: Allocator, backend: str = "sdpa") -> None:
         num_layers, num_kv_heads, head_dim = model_kv_shape(model)
         self.memory = KVMemory(num_layers, num_kv_heads, head_dim, allocator.num_slots,
                                allocator.block_size, model.dtype)  # fmt: skip

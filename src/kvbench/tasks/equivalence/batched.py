@@ -35,8 +35,9 @@ def batched_trajectories(
     seed: int,
     reference: dict[SampleKey, Trajectory] | None = None,
 ) -> dict[SampleKey, Trajectory]:
-    """Each case's samples, all decoded in batched forwards; ``backend`` is ``torch`` (the
-    paged kernel) or ``gather``. Free blocks are scrambled first (``seed``) so tables scatter.
+    """Each case's samples, all decoded in batched forwards; ``backend`` is ``torch`` or
+    ``sdpa`` (the paged kernel's backends) or ``gather``. Free blocks are scrambled first
+    (``seed``) so tables scatter.
     ``reference``: teacher forcing, as ``trajectories.paged_trajectories``."""
     num_blocks = sum(_case_blocks(case, num_decode_steps, block_size) for case in cases) + 4
     allocator = make_allocator(allocator_name, num_blocks * block_size, block_size,

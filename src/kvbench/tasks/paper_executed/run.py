@@ -43,13 +43,15 @@ CostModelFor = Callable[[str, int], CostModel]
 
 @dataclasses.dataclass(frozen=True)
 class ServingSetup:
-    """What every run of the comparison shares: the scheduler's limits and the pool."""
+    """What every run of the comparison shares: the scheduler's limits, the pool and the decode
+    kernel's backend."""
 
     limits: SchedulerLimits
     num_slots: int
     block_size: int
     max_model_len: int
     deployment: Deployment
+    decode_backend: str = "sdpa"
 
 
 def run_paper_executed(
@@ -60,13 +62,14 @@ def run_paper_executed(
     started_s = time.perf_counter()
     pin_threads(cfg.executor.num_threads)
     model = load_real_model(cfg.model.name, cfg.model.dtype)
-    _warn_of_other_threads(str(cfg.executor.profile))
+    _warn_of_another_setup(str(cfg.executor.profile), cfg.executor.decode_backend)
     setup = ServingSetup(
         limits=scheduler_limits(cfg, deployment),
         num_slots=pool_slots(deployment, cfg.allocator.block_size, cfg.allocator.num_gpu_blocks),
         block_size=cfg.allocator.block_size,
         max_model_len=deployment.model.max_model_len,
         deployment=deployment,
+        decode_backend=cfg.executor.decode_backend,
     )
     simulated: dict[str, CostModelFor] = {
         "profiled": lambda name, block_size: load_profiled_cost_model(
@@ -106,16 +109,20 @@ def run_paper_executed(
     return table
 
 
-def _warn_of_other_threads(profile_path: str) -> None:
-    """Say so when the profile was fitted on another number of torch threads than these runs
-    use: its absolute tokens/s then price another machine (its ratios may still compare)."""
+def _warn_of_another_setup(profile_path: str, decode_backend: str) -> None:
+    """Say so when the profile was fitted on another number of torch threads or another decode
+    backend than these runs use: its absolute tokens/s then price another executor (its ratios
+    may still compare)."""
     import torch
 
-    profile_threads = read_profile(profile_path).get("num_threads")
-    if profile_threads is not None and profile_threads != torch.get_num_threads():
-        print(f"paper_executed: warning: {profile_path} was fitted on {profile_threads} torch "
-              f"threads, these runs use {torch.get_num_threads()} (executor.num_threads): "
-              "compare its ratios, not its absolute tokens/s")  # fmt: skip
+    profile = read_profile(profile_path)
+    ours = {"num_threads": (torch.get_num_threads(), "torch threads", "executor.num_threads"),
+            "decode_backend": (decode_backend, "decode backend", "executor.decode_backend")}
+    for key, (value, what, setting) in ours.items():
+        if profile.get(key) is not None and profile[key] != value:
+            print(f"paper_executed: warning: {profile_path} was fitted on {what} {profile[key]}, "
+                  f"these runs use {value} ({setting}): compare its ratios, not its absolute "
+                  "tokens/s")  # fmt: skip
 
 
 def serve_rounds(
@@ -135,7 +142,7 @@ def serve_rounds(
         for name in [*allocators[shift:], *allocators[:shift]]:
             allocator = make_allocator(name, setup.num_slots, setup.block_size,
                                        setup.max_model_len)  # fmt: skip
-            executor = RealExecutor(model, allocator)
+            executor = RealExecutor(model, allocator, setup.decode_backend)
             executor.warm_up()
             load_average_1m = os.getloadavg()[0]
             wall_start_s = time.perf_counter()

@@ -61,14 +61,19 @@ def _sequence(seq_id: int, prompt_tokens: int, num_generated: int) -> Sequence:
 
 
 def time_iteration(
-    model: Any, point: IterationPoint, repeats: int, sleep: Callable[[float], None] = time.sleep
+    model: Any,
+    point: IterationPoint,
+    repeats: int,
+    decode_backend: str = "sdpa",
+    sleep: Callable[[float], None] = time.sleep,
 ) -> tuple[IterationShape, Timing]:
-    """The point's shape and its measured time (after an idle wait of ``point.wait_s``)."""
+    """The point's shape and its measured time (after an idle wait of ``point.wait_s``), the
+    decode kernel on ``decode_backend``."""
     name = "naive_oracle" if point.block_size == 1 else "paged"
     max_model_len = max((*point.decode_contexts, *point.prefill_prompts)) + OUTPUT_TOKENS + 2
     allocator = make_allocator(name, point.num_slots(OUTPUT_TOKENS), point.block_size,
                                max_model_len)  # fmt: skip
-    executor = RealExecutor(model, allocator)
+    executor = RealExecutor(model, allocator, decode_backend)
     executor.warm_up()
     # A decode sequence of context c holds c - 1 computed tokens and feeds its c-th.
     decode = [_sequence(i, c - 1, 1) for i, c in enumerate(point.decode_contexts)]

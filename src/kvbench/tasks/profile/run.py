@@ -49,7 +49,9 @@ def run_profile(cfg: Any, deployment: Any, raw_cfg: Any, output_dir: Path) -> pd
     started_s = time.perf_counter()
     pin_threads(cfg.executor.num_threads)
     model = load_real_model(cfg.model.name, cfg.model.dtype)
-    iterations = [(point, *time_iteration(model, point, REPEATS)) for point in iteration_grid()]
+    backend = cfg.executor.decode_backend
+    iterations = [(point, *time_iteration(model, point, REPEATS, backend))
+                  for point in iteration_grid()]  # fmt: skip
     swaps = [(point, time_swap(model, point, REPEATS)) for point in swap_grid()]
     iteration_coefficients = fit_non_negative(
         [iteration_features(shape, point.block_size) + wake_features(point.wait_s)
@@ -80,6 +82,7 @@ def run_profile(cfg: Any, deployment: Any, raw_cfg: Any, output_dir: Path) -> pd
     profile = {
         "hardware": deployment.hardware.name, "model": cfg.model.name,
         "dtype": cfg.model.dtype, "device": _device_name(), "num_threads": torch.get_num_threads(),
+        "decode_backend": backend,
         "versions": versions, "coefficients": coefficients, "repeats": REPEATS,
         "fit": {"num_iteration_points": len(iterations), "num_swap_points": len(swaps),
                 "median_abs_pct_error": float(iteration_errors.median()),
@@ -124,7 +127,8 @@ def _summary_lines(profile: dict[str, Any], name: str) -> list[str]:
     terms = ", ".join(f"{term} {value:.3g}" for term, value in coefficients.items())
     return [
         f"profile: {profile['model']} ({profile['dtype']}) on {profile['device']}, "
-        f"{profile['num_threads']} threads, {fit['num_iteration_points']} iterations and "
+        f"{profile['num_threads']} threads, decode backend {profile['decode_backend']}, "
+        f"{fit['num_iteration_points']} iterations and "
         f"{fit['num_swap_points']} swaps timed in {profile['profile_wall_s']:.0f} s -> {name}",
         f"fit: median |error| {fit['median_abs_pct_error']:.1f} %, max "
         f"{fit['max_abs_pct_error']:.1f} % (median spread of repeats "

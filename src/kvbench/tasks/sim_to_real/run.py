@@ -191,8 +191,9 @@ def measure_interleaved(model: Any, jobs: list[ReplayJob], points: list[RealGrid
             if point.block_size not in grid_executors:
                 allocator = make_allocator(point.allocator, GRID_POOL_SLOTS, point.block_size,
                                            max_model_len)  # fmt: skip
-                grid_executors[point.block_size] = RealExecutor(model, allocator)
-                grid_executors[point.block_size].warm_up()
+                executor = RealExecutor(model, allocator, cfg.executor.decode_backend)
+                executor.warm_up()
+                grid_executors[point.block_size] = executor
             record = serve(GRID_WORKLOAD, float("nan"), point.allocator, point.requests(),
                            grid_executors[point.block_size], limits)  # fmt: skip
             grid_runs.append(dataclasses.replace(record, grid_point=points.index(point),
@@ -203,7 +204,7 @@ def measure_interleaved(model: Any, jobs: list[ReplayJob], points: list[RealGrid
         job = jobs[part]
         for name in cfg.allocators:
             allocator = make_allocator(name, num_slots, cfg.allocator.block_size, max_model_len)
-            executor = RealExecutor(model, allocator)
+            executor = RealExecutor(model, allocator, cfg.executor.decode_backend)
             executor.warm_up()
             runs.append(dataclasses.replace(serve(job.workload, job.rate, name, job.requests,
                                                   executor, limits), job=part))  # fmt: skip
