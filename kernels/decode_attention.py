@@ -15,7 +15,13 @@ import math
 
 import torch
 
-from .decode_torch import contiguous_tile_loader, paged_tile_loader, sdpa_decode, torch_decode
+from .decode_torch import (
+    TileLoader,
+    contiguous_tile_loader,
+    paged_tile_loader,
+    sdpa_decode,
+    torch_decode,
+)
 from .tiling import plan_splits
 
 # Backends of every kernel (decode, K/V writes, block copies).
@@ -115,10 +121,15 @@ def paged_decode_attention(
         raise ValueError(f"block_size={block_size}: must be a power of two")
     bound = max_context_len or block_tables.shape[1] * block_size
     scale = _scale(scale, query.shape[2])
-    if backend in ("torch", "sdpa"):
+    if backend == "torch":
         loader = paged_tile_loader(key_cache, value_cache, block_tables)
-        decode = sdpa_decode if backend == "sdpa" else torch_decode
-        return decode(query, context_lens, loader, bound, scale, kv_scales=(k_scale, v_scale))
+        return torch_decode(query, context_lens, loader, bound, scale, kv_scales=(k_scale, v_scale))
+    if backend == "sdpa":
+        return sdpa_decode(query, context_lens,
+                           lambda seqs: paged_tile_loader(key_cache, value_cache,
+                                                          block_tables[seqs]),
+                           key_cache.shape[2], bound, scale,
+                           kv_scales=(k_scale, v_scale))  # fmt: skip
     from .decode_triton import num_programs_wanted, triton_decode  # triton imported lazily
 
     plan = plan_splits(
@@ -165,13 +176,17 @@ def contiguous_decode_attention(
         return torch_decode(query, context_lens, contiguous_tile_loader(key, value), bound, scale,
                             kv_scales=(k_scale, v_scale))  # fmt: skip
     if backend == "sdpa":
-        load = contiguous_tile_loader(key, value)  # slices: copied, since sdpa writes its tile
 
-        def load_copy(tile_start: int, tile_end: int) -> tuple[torch.Tensor, torch.Tensor]:
-            key_tile, value_tile = load(tile_start, tile_end)
-            return key_tile.clone(), value_tile.clone()
+        def copies_for(seqs: slice) -> TileLoader:
+            load = contiguous_tile_loader(key[seqs], value[seqs])  # slices: sdpa writes its tile
 
-        return sdpa_decode(query, context_lens, load_copy, bound, scale,
+            def load_copy(tile_start: int, tile_end: int) -> tuple[torch.Tensor, torch.Tensor]:
+                key_tile, value_tile = load(tile_start, tile_end)
+                return key_tile.clone(), value_tile.clone()
+
+            return load_copy
+
+        return sdpa_decode(query, context_lens, copies_for, key.shape[2], bound, scale,
                            kv_scales=(k_scale, v_scale))  # fmt: skip
     from .decode_triton import num_programs_wanted, triton_decode  # triton imported lazily
 
