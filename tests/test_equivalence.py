@@ -1,6 +1,7 @@
 """Paged decode of tiny random Llama models (GQA and MHA) vs transformers' stock cache: seconds."""
 
 import itertools
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -132,6 +133,29 @@ def test_transformers_continuous_batching_gives_the_same_greedy_tokens(tiny):
     ]
     # A near-tie may end one comparison early, not most of them.
     assert sum(agreed) >= (len(cases) - 1) * (NUM_STEPS + 1), agreed
+
+
+def test_the_peers_cache_is_sized_to_its_prompts_not_to_the_machines_memory():
+    # Unsized, transformers' continuous batching takes 90 % of free memory (12 GB on a CPU here).
+    from kvbench.tasks.equivalence.peer import SPARE_BLOCKS, continuous_batching_tokens
+
+    seen = {}
+
+    class Model:
+        def generate_batch(self, inputs, generation_config, continuous_batching_config=None):
+            seen.update(generation_config=generation_config, batching=continuous_batching_config)
+            return {f"req_{i}": SimpleNamespace(generated_tokens=[1]) for i in range(len(inputs))}
+
+    assert continuous_batching_tokens(Model(), [[1] * 10, [2] * 20], 6, 8) == [[1], [1]]
+    try:  # transformers >= 5 reads the sizes from this config only
+        from transformers import ContinuousBatchingConfig  # noqa: F401
+
+        sizing = seen["batching"]
+    except ImportError:
+        sizing = seen["generation_config"]
+    assert sizing is not None
+    assert sizing.num_blocks == SPARE_BLOCKS + 2 + 4 and sizing.max_batch_tokens == 22
+    assert getattr(sizing, "page_size", getattr(sizing, "block_size", None)) == 8
 
 
 @pytest.mark.parametrize(("allocator", "backend"), [("paged", "torch"), ("paged_prefix", "torch"),

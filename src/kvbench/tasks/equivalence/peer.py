@@ -23,16 +23,23 @@ def continuous_batching_tokens(
     num_blocks = SPARE_BLOCKS + sum(
         -(-(len(prompt) + num_new_tokens) // block_size) for prompt in prompts
     )
-    config = GenerationConfig(
-        max_new_tokens=num_new_tokens,
-        do_sample=False,
-        eos_token_id=-1,
-        pad_token_id=0,
-        num_blocks=num_blocks,
-        block_size=block_size,
-        max_batch_tokens=max(len(prompt) for prompt in prompts) + len(prompts),
-    )
-    outputs = model.generate_batch(inputs=[list(prompt) for prompt in prompts],
-                                   generation_config=config)  # fmt: skip
+    max_batch_tokens = max(len(prompt) for prompt in prompts) + len(prompts)
+    config = GenerationConfig(max_new_tokens=num_new_tokens, do_sample=False, eos_token_id=-1,
+                              pad_token_id=0)  # fmt: skip
+    try:  # transformers >= 5 sizes the cache from a ContinuousBatchingConfig...
+        from transformers import ContinuousBatchingConfig
+    except ImportError:  # ...earlier ones from the generation config
+        config.update(block_size=block_size, num_blocks=num_blocks,
+                      max_batch_tokens=max_batch_tokens)  # fmt: skip
+        outputs = model.generate_batch(inputs=[list(prompt) for prompt in prompts],
+                                       generation_config=config)  # fmt: skip
+    else:
+        # Unsized, it takes 90 % of the free memory: on a CPU, of the machine's RAM (12 GB here,
+        # which two test workers at once ran out of).
+        batching = ContinuousBatchingConfig(page_size=block_size, num_blocks=num_blocks,
+                                            max_batch_tokens=max_batch_tokens)  # fmt: skip
+        outputs = model.generate_batch(inputs=[list(prompt) for prompt in prompts],
+                                       generation_config=config,
+                                       continuous_batching_config=batching)  # fmt: skip
     # Requests are named req_0, req_1, ... in the order of ``inputs``.
     return [list(outputs[f"req_{index}"].generated_tokens) for index in range(len(prompts))]
