@@ -5,8 +5,8 @@
 the same algorithm — the same tiles, splits and online softmax — so timing one against the other
 measures the block-table indirection alone. Each has a Triton backend (GPU, or the CPU
 interpreter under ``TRITON_INTERPRET=1``), a torch backend (the same tiled algorithm, any device)
-and an ``sdpa`` backend (the whole context gathered at once into torch's fused attention: the
-real executor's CPU path).
+and an ``sdpa`` backend (each group of sequences' contexts gathered at once into torch's fused
+attention: the real executor's CPU path).
 """
 
 from __future__ import annotations

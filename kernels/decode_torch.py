@@ -5,10 +5,11 @@
 probabilities rounded to the storage dtype before the PV product). It is the benchmark's CPU
 timing path, so the paged/contiguous comparison there isolates the gather too.
 
-``sdpa_decode`` (the ``sdpa`` backend) loads the whole context as one tile and hands it to torch's
-fused ``scaled_dot_product_attention``: one gather and one kernel per layer instead of some ten
-small ops per tile, about 3x quicker on a CPU (SmolLM2's heads, 16 sequences of 64-128 tokens:
-0.42 against 1.42 ms a layer on this repository's 2-core machine). The real executor's CPU path.
+``sdpa_decode`` (the ``sdpa`` backend) loads each group of sequences' whole contexts as one tile
+and hands it to torch's fused ``scaled_dot_product_attention``: one gather and one kernel per
+group and layer instead of some ten small ops per tile, 1.7-4x quicker on a CPU (SmolLM2's heads:
+0.47 against 1.76 ms a layer for 16 sequences of about 100 tokens on this repository's 2-core
+machine; docs/kernels.md). The real executor's CPU path.
 
 The two layouts differ only in their tile loader: a paged tile gathers its rows through the block
 table, a contiguous tile is a slice.
@@ -100,11 +101,10 @@ def sdpa_decode(
     [num_seqs, num_q_heads, head_dim].
 
     Arguments as ``torch_decode``'s (``num_kv_heads``: the K/V's), but the tiles come from
-    ``loader_for(seqs)``, a loader of
-    the sequences ``seqs`` (a slice of the batch) that returns copies: it is called once per
-    group, for the group's whole context, and the rows past each sequence's length are zeroed in
-    place. A group holds as many sequences as keep its gathered K/V near ``SDPA_GROUP_BYTES`` at
-    ``max_context_len``, and reads up to its own longest context.
+    ``loader_for(seqs)``, a loader of the sequences ``seqs`` (a slice of the batch) that returns
+    copies: it is called once per group, for the group's whole context, and the rows past each
+    sequence's length are zeroed in place. A group holds as many sequences as keep its gathered
+    K/V near ``SDPA_GROUP_BYTES`` at ``max_context_len``, and reads up to its own longest context.
     """
     num_seqs, _, head_dim = query.shape
     token_bytes = 2 * num_kv_heads * head_dim * query.element_size()  # K and V of one token

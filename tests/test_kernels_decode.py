@@ -128,6 +128,21 @@ def test_contiguous_gives_bit_identical_output(dtype, backend):
     assert error <= tolerance * batch.value.abs().max().item()
 
 
+def test_sdpa_groups_give_the_one_group_result(monkeypatch):
+    # Groups of about SDPA_GROUP_BYTES of K/V, each read to its own longest context.
+    from kvbench.kernels import decode_torch
+
+    batch = make_batch([3, 150, 40, 64, 1, 99], 16, torch.float32)
+    whole = paged(batch, "sdpa")
+    assert_close_to_reference(whole, batch)
+    token_bytes = 2 * 2 * 32 * 4  # K and V, 2 KV heads of 32, fp32
+    monkeypatch.setattr(decode_torch, "SDPA_GROUP_BYTES", 2 * 160 * token_bytes)  # 2 a group
+    grouped = paged(batch, "sdpa", max_context_len=160)
+    assert_close_to_reference(grouped, batch)
+    assert (grouped - whole).abs().max() <= 1e-6 * whole.abs().max()
+    assert torch.equal(grouped, contiguous(batch, "sdpa", max_context_len=160))
+
+
 @pytest.mark.parametrize(
     ("num_q_heads", "num_kv_heads", "head_dim"),
     [(4, 1, 32), (4, 4, 16), (6, 2, 48)],
