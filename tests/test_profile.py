@@ -30,6 +30,9 @@ COEFFICIENTS = {
     "per_context_token_s": 1e-6, "per_context_block_s": 5e-6, "per_mean_context_s": 2e-5,
     "per_mixed_step_s": 4e-3, "swap_per_token_s": 1e-6, "swap_per_block_s": 3e-6,
 }  # fmt: skip
+# A matmul library's stairs: nothing from 2 rows, 10 ms from 4, 2 from 8, 3 from 16.
+STAIRS = {"stair_2_tokens_s": 0.0, "stair_4_tokens_s": 0.01, "stair_8_tokens_s": 2e-3,
+          "stair_16_tokens_s": 3e-3}  # fmt: skip
 
 
 def _grid_shapes() -> list[tuple[IterationShape, int]]:
@@ -44,12 +47,13 @@ def _grid_shapes() -> list[tuple[IterationShape, int]]:
 
 
 def test_the_fit_recovers_the_coefficients_that_made_the_times():
-    model = ProfiledCostModel(COEFFICIENTS, 16)
+    coefficients = COEFFICIENTS | STAIRS
+    model = ProfiledCostModel(coefficients, 16)
     shapes = _grid_shapes()
     features = [iteration_features(shape, block_size) for shape, block_size in shapes]
-    times = [ProfiledCostModel(COEFFICIENTS, b).iteration_time_s(s) for s, b in shapes]
+    times = [ProfiledCostModel(coefficients, b).iteration_time_s(s) for s, b in shapes]
     fitted = fit_non_negative(features, times)
-    expected = [COEFFICIENTS[term] for term in PROFILE_TERMS]
+    expected = [coefficients[term] for term in PROFILE_TERMS]
     assert fitted == pytest.approx(expected, rel=1e-6)
     assert model.iteration_time_s(IterationShape(0, 0, 0, 0)) == 0.0
 
@@ -86,6 +90,20 @@ def test_block_size_prices_decode_attention_per_block():
     model = ProfiledCostModel(COEFFICIENTS, 16)
     assert model.decode_time_fn(8)(4096) == model.iteration_time_s(shape)
     assert model.swap_time_s(1024) == pytest.approx(1024 * 1e-6 + 64 * 3e-6)
+
+
+def test_stairs_price_a_step_from_its_token_count():
+    with_stairs = ProfiledCostModel(COEFFICIENTS | STAIRS, 16)
+    without = ProfiledCostModel(COEFFICIENTS, 16)  # a profile written before the stairs: 0
+
+    def stairs_s(shape: IterationShape) -> float:
+        return with_stairs.iteration_time_s(shape) - without.iteration_time_s(shape)
+
+    decode_stairs = [stairs_s(IterationShape(0, 0, n, 40 * n)) for n in (1, 2, 3, 4, 7, 8, 16, 32)]
+    assert decode_stairs == pytest.approx([0, 0, 0, 0.01, 0.01, 0.012, 0.015, 0.015])
+    # A prefill's tokens count as rows too: a 5-token prompt is past the 4-token stair.
+    assert stairs_s(IterationShape(5, 15, 0, 0, num_prefill_seqs=1)) == pytest.approx(0.01)
+    assert stairs_s(IterationShape(2, 3, 1, 30, num_prefill_seqs=1)) == 0.0
 
 
 def test_missing_and_unknown_coefficients_are_refused():

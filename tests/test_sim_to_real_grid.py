@@ -17,7 +17,7 @@ from kvbench.core.catalog import get_deployment
 from kvbench.core.request import Request
 from kvbench.engine import Scheduler, simulate
 from kvbench.engine.cost_model import IterationShape
-from kvbench.engine.profiled import PROFILE_TERMS, SWAP_TERMS, ProfiledCostModel
+from kvbench.engine.profiled import PROFILE_TERMS, STAIR_TERMS, SWAP_TERMS, ProfiledCostModel
 from kvbench.engine.scheduler import SchedulerLimits
 from kvbench.executors.real import _iteration_start_s
 from kvbench.tasks.sim_to_real import run as sim_to_real
@@ -203,17 +203,19 @@ def _record(shapes, durations, start_unix_s, block_size=16, part=-1, point=-1, w
 
 
 def test_the_fit_recovers_the_costs_the_steps_were_priced_by():
+    # Decode batches on both sides of every stair, so that each stair is seen.
     shapes = [IterationShape(tokens, tokens * (tokens + 1) // 2, decodes, decodes * context,
                              num_prefill_seqs=1 if tokens else 0)
-              for tokens in (0, 8, 32) for decodes in (0, 1, 3, 6)
+              for tokens in (0, 8, 32) for decodes in (0, 1, 2, 3, 4, 6, 8, 16)
               for context in (10, 40) if tokens or decodes]  # fmt: skip
+    costs = COSTS | {"stair_4_tokens_s": 0.01, "stair_16_tokens_s": 0.003}
     for block_size in (1, 16):
-        model = ProfiledCostModel(COSTS, block_size)
+        model = ProfiledCostModel(costs, block_size)
         run = _record(shapes, [model.iteration_time_s(shape) for shape in shapes], 0.0,
                       block_size)  # fmt: skip
         fitted = fit_on_runs([run])
-        for term in ("fixed_s", "per_seq_s", "per_token_s", "per_mixed_step_s"):
-            assert fitted[term] == pytest.approx(COSTS[term], rel=1e-6, abs=1e-9)
+        for term in ("fixed_s", "per_seq_s", "per_token_s", "per_mixed_step_s", *STAIR_TERMS):
+            assert fitted[term] == pytest.approx(costs[term], rel=1e-6, abs=1e-9), term
         # Under block size 1 a context token is a block: the two terms are one feature.
         per_context_s = fitted["per_context_token_s"] + fitted["per_context_block_s"] / block_size
         assert per_context_s == pytest.approx(COSTS["per_context_token_s"], rel=1e-6)

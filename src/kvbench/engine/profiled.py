@@ -12,6 +12,7 @@ pricing one thing an iteration does (``PROFILE_TERMS``; docs/sim_to_real.md):
            + per_context_block_s  x decode context / block_size   # per block-table entry walked
            + per_mean_context_s   x decode context / decode seqs  # the kernel's walk over tiles
            + per_mixed_step_s     x (1 if it prefills and decodes)  # both attention paths
+           + stair_K_tokens_s     x (1 if it computes >= K tokens), K = 2, 4, 8, 16
     swap_s = swap_per_token_s x tokens + swap_per_block_s x tokens / block_size
     wake_time_s = wake_per_sqrt_idle_s x sqrt(idle seconds)  # the first iteration after a wait
                 + wake_per_idle_s      x idle seconds
@@ -22,9 +23,13 @@ slowly after (measured on this project's CPU on two days: +1 ms after 0.05 s, +3
 0.1 s, +10-27 ms after 0.25-0.5 s, +17-52 ms after 1-4 s), and is 0 at no wait: a square root
 and a line through the origin follow that, where a constant and a line overprice short waits.
 ``per_mixed_step_s`` prices a step that runs the decode kernel and the prefill attention side by
-side (each layer launches both). Both came after the first profiles were written: a profile
-without them prices them 0 (``OPTIONAL_TERMS``); one with a term this model does not have (an
-earlier wake form's ``wake_s``) is refused, not priced in part.
+side (each layer launches both). The stairs price the matmul library's choice of kernel by the
+number of rows (the step's tokens): on this project's CPU, MKL ran SmolLM2's linear layers in
+the same 20 ms for 1-3 rows and in 30 ms from 4, and a whole decode step rose 17 ms between 3 and
+4 sequences, a stair no line through batches of 1-32 follows. Each ``STAIR_TOKENS`` size gets a
+non-negative step, so a fit finds where the stairs are. These came after the first profiles were
+written: a profile without them prices them 0 (``OPTIONAL_TERMS``); one with a term this model
+does not have (an earlier wake form's ``wake_s``) is refused, not priced in part.
 
 The block size is the kernel's: the allocator's for the paged ones, 1 for the contiguous ones
 (their tables list slots). Pure: the coefficients are given (the profile file is read at the edge,
@@ -39,6 +44,9 @@ from dataclasses import dataclass, field
 
 from kvbench.engine.cost_model import DecodeTimeFn, IterationShape
 
+# Tokens a step computes from which a stair term prices it (the rows of its matmuls).
+STAIR_TOKENS = (2, 4, 8, 16)
+STAIR_TERMS = tuple(f"stair_{tokens}_tokens_s" for tokens in STAIR_TOKENS)
 # The iteration terms, in the order of a profile's coefficients.
 PROFILE_TERMS = (
     "fixed_s",
@@ -49,11 +57,12 @@ PROFILE_TERMS = (
     "per_context_block_s",
     "per_mean_context_s",
     "per_mixed_step_s",
+    *STAIR_TERMS,
 )
 SWAP_TERMS = ("swap_per_token_s", "swap_per_block_s")
 WAKE_TERMS = ("wake_per_sqrt_idle_s", "wake_per_idle_s")
 # Terms a profile may lack (written before they were priced): 0.
-OPTIONAL_TERMS = ("per_mixed_step_s", *WAKE_TERMS)
+OPTIONAL_TERMS = ("per_mixed_step_s", *STAIR_TERMS, *WAKE_TERMS)
 
 
 def missing_terms(coefficients: Mapping[str, float]) -> list[str]:
@@ -73,17 +82,19 @@ def iteration_features(shape: IterationShape, block_size: int) -> tuple[float, .
     """What each of ``PROFILE_TERMS`` multiplies in an iteration of ``shape`` (its first is 1):
     the one place the model's features are defined, for the fit and the prediction alike."""
     num_seqs = shape.num_decode_tokens + shape.num_prefill_seqs
+    num_tokens = shape.num_prefill_tokens + shape.num_decode_tokens
     context = shape.decode_context_tokens
     mean_context = context / shape.num_decode_tokens if shape.num_decode_tokens else 0.0
     return (
         1.0,
         float(num_seqs),
-        float(shape.num_prefill_tokens + shape.num_decode_tokens),
+        float(num_tokens),
         float(shape.prefill_attention_pairs),
         float(context),
         context / block_size,
         mean_context,
         1.0 if shape.num_prefill_tokens and shape.num_decode_tokens else 0.0,
+        *(1.0 if num_tokens >= stair else 0.0 for stair in STAIR_TOKENS),
     )
 
 

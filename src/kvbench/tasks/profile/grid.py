@@ -14,7 +14,8 @@ from dataclasses import dataclass
 
 # Kernel block sizes: 1 (the contiguous allocators' arena), and paged blocks.
 BLOCK_SIZES = (1, 16, 64)
-DECODE_BATCHES = (1, 4, 8, 16, 32)
+# 1-4 and 6: the steps of a matmul library's kernel choice by rows (the stair terms).
+DECODE_BATCHES = (1, 2, 3, 4, 6, 8, 16, 32)
 DECODE_MEAN_CONTEXTS = (64, 256, 768)
 PREFILL_PROMPTS = (16, 64, 256)
 PREFILL_COUNTS = (1, 2)
