@@ -7,7 +7,7 @@ timing path, so the paged/contiguous comparison there isolates the gather too.
 
 ``sdpa_decode`` (the ``sdpa`` backend) loads each group of sequences' whole contexts as one tile
 and hands it to torch's fused ``scaled_dot_product_attention``: one gather and one kernel per
-group and layer instead of some ten small ops per tile, 1.7-4x quicker on a CPU (SmolLM2's heads:
+group and layer instead of some ten small ops per tile, 1.7-4.3x quicker on a CPU (SmolLM2's heads:
 0.47 against 1.76 ms a layer for 16 sequences of about 100 tokens on this repository's 2-core
 machine; docs/kernels.md). The real executor's CPU path.
 

@@ -57,7 +57,8 @@ def tiny_setup():
     deployment = get_deployment("smollm2-135m", "cpu")
     # 4 x 64 slots: naive_max holds 4 requests at once, paged (requests of <= 20 tokens) all 10.
     return ServingSetup(limits=SchedulerLimits(max_model_len=MAX_MODEL_LEN), num_slots=256,
-                        block_size=8, max_model_len=MAX_MODEL_LEN, deployment=deployment)
+                        block_size=8, max_model_len=MAX_MODEL_LEN, deployment=deployment,
+                        decode_backend="sdpa")
 
 
 def _requests():

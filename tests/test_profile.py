@@ -200,7 +200,7 @@ def test_a_grid_point_times_on_a_real_model(block_size):
 
     model = load_model("tiny-llama-gqa")
     point = IterationPoint(block_size, decode_contexts=(20, 40), prefill_prompts=(12,))
-    shape, timing = time_iteration(model, point, repeats=2)
+    shape, timing = time_iteration(model, point, repeats=2, decode_backend="sdpa")
     assert shape == IterationShape(12, 78, 2, 60, num_prefill_seqs=1)
     assert timing.median_s > 0 and timing.spread >= 0
 
@@ -213,6 +213,6 @@ def test_a_wake_up_point_idles_before_every_run_and_the_grid_has_them():
     waits: list[float] = []
     point = IterationPoint(16, prefill_prompts=(12,), wait_s=0.5)
     shape, _ = time_iteration(load_model("tiny-llama-gqa"), point, repeats=2,
-                              sleep=waits.append)  # fmt: skip
+                              decode_backend="sdpa", sleep=waits.append)  # fmt: skip
     assert waits == [0.5] * 3 and shape == IterationShape(12, 78, 0, 0, num_prefill_seqs=1)
     assert [p.wait_s for p in iteration_grid() if p.wait_s] == list(WAKE_WAITS_S)

@@ -51,7 +51,7 @@ class ServingSetup:
     block_size: int
     max_model_len: int
     deployment: Deployment
-    decode_backend: str = "sdpa"
+    decode_backend: str
 
 
 def run_paper_executed(

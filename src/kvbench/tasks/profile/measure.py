@@ -64,7 +64,7 @@ def time_iteration(
     model: Any,
     point: IterationPoint,
     repeats: int,
-    decode_backend: str = "sdpa",
+    decode_backend: str,
     sleep: Callable[[float], None] = time.sleep,
 ) -> tuple[IterationShape, Timing]:
     """The point's shape and its measured time (after an idle wait of ``point.wait_s``), the
