@@ -177,12 +177,12 @@ def contiguous_decode_attention(
                             kv_scales=(k_scale, v_scale))  # fmt: skip
     if backend == "sdpa":
 
-        def copies_for(seqs: slice) -> TileLoader:
-            load = contiguous_tile_loader(key[seqs], value[seqs])  # slices: sdpa writes its tile
+        load = contiguous_tile_loader(key, value)
 
+        def copies_for(seqs: torch.Tensor) -> TileLoader:
             def load_copy(tile_start: int, tile_end: int) -> tuple[torch.Tensor, torch.Tensor]:
                 key_tile, value_tile = load(tile_start, tile_end)
-                return key_tile.clone(), value_tile.clone()
+                return key_tile[seqs], value_tile[seqs]  # indexing copies: sdpa writes its tile
 
             return load_copy
 

@@ -17,6 +17,7 @@ table, a contiguous tile is a slice.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import torch
@@ -28,6 +29,13 @@ from .tiling import TILE_TOKENS
 # (SmolLM2's 3 KV heads of 64, fp32, 32 sequences of 768 tokens): the batch in one group took
 # 15 ms a layer, in groups of 4 sequences (3.5 MiB) 6-7 ms, one sequence at a time 11 ms.
 SDPA_GROUP_BYTES = 4 << 20
+# K/V bytes whose gather and attention cost about what one more SDPA call does (its launch, the
+# group's index and mask tensors): where padding a group up to a longer sequence would read more
+# than this, the longer sequence starts a group of its own. Measured on the same machine and
+# heads: 14 sequences of 5-115 tokens took 0.8 ms a layer in one call, 2.8 ms in one call each,
+# so a call costs about 0.15 ms; 14 x 60 tokens took 0.46 ms, 0.55 us (1.5 KiB) a token: a call
+# is some 300 tokens' K/V.
+SDPA_CALL_BYTES = 512 << 10
 
 # (tile_start, tile_end) -> (key, value), each [num_seqs, tile_end - tile_start, num_kv_heads,
 # head_dim] in the storage dtype.
@@ -91,7 +99,7 @@ def contiguous_tile_loader(key: torch.Tensor, value: torch.Tensor) -> TileLoader
 def sdpa_decode(
     query: torch.Tensor,
     context_lens: torch.Tensor,
-    loader_for: Callable[[slice], TileLoader],
+    loader_for: Callable[[torch.Tensor], TileLoader],
     num_kv_heads: int,
     max_context_len: int,
     scale: float,
@@ -101,21 +109,54 @@ def sdpa_decode(
     [num_seqs, num_q_heads, head_dim].
 
     Arguments as ``torch_decode``'s (``num_kv_heads``: the K/V's), but the tiles come from
-    ``loader_for(seqs)``, a loader of the sequences ``seqs`` (a slice of the batch) that returns
-    copies: it is called once per group, for the group's whole context, and the rows past each
-    sequence's length are zeroed in place. A group holds as many sequences as keep its gathered
-    K/V near ``SDPA_GROUP_BYTES`` at ``max_context_len``, and reads up to its own longest context.
+    ``loader_for(seqs)``, a loader of the sequences ``seqs`` (int64 indices into the batch) that
+    returns copies: it is called once per group, for the group's whole context, and the rows past
+    each sequence's length are zeroed in place. Groups are planned by ``length_groups``.
     """
-    num_seqs, _, head_dim = query.shape
+    head_dim = query.shape[2]
     token_bytes = 2 * num_kv_heads * head_dim * query.element_size()  # K and V of one token
-    group_size = max(1, SDPA_GROUP_BYTES // (token_bytes * max(1, max_context_len)))
-    outputs = []  # each [group, num_q_heads, head_dim]
-    for start in range(0, num_seqs, group_size):
-        seqs = slice(start, start + group_size)
-        group_len = min(max_context_len, int(context_lens[seqs].max()))
-        outputs.append(_sdpa_group(query[seqs], context_lens[seqs], loader_for(seqs), group_len,
-                                   scale, kv_scales))  # fmt: skip
-    return torch.cat(outputs)
+    lens = tuple(min(max_context_len, n) for n in context_lens.tolist())
+    output = torch.empty_like(query)  # [num_seqs, num_q_heads, head_dim]
+    plan = length_groups(lens, token_bytes, SDPA_GROUP_BYTES, SDPA_CALL_BYTES)
+    for members, group_len in plan:
+        seqs = torch.tensor(members, dtype=torch.int64, device=query.device)  # [group]
+        output[seqs] = _sdpa_group(query[seqs], context_lens[seqs], loader_for(seqs), group_len,
+                                   scale, kv_scales)  # fmt: skip
+    return output
+
+
+@functools.lru_cache(maxsize=16)  # every layer of a step plans the same lengths
+def length_groups(
+    context_lens: tuple[int, ...], token_bytes: int, group_bytes: int, call_bytes: int
+) -> tuple[tuple[tuple[int, ...], int], ...]:
+    """The sequences of a batch of ``context_lens`` in groups for ``sdpa_decode``: each group's
+    member indices and its length (its longest context), every sequence in one group.
+
+    A group's SDPA reads every member to the group's length, so the plan sorts the sequences by
+    length and cuts the sorted run into groups: a sequence joins the group before it unless that
+    would re-pad the group's members by more than ``call_bytes`` of K/V (``token_bytes`` a
+    token), about what one more call costs, or grow the group past ``group_bytes``. Groups in
+    batch order cost what their padding does (SmolLM2's heads, one layer): 32 contexts of 10-246
+    tokens took 5.3-5.6 ms so, 2.7-2.9 planned by length; 13 x 40 tokens and one of 320 in one
+    group 2.3-2.6 ms, planned 0.65 (docs/kernels.md).
+    """
+    order = sorted(range(len(context_lens)), key=context_lens.__getitem__)
+    call_tokens = call_bytes // token_bytes
+    max_group_tokens = group_bytes // token_bytes
+    groups: list[list[int]] = []
+    group_len = 0
+    for index in order:
+        length = context_lens[index]
+        if groups:
+            group = groups[-1]
+            repad_tokens = len(group) * (length - group_len)
+            if repad_tokens <= call_tokens and (len(group) + 1) * length <= max_group_tokens:
+                group.append(index)
+                group_len = length
+                continue
+        groups.append([index])
+        group_len = length
+    return tuple((tuple(sorted(group)), max(context_lens[i] for i in group)) for group in groups)
 
 
 def _sdpa_group(

@@ -129,18 +129,60 @@ def test_contiguous_gives_bit_identical_output(dtype, backend):
 
 
 def test_sdpa_groups_give_the_one_group_result(monkeypatch):
-    # Groups of about SDPA_GROUP_BYTES of K/V, each read to its own longest context.
+    # Groups of at most SDPA_GROUP_BYTES of K/V, each read to its own longest context.
     from kvbench.kernels import decode_torch
 
     batch = make_batch([3, 150, 40, 64, 1, 99], 16, torch.float32)
     whole = paged(batch, "sdpa")
     assert_close_to_reference(whole, batch)
     token_bytes = 2 * 2 * 32 * 4  # K and V, 2 KV heads of 32, fp32
-    monkeypatch.setattr(decode_torch, "SDPA_GROUP_BYTES", 2 * 160 * token_bytes)  # 2 a group
+    monkeypatch.setattr(decode_torch, "SDPA_GROUP_BYTES", 2 * 160 * token_bytes)
+    monkeypatch.setattr(decode_torch, "SDPA_CALL_BYTES", 40 * token_bytes)
+    lens = (3, 150, 40, 64, 1, 99)
+    plan = decode_torch.length_groups(lens, token_bytes, 2 * 160 * token_bytes, 40 * token_bytes)
+    assert len(plan) >= 3
     grouped = paged(batch, "sdpa", max_context_len=160)
     assert_close_to_reference(grouped, batch)
     assert (grouped - whole).abs().max() <= 1e-6 * whole.abs().max()
     assert torch.equal(grouped, contiguous(batch, "sdpa", max_context_len=160))
+
+
+def _group_plan(lens, group_tokens=10_000, call_tokens=100):
+    from kvbench.kernels.decode_torch import length_groups
+
+    token_bytes = 1536  # SmolLM2's K and V of one token, fp32
+    return length_groups(tuple(lens), token_bytes, group_tokens * token_bytes,
+                         call_tokens * token_bytes)  # fmt: skip
+
+
+def test_sdpa_groups_cover_every_sequence_once_at_its_longest_context():
+    lens = [40, 7, 320, 41, 39, 300, 12, 600, 44]
+    plan = _group_plan(lens, group_tokens=1_000)
+    members = sorted(index for group, _ in plan for index in group)
+    assert members == list(range(len(lens)))
+    for group, group_len in plan:
+        assert group_len == max(lens[index] for index in group)
+        assert len(group) == 1 or len(group) * group_len <= 1_000
+
+
+def test_sdpa_groups_keep_a_long_sequence_from_padding_short_ones():
+    # 13 x 40 + 1 x 320 in one group read 14 x 320 tokens, 8x their context (3.6x the time).
+    lens = [40] * 6 + [320] + [40] * 7
+    plan = _group_plan(lens)
+    assert sorted((len(group), group_len) for group, group_len in plan) == [(1, 320), (13, 40)]
+
+
+def test_sdpa_groups_are_planned_by_length_not_by_position():
+    # Alternating short and long contexts: in batch order every group would pad to the long one.
+    lens = [10, 500] * 8
+    plan = _group_plan(lens, group_tokens=4_000)
+    assert {group_len for _, group_len in plan} == {10, 500}
+    assert sum(len(group) * group_len for group, group_len in plan) == sum(lens)
+
+
+def test_sdpa_groups_take_a_near_length_into_the_group():
+    # Joining pads 8 x 4 tokens, far less than a call costs: one group.
+    assert _group_plan([60] * 8 + [64]) == ((tuple(range(9)), 64),)
 
 
 @pytest.mark.parametrize(

@@ -2,6 +2,7 @@
 simulations. The table's arithmetic on runs whose figures are known; the interleaved real runs
 and the simulations on a tiny random Llama under a binding pool (seconds); the config's checks."""
 
+import dataclasses
 import math
 
 import pandas as pd
@@ -13,7 +14,7 @@ from kvbench.core.catalog import get_deployment
 from kvbench.core.request import Request
 from kvbench.engine.scheduler import SchedulerLimits
 from kvbench.tasks.paper_executed.run import ServingSetup, serve_rounds, simulate_sources
-from kvbench.tasks.paper_executed.table import FIGURES, markdown_rows, paper_table
+from kvbench.tasks.paper_executed.table import FIGURES, PROBE_COLUMNS, markdown_rows, paper_table
 
 MAX_MODEL_LEN = 64
 
@@ -50,6 +51,21 @@ def test_table_takes_medians_over_rounds_and_ratios_within_a_source():
     assert profiled["throughput_over_measured"] == pytest.approx(100.0 / 60.0)
     assert paged["throughput_over_measured"] == 1.0
     assert "| 8.000 | measured | paged | 2 | 60.000 |" in markdown_rows(paper_table(runs))
+    assert "PROBE" not in "".join(paper_table(runs).columns)  # no probes: no probe columns
+
+
+def test_table_takes_the_probes_medians_for_measured_rows_only():
+    runs = pd.DataFrame([
+        {**_run("measured", "paged", 0, 50.0), PROBE_COLUMNS[0]: 1.0, PROBE_COLUMNS[1]: 1.2},
+        {**_run("measured", "paged", 1, 70.0), PROBE_COLUMNS[0]: 1.2, PROBE_COLUMNS[1]: 1.4},
+        _run("profiled", "paged", 0, 100.0),
+    ])  # fmt: skip
+    table = paper_table(runs).set_index(["source", "allocator"])
+    assert table.loc[("measured", "paged"), PROBE_COLUMNS[0]] == pytest.approx(1.1)
+    assert table.loc[("measured", "paged"), PROBE_COLUMNS[1]] == pytest.approx(1.3)
+    assert math.isnan(table.loc[("profiled", "paged"), PROBE_COLUMNS[0]])
+    rows = markdown_rows(paper_table(runs)).splitlines()
+    assert rows[2].endswith("| 1.10 / 1.30 |") and rows[3].endswith("|  |")
 
 
 @pytest.fixture(scope="module")
@@ -99,6 +115,32 @@ def test_real_rounds_interleave_and_the_budget_binds_naive_max_only(tiny_setup, 
     assert (means["kv_held_gb"] >= means["kv_used_gb"]).all()
     assert means.loc["naive_max", "kv_held_gb"] > 2 * means.loc["naive_max", "kv_used_gb"]
     assert "round 2/2, naive_max" in capsys.readouterr().out
+
+
+def test_each_real_run_is_preceded_by_the_probes_priced_by_the_profile(tiny_setup, monkeypatch):
+    from kvbench.tasks.equivalence.models import load_model
+    from kvbench.tasks.equivalence.names import TINY_GQA
+    from kvbench.tasks.paper_executed import run
+    from kvbench.tasks.profile import measure
+
+    timed = []
+
+    def time_iteration(model, point, repeats, decode_backend):
+        timed.append(point)
+        real_shape, _ = real_time_iteration(model, point, 1, decode_backend)
+        # 0.2 s (4 sequences) or 0.3 s (16), 0.1 s more at each call: a machine slowing down.
+        seconds = (0.3 if len(point.decode_contexts) > 4 else 0.2) + 0.1 * ((len(timed) - 1) // 2)
+        return real_shape, measure.Timing(seconds, 0.0)
+
+    real_time_iteration = measure.time_iteration
+    monkeypatch.setattr(measure, "time_iteration", time_iteration)
+    setup = dataclasses.replace(tiny_setup, probe_cost_model=_fixed_cost(0.1)("paged", 16))
+    runs = serve_rounds(load_model(TINY_GQA), _requests(), ["naive_max", "paged"], 1, setup)
+    assert timed == [*run.PROBES.values()] * 4  # both probes before and after each run
+    # Each probe's measured time over the profile's price of its shape (0.1 s whatever it is),
+    # the mean of the two around its run.
+    assert list(runs[PROBE_COLUMNS[0]]) == pytest.approx([2.5, 4.5])
+    assert list(runs[PROBE_COLUMNS[1]]) == pytest.approx([3.5, 5.5])
 
 
 def _fixed_cost(seconds):

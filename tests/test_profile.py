@@ -216,3 +216,16 @@ def test_a_wake_up_point_idles_before_every_run_and_the_grid_has_them():
                               decode_backend="sdpa", sleep=waits.append)  # fmt: skip
     assert waits == [0.5] * 3 and shape == IterationShape(12, 78, 0, 0, num_prefill_seqs=1)
     assert [p.wait_s for p in iteration_grid() if p.wait_s] == list(WAKE_WAITS_S)
+
+
+def test_the_grid_is_timed_in_a_shuffled_order_and_tabled_in_its_own():
+    from kvbench.tasks.profile.measure import in_shuffled_order
+
+    points = list(range(20))
+    called = []
+    results = in_shuffled_order(points, lambda point: called.append(point) or point * 10)
+    assert results == [point * 10 for point in points]  # in the points' order
+    assert sorted(called) == points and called != points  # each once, not batch after batch
+    again = []
+    in_shuffled_order(points, again.append)
+    assert again == called  # the same order every run

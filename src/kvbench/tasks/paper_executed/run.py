@@ -2,9 +2,12 @@
 
 The same requests are served on the real model (``executors.real``) by every allocator, in
 interleaved rounds (each round rotates the order, so the machine's noise hits every allocator
-alike), and simulated with the profile of ``executor.profile`` and with the roofline. Writes
-``paper_executed_runs.parquet`` (one row per run), ``paper_executed.parquet`` (medians per
-source and allocator, paged's ratios over the baselines), ``paper_executed.md`` (that table),
+alike), and simulated with the profile of ``executor.profile`` and with the roofline. Before and
+after each real run two decode steps of fixed shapes (``PROBES``) are timed and priced with the
+profile: how fast the machine then is against the profile, which tells a simulation's error from
+a machine whose speed drifted since the profile was fitted. Writes
+``paper_executed_runs.parquet`` (one row per run), ``paper_executed.parquet`` (medians per source
+and allocator, paged's ratios over the baselines), ``paper_executed.md`` (that table),
 ``plots/paper_executed.png`` and ``report.md`` (docs/paper_executed.md).
 """
 
@@ -30,7 +33,14 @@ from kvbench.engine.scheduler import SchedulerLimits
 from kvbench.tables.atomic import write_text_atomic
 from kvbench.tables.parquet import write_table
 from kvbench.tables.provenance import provenance
-from kvbench.tasks.paper_executed.table import MEASURED, markdown_rows, paper_table, run_figures
+from kvbench.tasks.paper_executed.table import (
+    MEASURED,
+    PROBE_COLUMNS,
+    markdown_rows,
+    paper_table,
+    run_figures,
+)
+from kvbench.tasks.profile.grid import IterationPoint, spread_contexts
 from kvbench.tasks.profile.profile_file import load_profiled_cost_model, read_profile
 from kvbench.tasks.simulate.experiment import cost_model, scheduler_limits
 from kvbench.tasks.simulate.real_runner import load_real_model, pin_threads
@@ -43,8 +53,8 @@ CostModelFor = Callable[[str, int], CostModel]
 
 @dataclasses.dataclass(frozen=True)
 class ServingSetup:
-    """What every run of the comparison shares: the scheduler's limits, the pool and the decode
-    kernel's backend."""
+    """What every run of the comparison shares: the scheduler's limits, the pool, the decode
+    kernel's backend, and the profile the machine probes are priced with (None: no probes)."""
 
     limits: SchedulerLimits
     num_slots: int
@@ -52,6 +62,19 @@ class ServingSetup:
     max_model_len: int
     deployment: Deployment
     decode_backend: str
+    probe_cost_model: CostModel | None = None
+
+
+# Decode steps timed before and after every real run and priced with the profile (grid points of
+# task=profile, so 1 within its fit error when the machine runs as fast as when it was fitted):
+# a small batch and a large one, because a slower machine was measured to slow them unequally
+# (docs/paper_executed.md).
+PROBE_BLOCK_SIZE = 16
+PROBES = dict(zip(PROBE_COLUMNS, (
+    IterationPoint(PROBE_BLOCK_SIZE, decode_contexts=spread_contexts(4, 256)),
+    IterationPoint(PROBE_BLOCK_SIZE, decode_contexts=spread_contexts(16, 64)),
+), strict=True))  # fmt: skip
+PROBE_REPEATS = 5
 
 
 def run_paper_executed(
@@ -70,6 +93,8 @@ def run_paper_executed(
         max_model_len=deployment.model.max_model_len,
         deployment=deployment,
         decode_backend=cfg.executor.decode_backend,
+        probe_cost_model=load_profiled_cost_model(str(cfg.executor.profile),
+                                                  PROBE_BLOCK_SIZE, deployment),
     )
     simulated: dict[str, CostModelFor] = {
         "profiled": lambda name, block_size: load_profiled_cost_model(
@@ -125,6 +150,24 @@ def _warn_of_another_setup(profile_path: str, decode_backend: str) -> None:
                   "tokens/s")  # fmt: skip
 
 
+def probe_machine(model: Any, cost_model: CostModel, decode_backend: str) -> dict[str, float]:
+    """Each of ``PROBES``' measured time (median of ``PROBE_REPEATS``) over its price."""
+    from kvbench.tasks.profile.measure import time_iteration
+
+    ratios = {}
+    for column, point in PROBES.items():
+        shape, timing = time_iteration(model, point, PROBE_REPEATS, decode_backend)
+        ratios[column] = timing.median_s / cost_model.iteration_time_s(shape)
+    return ratios
+
+
+def _probes(model: Any, setup: ServingSetup) -> dict[str, float]:
+    """The machine probes now, where ``setup`` has a profile to price them (else none)."""
+    if setup.probe_cost_model is None:
+        return {}
+    return probe_machine(model, setup.probe_cost_model, setup.decode_backend)
+
+
 def serve_rounds(
     model: Any,
     requests: Sequence[Request],
@@ -133,7 +176,8 @@ def serve_rounds(
     setup: ServingSetup,
 ) -> pd.DataFrame:
     """Every allocator's real run of ``requests``, ``rounds`` times; round r starts at the
-    r-th allocator (a rotation), so no allocator always runs first or last."""
+    r-th allocator (a rotation), so no allocator always runs first or last. Each run is bracketed
+    by the machine probes, before and after it, where ``setup`` has a profile to price them."""
     from kvbench.executors.real import RealExecutor, run_real
 
     rows = []
@@ -144,17 +188,26 @@ def serve_rounds(
                                        setup.max_model_len)  # fmt: skip
             executor = RealExecutor(model, allocator, setup.decode_backend)
             executor.warm_up()
+            probes_before = _probes(model, setup)
             load_average_1m = os.getloadavg()[0]
             wall_start_s = time.perf_counter()
             served = run_real(requests, Scheduler(setup.limits), allocator, executor)
+            wall_s = time.perf_counter() - wall_start_s
+            probes_after = _probes(model, setup)
+            # The machine's speed over the run, bracketed: a run takes minutes, over which this
+            # shared machine's speed was seen to change by 10-20 %.
+            probes = {column: (ratio + probes_after[column]) / 2
+                      for column, ratio in probes_before.items()}  # fmt: skip
             rows.append({"source": MEASURED, "allocator": name, "round": round_index,
                          **run_figures(served.result, setup.deployment),
-                         "wall_s": time.perf_counter() - wall_start_s,
+                         "wall_s": wall_s,
                          "load_average_1m": load_average_1m,
-                         "kv_pool_bytes": served.kv_pool_bytes})  # fmt: skip
+                         "kv_pool_bytes": served.kv_pool_bytes, **probes})  # fmt: skip
+            probed = "".join(f", {column.split('_over')[0]} {ratio:.2f}x the profile"
+                             for column, ratio in probes.items())  # fmt: skip
             print(f"real: round {round_index + 1}/{rounds}, {name}: "
                   f"{rows[-1]['output_token_throughput']:.1f} output tokens/s, mean batch "
-                  f"{rows[-1]['mean_batch_size']:.1f}", flush=True)  # fmt: skip
+                  f"{rows[-1]['mean_batch_size']:.1f}{probed}", flush=True)  # fmt: skip
     return pd.DataFrame(rows)
 
 

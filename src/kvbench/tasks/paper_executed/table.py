@@ -33,6 +33,9 @@ FIGURES = (
     "normalized_latency_s_per_token",
     "num_finished",
 )
+# A measured run's machine probes: a decode step's measured time over the profile's price of it,
+# timed just before the run (``run.PROBES``: 4 sequences of 128-384 tokens, 16 of 32-96).
+PROBE_COLUMNS = ("probe_4_seqs_over_profile", "probe_16_seqs_over_profile")
 # A table row's labels: (request_rate, source, allocator).
 RowKey = tuple[float, str, str]
 # paged's throughput over each baseline's: the paper's "x times the throughput".
@@ -67,9 +70,11 @@ def paper_table(runs: pd.DataFrame) -> pd.DataFrame:
     """One row per (request rate, source, allocator) from ``runs`` (one row per run:
     ``request_rate``, ``source``, ``allocator``, ``round`` and ``FIGURES``): the medians over
     the runs, the throughput's spread over them, and paged's throughput over each baseline's at
-    the same rate and source."""
+    the same rate and source; the probes' medians where ``runs`` has them (NaN for the
+    simulated rows)."""
     grouped = runs.groupby(["request_rate", "source", "allocator"], sort=False)
-    table = grouped[list(FIGURES)].median().reset_index()
+    medians = [*FIGURES, *(column for column in PROBE_COLUMNS if column in runs)]
+    table = grouped[medians].median().reset_index()
     throughput = grouped["output_token_throughput"]
     table["num_runs"] = grouped.size().to_numpy()
     table["output_token_throughput_spread_pct"] = (
@@ -105,13 +110,20 @@ def markdown_rows(table: pd.DataFrame) -> str:
     """The table as markdown: one row per source and allocator, throughput, batch, memory."""
     header = ["req/s", "source", "allocator", "runs", "output tok/s", "spread %",
               "tok/s / measured", "mean batch", "KV held GB", "KV used GB", "peak KV held GB",
-              "paged / naive_max", "paged / naive_oracle"]  # fmt: skip
+              "paged / naive_max", "paged / naive_oracle",
+              "probes (4 / 16 seqs) / profile"]  # fmt: skip
     rows: list[Sequence[object]] = [
         [row.request_rate, row.source, row.allocator, int(row.num_runs),
          row.output_token_throughput, row.output_token_throughput_spread_pct,
          row.throughput_over_measured,
          row.mean_batch_size, row.kv_held_gb, row.kv_used_gb, row.peak_kv_held_gb,
-         row.paged_over_naive_max, row.paged_over_naive_oracle]
+         row.paged_over_naive_max, row.paged_over_naive_oracle, _probes(row)]
         for row in table.itertuples()
     ]  # fmt: skip
     return markdown_table(header, rows, digits=3)
+
+
+def _probes(row: object) -> str:
+    """A row's probes over the profile, "small / large" (blank where not probed)."""
+    ratios = [getattr(row, column, float("nan")) for column in PROBE_COLUMNS]
+    return "" if any(np.isnan(ratios)) else " / ".join(f"{ratio:.2f}" for ratio in ratios)

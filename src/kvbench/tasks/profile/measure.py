@@ -10,11 +10,13 @@ wake-up point sleeps its ``wait_s`` before each run, as ``run_real`` sleeps for 
 from __future__ import annotations
 
 import contextlib
+import random
 import statistics
 import time
 from collections.abc import Callable
+from collections.abc import Sequence as SequenceOf
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
@@ -30,6 +32,8 @@ from kvbench.executors.real import RealExecutor
 from kvbench.tasks.profile.grid import IterationPoint, SwapPoint
 
 OUTPUT_TOKENS = 8  # every timed sequence's output length (its reservation under naive_oracle)
+Point = TypeVar("Point")
+Measured = TypeVar("Measured")
 
 
 @dataclass(frozen=True)
@@ -51,6 +55,20 @@ def time_repeats(run: Callable[[], None], prepare: Callable[[], None], repeats: 
             durations.append(time.perf_counter() - started_s)
     median_s = statistics.median(durations)
     return Timing(median_s, (max(durations) - min(durations)) / median_s)
+
+
+def in_shuffled_order(
+    points: SequenceOf[Point], measure: Callable[[Point], Measured], seed: int = 0
+) -> list[Measured]:
+    """``measure`` of every point, called in a shuffled order (``seed``: the same order every
+    run), the results in the points' order. The machine's speed drifts over the minutes a
+    profile takes (on this project's shared CPU the same decode step's time moved 20-40 % within
+    an hour), and in the grid's order, batch after batch, a drift would be fitted as a cost of
+    the batches timed meanwhile; shuffled, it is noise that every term shares."""
+    order = list(range(len(points)))
+    random.Random(seed).shuffle(order)
+    measured = {index: measure(points[index]) for index in order}
+    return [measured[index] for index in range(len(points))]
 
 
 def _sequence(seq_id: int, prompt_tokens: int, num_generated: int) -> Sequence:

@@ -1,9 +1,9 @@
 """``python -m kvbench task=profile hardware=cpu model=smollm2-135m``: time, fit, write.
 
-Times every point of ``grid`` with the real executor on this machine (``measure``), fits the
-profiled cost model (``fit``) and writes, in the run folder: the profile file (named by device,
-model and versions; ``profile_file``), ``profile.parquet`` (every point, measured and fitted),
-``plots/profile_fit.png|svg`` and ``report.md``.
+Times every point of ``grid`` with the real executor on this machine (``measure``, in a shuffled
+order), fits the profiled cost model (``fit``) and writes, in the run folder: the profile file
+(named by device, model and versions; ``profile_file``), ``profile.parquet`` (every point, in the
+grid's order, measured and fitted), ``plots/profile_fit.png|svg`` and ``report.md``.
 """
 
 from __future__ import annotations
@@ -44,14 +44,16 @@ def run_profile(cfg: Any, deployment: Any, raw_cfg: Any, output_dir: Path) -> pd
     import torch
     import transformers
 
-    from kvbench.tasks.profile.measure import time_iteration, time_swap
+    from kvbench.tasks.profile.measure import in_shuffled_order, time_iteration, time_swap
 
     started_s = time.perf_counter()
     pin_threads(cfg.executor.num_threads)
     model = load_real_model(cfg.model.name, cfg.model.dtype)
     backend = cfg.executor.decode_backend
-    iterations = [(point, *time_iteration(model, point, REPEATS, backend))
-                  for point in iteration_grid()]  # fmt: skip
+    points = iteration_grid()
+    timings = in_shuffled_order(points, lambda point: time_iteration(model, point, REPEATS,
+                                                                     backend))  # fmt: skip
+    iterations = [(point, *timed) for point, timed in zip(points, timings, strict=True)]
     swaps = [(point, time_swap(model, point, REPEATS)) for point in swap_grid()]
     iteration_coefficients = fit_non_negative(
         [iteration_features(shape, point.block_size) + wake_features(point.wait_s)
