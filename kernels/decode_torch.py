@@ -136,27 +136,25 @@ def length_groups(
     length and cuts the sorted run into groups: a sequence joins the group before it unless that
     would re-pad the group's members by more than ``call_bytes`` of K/V (``token_bytes`` a
     token), about what one more call costs, or grow the group past ``group_bytes``. Groups in
-    batch order cost what their padding does (SmolLM2's heads, one layer): 32 contexts of 10-246
-    tokens took 5.3-5.6 ms so, 2.7-2.9 planned by length; 13 x 40 tokens and one of 320 in one
-    group 2.3-2.6 ms, planned 0.65 (docs/kernels.md).
+    batch order cost what their padding does (SmolLM2's heads, one layer,
+    ``python -m kvbench.tools.sdpa_groups``): 32 shuffled contexts of 10-246 tokens took 5.0 ms
+    so, 2.1 planned by length; 13 x 40 tokens and one of 320, 2.6 and 0.4 ms (docs/kernels.md).
     """
     order = sorted(range(len(context_lens)), key=context_lens.__getitem__)
     call_tokens = call_bytes // token_bytes
     max_group_tokens = group_bytes // token_bytes
-    groups: list[list[int]] = []
-    group_len = 0
+    groups: list[tuple[list[int], int]] = []  # (members, length: the last one's, the longest)
     for index in order:
         length = context_lens[index]
         if groups:
-            group = groups[-1]
-            repad_tokens = len(group) * (length - group_len)
-            if repad_tokens <= call_tokens and (len(group) + 1) * length <= max_group_tokens:
-                group.append(index)
-                group_len = length
+            members, group_len = groups[-1]
+            repad_tokens = len(members) * (length - group_len)
+            if repad_tokens <= call_tokens and (len(members) + 1) * length <= max_group_tokens:
+                members.append(index)
+                groups[-1] = (members, length)
                 continue
-        groups.append([index])
-        group_len = length
-    return tuple((tuple(sorted(group)), max(context_lens[i] for i in group)) for group in groups)
+        groups.append(([index], length))
+    return tuple((tuple(sorted(members)), length) for members, length in groups)
 
 
 def _sdpa_group(

@@ -67,8 +67,8 @@ class ServingSetup:
 
 # Decode steps timed before and after every real run and priced with the profile (grid points of
 # task=profile, so 1 within its fit error when the machine runs as fast as when it was fitted):
-# a small batch and a large one, because a slower machine was measured to slow them unequally
-# (docs/paper_executed.md).
+# a small batch and a large one, because a drift need not slow them alike (once 1.06 against
+# 1.23: docs/paper_executed.md).
 PROBE_BLOCK_SIZE = 16
 PROBES = dict(zip(PROBE_COLUMNS, (
     IterationPoint(PROBE_BLOCK_SIZE, decode_contexts=spread_contexts(4, 256)),
@@ -150,22 +150,18 @@ def _warn_of_another_setup(profile_path: str, decode_backend: str) -> None:
                   "tokens/s")  # fmt: skip
 
 
-def probe_machine(model: Any, cost_model: CostModel, decode_backend: str) -> dict[str, float]:
-    """Each of ``PROBES``' measured time (median of ``PROBE_REPEATS``) over its price."""
+def probe_machine(model: Any, setup: ServingSetup) -> dict[str, float]:
+    """Each of ``PROBES``' measured time (median of ``PROBE_REPEATS``) over its price by
+    ``setup``'s profile (none without one)."""
     from kvbench.tasks.profile.measure import time_iteration
 
-    ratios = {}
-    for column, point in PROBES.items():
-        shape, timing = time_iteration(model, point, PROBE_REPEATS, decode_backend)
-        ratios[column] = timing.median_s / cost_model.iteration_time_s(shape)
-    return ratios
-
-
-def _probes(model: Any, setup: ServingSetup) -> dict[str, float]:
-    """The machine probes now, where ``setup`` has a profile to price them (else none)."""
     if setup.probe_cost_model is None:
         return {}
-    return probe_machine(model, setup.probe_cost_model, setup.decode_backend)
+    ratios = {}
+    for column, point in PROBES.items():
+        shape, timing = time_iteration(model, point, PROBE_REPEATS, setup.decode_backend)
+        ratios[column] = timing.median_s / setup.probe_cost_model.iteration_time_s(shape)
+    return ratios
 
 
 def serve_rounds(
@@ -177,10 +173,12 @@ def serve_rounds(
 ) -> pd.DataFrame:
     """Every allocator's real run of ``requests``, ``rounds`` times; round r starts at the
     r-th allocator (a rotation), so no allocator always runs first or last. Each run is bracketed
-    by the machine probes, before and after it, where ``setup`` has a profile to price them."""
+    by the machine probes, before and after it (one run's after is the next one's before), where
+    ``setup`` has a profile to price them."""
     from kvbench.executors.real import RealExecutor, run_real
 
     rows = []
+    probes_before = probe_machine(model, setup)
     for round_index in range(rounds):
         shift = round_index % len(allocators)
         for name in [*allocators[shift:], *allocators[:shift]]:
@@ -188,16 +186,16 @@ def serve_rounds(
                                        setup.max_model_len)  # fmt: skip
             executor = RealExecutor(model, allocator, setup.decode_backend)
             executor.warm_up()
-            probes_before = _probes(model, setup)
             load_average_1m = os.getloadavg()[0]
             wall_start_s = time.perf_counter()
             served = run_real(requests, Scheduler(setup.limits), allocator, executor)
             wall_s = time.perf_counter() - wall_start_s
-            probes_after = _probes(model, setup)
+            probes_after = probe_machine(model, setup)  # and the next run's before
             # The machine's speed over the run, bracketed: a run takes minutes, over which this
             # shared machine's speed was seen to change by 10-20 %.
             probes = {column: (ratio + probes_after[column]) / 2
                       for column, ratio in probes_before.items()}  # fmt: skip
+            probes_before = probes_after
             rows.append({"source": MEASURED, "allocator": name, "round": round_index,
                          **run_figures(served.result, setup.deployment),
                          "wall_s": wall_s,

@@ -62,9 +62,10 @@ def in_shuffled_order(
 ) -> list[Measured]:
     """``measure`` of every point, called in a shuffled order (``seed``: the same order every
     run), the results in the points' order. The machine's speed drifts over the minutes a
-    profile takes (on this project's shared CPU the same decode step's time moved 20-40 % within
-    an hour), and in the grid's order, batch after batch, a drift would be fitted as a cost of
-    the batches timed meanwhile; shuffled, it is noise that every term shares."""
+    profile takes (on this project's shared CPU, paper_executed's probes of a decode step read
+    0.99-1.38 of a profile's price over one afternoon, and moved 0.2 within ten minutes), and in
+    the grid's order, batch after batch, a drift would be fitted as a cost of the batches timed
+    meanwhile; shuffled, it is noise that every term shares."""
     order = list(range(len(points)))
     random.Random(seed).shuffle(order)
     measured = {index: measure(points[index]) for index in order}
