@@ -64,6 +64,8 @@ def test_small_run_writes_tables_plots_and_provenance(tmp_path):
         ("workload.request_rate=-1", "request_rate=-1"),
         ("allocators=[paged,best_fit]", "allocators contains 'best_fit'"),
         ("model=llama-3.1-405b", "llama-3.1-405b does not fit"),
+        ("executor=real", "model=opt-13b: executor=real runs a real model and this machine has "
+                          "weights for smollm2-135m only; give a local Hugging Face folder"),
     ],
 )
 def test_bad_config_exits_nonzero_with_one_clear_line(override, expected, tmp_path):

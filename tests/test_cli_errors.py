@@ -89,6 +89,14 @@ def test_hydra_full_error_shows_the_traceback_instead():
 # --- File mistakes: exit 4 ---
 
 
+def test_a_model_folder_without_a_model_is_one_line_and_exit_4(tmp_path):
+    done = run_kvbench(*FIXED, "executor=real", "model=smollm2-135m",
+                       f"executor.model_dir={tmp_path}", f"hydra.run.dir={tmp_path / 'run'}")
+    assert error_line(done, 4) == (f"kvbench: file error: executor.model_dir={tmp_path}: no "
+                                   "config.json there; give a Hugging Face folder (config.json, "
+                                   "*.safetensors)")  # fmt: skip
+
+
 def test_an_unreadable_trace_is_one_line_and_exit_4(tmp_path):
     trace = tmp_path / "locked.csv"
     trace.write_text("num_prefill_tokens,num_decode_tokens\n120,40\n")

@@ -174,7 +174,7 @@ def test_executor_profiled_needs_a_profile():
 
 
 def test_real_executor_refuses_a_model_it_cannot_run():
-    with pytest.raises(ConfigError, match="allowed models are smollm2-135m"):
+    with pytest.raises(ConfigError, match="this machine has weights for smollm2-135m only"):
         compose_config("executor=real", "model=opt-13b", "hardware=a100-40gb")
 
 

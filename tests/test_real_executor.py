@@ -49,13 +49,14 @@ def _stock_outputs(model, requests) -> dict[int, list[int]]:
     return outputs
 
 
-def _serve(model, allocator_name, num_slots, preemption="recompute", block_size=8):
+def _serve(model, allocator_name, num_slots, preemption="recompute", block_size=8,
+           backend="sdpa"):  # fmt: skip
     requests = _requests()
     allocator = make_allocator(allocator_name, num_slots, block_size, MAX_MODEL_LEN)
     limits = SchedulerLimits(max_model_len=MAX_MODEL_LEN, preemption=preemption,
                              swap_capacity_tokens=10_000)  # fmt: skip
     scheduler = Scheduler(limits)
-    executor = RealExecutor(model, allocator)
+    executor = RealExecutor(model, allocator, backend)
     executor.keep_outputs = True
     run = run_real(requests, scheduler, allocator, executor)
     return requests, run, executor
@@ -92,6 +93,49 @@ def test_preempted_sequences_continue_exactly(model, preemption):
     if preemption == "swap":
         assert sum(record.num_swaps for record in records) > 0
     assert executor.outputs == _stock_outputs(model, requests)
+
+
+@pytest.mark.parametrize(("allocator", "num_slots", "preemption"),
+                         [("naive_oracle", 1024, "recompute"), ("paged_prefix", 1024, "recompute"),
+                          ("paged", 96, "swap")])  # fmt: skip
+def test_the_triton_kernel_decodes_the_stock_outputs(model, allocator, num_slots, preemption):
+    # A GPU's decode path (executor.decode_backend=triton), here under Triton's CPU interpreter:
+    # the contiguous arena, shared prefix blocks, and swapped sequences' new blocks.
+    requests, run, executor = _serve(model, allocator, num_slots, preemption, backend="triton")
+    assert executor.outputs == _stock_outputs(model, requests)
+    if preemption == "swap":
+        assert sum(record.num_swaps for record in run.result.requests) > 0
+
+
+def test_the_triton_kernel_on_the_cpu_needs_the_interpreter(model, monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    allocator = make_allocator("paged", 256, 8, MAX_MODEL_LEN)
+    with pytest.raises(ValueError, match="use sdpa or torch there"):
+        RealExecutor(model, allocator, "triton")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("backend", ["triton", "sdpa"])
+@pytest.mark.parametrize(("allocator", "num_slots", "preemption"),
+                         [("naive_oracle", 1024, "recompute"), ("paged_prefix", 1024, "recompute"),
+                          ("paged", 96, "swap")])  # fmt: skip
+def test_on_a_gpu_the_outputs_equal_stock_generation(allocator, num_slots, preemption, backend):
+    # The model, the pools and the kernels on the GPU, swap space in host memory; the stock
+    # outputs generated on the GPU too (a device's own rounding decides near ties).
+    gpu_model = load_model(TINY_GQA).to("cuda")
+    requests, run, executor = _serve(gpu_model, allocator, num_slots, preemption,
+                                     backend=backend)  # fmt: skip
+    assert executor.memory.keys[0].device.type == "cuda"
+    for request in requests:
+        prompt = prompt_ids(request, gpu_model.config.vocab_size)
+        with torch.inference_mode():
+            generated = gpu_model.generate(
+                torch.tensor([prompt], device="cuda"), max_new_tokens=request.output_tokens,
+                min_new_tokens=request.output_tokens, do_sample=False,
+            )  # fmt: skip
+        assert executor.outputs[request.request_id] == generated[0].tolist()
+    assert run.peak_device_bytes >= run.kv_pool_bytes
 
 
 def test_requests_arrive_on_the_wall_clock(model):

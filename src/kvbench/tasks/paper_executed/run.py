@@ -84,7 +84,7 @@ def run_paper_executed(
     comparison; returns ``paper_executed.parquet``'s table."""
     started_s = time.perf_counter()
     pin_threads(cfg.executor.num_threads)
-    model = load_real_model(cfg.model.name, cfg.model.dtype)
+    model = load_real_model(cfg)
     _warn_of_another_setup(str(cfg.executor.profile), cfg.executor.decode_backend)
     setup = ServingSetup(
         limits=scheduler_limits(cfg, deployment),

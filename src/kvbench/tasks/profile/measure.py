@@ -45,16 +45,25 @@ class Timing:
 
 
 def time_repeats(run: Callable[[], None], prepare: Callable[[], None], repeats: int) -> Timing:
-    """``prepare(); run()`` once untimed, then ``repeats`` times with ``run`` timed."""
+    """``prepare(); run()`` once untimed, then ``repeats`` times with ``run`` timed (to the end
+    of its GPU work, where it queued some: a swap's copies return before they are done)."""
     durations = []
     for index in range(repeats + 1):
         prepare()
+        _synchronize()
         started_s = time.perf_counter()
         run()
+        _synchronize()
         if index:
             durations.append(time.perf_counter() - started_s)
     median_s = statistics.median(durations)
     return Timing(median_s, (max(durations) - min(durations)) / median_s)
+
+
+def _synchronize() -> None:
+    """Wait for the GPU's queued work, if torch has started one."""
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
 
 
 def in_shuffled_order(
@@ -133,9 +142,11 @@ def time_swap(model: Any, point: SwapPoint, repeats: int) -> Timing:
     )
     num_slots = -(-point.num_tokens // point.block_size) * point.block_size * 2
     memory = KVMemory(config.num_hidden_layers, config.num_key_value_heads, head_dim, num_slots,
-                      point.block_size, model.dtype)  # fmt: skip
-    slots = torch.arange(point.num_tokens)  # [num_tokens], the sequence's first blocks
-    back = torch.arange(num_slots - point.num_tokens, num_slots)  # [num_tokens], other blocks
+                      point.block_size, model.dtype, model.device)  # fmt: skip
+    # On the pools' device, as the executor's tables are.
+    slots = torch.arange(point.num_tokens, device=model.device)  # [num_tokens], first blocks
+    back = torch.arange(num_slots - point.num_tokens, num_slots,
+                        device=model.device)  # [num_tokens], other blocks  # fmt: skip
 
     def swap_out_and_in() -> None:
         memory.swap_out(0, slots)

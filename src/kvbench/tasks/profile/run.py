@@ -48,7 +48,7 @@ def run_profile(cfg: Any, deployment: Any, raw_cfg: Any, output_dir: Path) -> pd
 
     started_s = time.perf_counter()
     pin_threads(cfg.executor.num_threads)
-    model = load_real_model(cfg.model.name, cfg.model.dtype)
+    model = load_real_model(cfg)
     backend = cfg.executor.decode_backend
     points = iteration_grid()
     timings = in_shuffled_order(points, lambda point: time_iteration(model, point, REPEATS,
@@ -84,7 +84,7 @@ def run_profile(cfg: Any, deployment: Any, raw_cfg: Any, output_dir: Path) -> pd
     profile = {
         "hardware": deployment.hardware.name, "model": cfg.model.name,
         "dtype": cfg.model.dtype, "device": _device_name(), "num_threads": torch.get_num_threads(),
-        "decode_backend": backend,
+        "decode_backend": backend, "weights": cfg.executor.weights,
         "versions": versions, "coefficients": coefficients, "repeats": REPEATS,
         "fit": {"num_iteration_points": len(iterations), "num_swap_points": len(swaps),
                 "median_abs_pct_error": float(iteration_errors.median()),

@@ -72,7 +72,7 @@ def fair_instrument(cfg: KvbenchConfig, deployment: Deployment,
     output_tokens = sum(request.output_tokens for request in requests)
     vllm_threads = torch.get_num_threads()  # as vLLM's CPU worker left them
     vllm_run = replay(engine, requests)
-    model = load_real_model(cfg.model.name, cfg.model.dtype)
+    model = load_real_model(cfg)
     limits = dataclasses.replace(scheduler_limits(cfg, deployment), preemption="recompute")
 
     def serve_on_kvbench(batch: list[Request]) -> Any:

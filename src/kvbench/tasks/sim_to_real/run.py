@@ -114,7 +114,7 @@ def run_sim_to_real(
     and one on the first slice, predict every run with each; returns the error table."""
     started_s = time.perf_counter()
     pin_threads(cfg.executor.num_threads)
-    model = load_real_model(cfg.model.name, cfg.model.dtype)
+    model = load_real_model(cfg)
     limits = scheduler_limits(cfg, deployment)
     max_model_len = deployment.model.max_model_len
     num_slots = pool_slots(deployment, cfg.allocator.block_size, cfg.allocator.num_gpu_blocks)

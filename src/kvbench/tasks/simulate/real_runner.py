@@ -18,22 +18,55 @@ from kvbench.engine.records import SimulationResult
 from kvbench.engine.scheduler import Scheduler
 
 TORCH_DTYPES = ("fp32", "bf16", "fp16")
+# The catalog entry's keys a model is loaded (or built, for random weights) from.
+MODEL_KEYS = ("name", "dtype", "num_layers", "num_attention_heads", "num_kv_heads", "head_dim",
+              "hidden_size", "max_model_len", "vocab_size", "intermediate_size", "tied_embeddings")
 
 
-def load_real_model(name: str, dtype: str) -> Any:
-    """The catalog model ``name`` as a transformers causal LM in ``dtype`` (cached per process:
-    every run of an experiment shares one copy)."""
-    return _load(name, dtype)
+def load_real_model(cfg: KvbenchConfig) -> Any:
+    """The run's model as a transformers causal LM in ``model.dtype`` on ``executor.device``
+    (cached per process: every run of an experiment shares one copy): the catalog's offline
+    weights, ``executor.model_dir``'s, or random weights of the catalog entry's shape
+    (``executor.weights``)."""
+    from kvbench.executors.names import resolve_device
+
+    executor = cfg.executor
+    # What the loaders read of the catalog entry, hashable for the cache.
+    model_values = tuple((key, getattr(cfg.model, key)) for key in MODEL_KEYS)
+    return _load(model_values, executor.weights, executor.model_dir,
+                 resolve_device(executor.device))  # fmt: skip
 
 
 @lru_cache(maxsize=2)
-def _load(name: str, dtype: str) -> Any:
+def _load(model_values: tuple[tuple[str, Any], ...], weights: str, model_dir: str | None,
+          device: str) -> Any:  # fmt: skip
     import torch
 
-    from kvbench.tasks.equivalence.models import load_model
+    from kvbench.executors.forward import model_kv_shape
+    from kvbench.tasks.equivalence.models import (
+        catalog_llama_config,
+        load_model,
+        load_model_dir,
+        random_model,
+    )
 
-    torch_dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
-    return load_model(name, torch_dtype)
+    model = dict(model_values)
+    torch_dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[
+        model["dtype"]
+    ]
+    if weights == "random":
+        return random_model(catalog_llama_config(model), torch_dtype, device)
+    if model_dir is None:
+        return load_model(model["name"], torch_dtype).to(device)
+    loaded = load_model_dir(model_dir, torch_dtype, device)
+    catalog_shape = (model["num_layers"], model["num_kv_heads"], model["head_dim"])
+    if model_kv_shape(loaded) != catalog_shape:
+        raise ValueError(
+            f"executor.model_dir={model_dir} holds a model of (layers, KV heads, head dim) "
+            f"{model_kv_shape(loaded)}, model={model['name']} says {catalog_shape}: the pool is "
+            "sized by the catalog entry, so pick the entry of that model (or add one)"
+        )
+    return loaded
 
 
 def pin_threads(num_threads: int | None) -> None:
@@ -56,14 +89,14 @@ def run_on_real_model(
     from kvbench.executors.real import RealExecutor, run_real
 
     pin_threads(cfg.executor.num_threads)
-    executor = RealExecutor(load_real_model(cfg.model.name, cfg.model.dtype), allocator,
-                            cfg.executor.decode_backend)
+    executor = RealExecutor(load_real_model(cfg), allocator, cfg.executor.decode_backend)
     executor.warm_up()
     run = run_real(requests, scheduler, allocator, executor, on_finish)
     measured: dict[str, Any] = {
         "executor": "real",
         "kv_pool_bytes": run.kv_pool_bytes,
         "peak_rss_bytes": run.peak_rss_bytes,
+        "peak_device_bytes": run.peak_device_bytes,
         "num_forwards": run.num_forwards,
     }
     return run.result, measured

@@ -1,0 +1,115 @@
+#!/usr/bin/env bash
+# Issue 16's GPU checks in one device call (docs/sim_to_real.md#profiling-a-gpu): the real
+# executor's GPU path against stock generation, a profile of a random-weight Llama-3-8B (bf16,
+# Triton decode), sim-to-real on the GPU (experiment=sim_to_real with that model), then
+# kernels/gpu_check.py with the time left. Everything it writes comes back as
+# $OUT/gpu_session.tar.gz and $OUT/gpu_session.log.
+#
+#   bash kernels/gpu_session.sh prepare   # here: .gpu/ = the wheels the GPU image lacks, the
+#                                         # kvbench wheel, the three trace slices' files
+#   device run: command "bash kernels/gpu_session.sh run", carry [".gpu"], timeout_s 590
+#   bash kernels/gpu_session.sh dry-run   # here: the same steps on this CPU, SmolLM2-shaped
+#
+# Each step has its own time limit and a failing step does not stop the next: one call of at
+# most 10 minutes returns whatever finished. The GPU image has torch, triton, pandas, pyarrow,
+# scipy, matplotlib and pytest, not hydra or datasets (/work/.library/device/KINDS.md).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+GPU_DIR=.gpu
+TRACES=(alpaca/alpaca_5000_gpt2bpe_lengths.csv sharegpt/sharegpt_val_10k_llama2.csv
+        azure2023/AzureLLMInferenceTrace_conv.csv)
+# Pinned to the versions kvbench is tested with here (and what datasets and hydra need).
+WHEELS=(hydra-core==1.3.8 omegaconf==2.3.1 datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19
+        transformers==5.24.0)
+
+prepare() {
+  rm -rf "$GPU_DIR" && mkdir -p "$GPU_DIR/wheels" "$GPU_DIR/traces"
+  python -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
+    --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 \
+    -d "$GPU_DIR/wheels" "${WHEELS[@]}" || return 1
+  # antlr4 4.9.3 (omegaconf's parser runtime) is published as source only: built here.
+  python -m pip wheel -q --no-deps -w "$GPU_DIR/wheels" antlr4-python3-runtime==4.9.3 || return 1
+  python -m pip wheel -q --no-deps --no-build-isolation -w "$GPU_DIR/wheels" . || return 1
+  for trace in "${TRACES[@]}"; do
+    cp "../shared/traces/$trace" "$GPU_DIR/traces/$(basename "$trace")" || return 1
+  done
+  du -sh "$GPU_DIR"
+}
+
+# The steps' settings: a random-weight catalog model on the GPU, or SmolLM2's shape on this CPU.
+settings() {
+  if [ "$1" = run ]; then
+    # executor.device=auto: cuda there (were the GPU not seen, triton on the CPU is refused).
+    MODEL=(model=llama-3-8b model.dtype=bf16 hardware=h200-141gb executor.weights=random
+           executor.decode_backend=triton executor.num_threads=null)
+    # sim_to_real's 186-slot pool (naive_max reserves 64 per request) at Llama-3-8B's 128 KiB
+    # of bf16 K/V per token; rates past a GPU's knee (its steps are ~10x a CPU's shorter).
+    SIM=(hardware.kv_cache_gib=0.02271 "workload_request_rates.alpaca=[1.0,16.0]"
+         "workload_request_rates.sharegpt=[1.0,16.0]" "workload_request_rates.azure_conv=[1.0,16.0]")
+    # Seconds: gpu tests, profile (its grid's idle waits alone are 31 s), sim_to_real (its runs
+    # at 1 req/s wait ~75 s for arrivals); gpu_check gets what is left of 560.
+    LIMITS=(100 130 260)
+    CHECK=()
+  else
+    MODEL=(model=smollm2-135m model.dtype=fp32 hardware=cpu executor.weights=random
+           executor.device=cpu executor.decode_backend=sdpa executor.num_threads=2)
+    SIM=()
+    LIMITS=(300 600 900)
+    CHECK=(--cpu-dry-run)
+    export TRITON_INTERPRET=1
+  fi
+}
+
+step() {  # step NAME SECONDS COMMAND...: run it under its limit, log its exit status
+  local name=$1 limit=$2
+  shift 2
+  echo "=== $name (limit ${limit} s) $(date -u +%T)"
+  timeout "$limit" "$@"
+  echo "=== $name: exit $? at $(date -u +%T)"
+}
+
+run_steps() {
+  local mode=$1 runs=$2 started_s=$SECONDS
+  settings "$mode"
+  mkdir -p "$runs"
+  step "gpu tests" "${LIMITS[0]}" python3 -m pytest -q -m gpu -p no:cacheprovider \
+    tests/test_real_executor.py tests/test_kernels_decode.py
+  step profile "${LIMITS[1]}" python3 -m kvbench task=profile "${MODEL[@]}" \
+    summary_table=false "hydra.run.dir=$runs/profile"
+  step sim_to_real "${LIMITS[2]}" python3 -m kvbench experiment=sim_to_real "${MODEL[@]}" \
+    "${SIM[@]}" "workloads.alpaca.path=$GPU_DIR/traces/alpaca_5000_gpt2bpe_lengths.csv" \
+    "workloads.sharegpt.path=$GPU_DIR/traces/sharegpt_val_10k_llama2.csv" \
+    "workloads.azure_conv.path=$GPU_DIR/traces/AzureLLMInferenceTrace_conv.csv" \
+    summary_table=false "hydra.run.dir=$runs/sim_to_real"
+  local left_s=$((560 - (SECONDS - started_s)))
+  if [ "$mode" = run ] && [ "$left_s" -gt 60 ]; then
+    step gpu_check "$left_s" python3 kernels/gpu_check.py --out "$runs/h200.json" \
+      --time-budget-s $((left_s - 45))
+  elif [ "$mode" != run ]; then
+    step gpu_check 900 python3 kernels/gpu_check.py "${CHECK[@]}" --out "$runs/gpu_check.json"
+  fi
+}
+
+case "${1:-}" in
+  prepare) prepare ;;
+  run)
+    export PYTHONUNBUFFERED=1
+    out=${OUT:?run on the device machine, where \$OUT is set}
+    {
+      nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
+      python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site \
+        "$GPU_DIR"/wheels/*.whl && export PYTHONPATH=/tmp/site
+      python3 -c "import importlib.metadata as m, torch; print(torch.cuda.get_device_name(), *(
+        f'{name} {m.version(name)}' for name in ('torch', 'triton', 'transformers', 'pandas',
+        'pyarrow', 'numpy', 'datasets', 'hydra-core', 'kvbench')))"
+      run_steps run /tmp/gpu_session
+    } 2>&1 | tee "$out/gpu_session.log"
+    tar -czf "$out/gpu_session.tar.gz" -C /tmp gpu_session
+    ;;
+  dry-run)
+    export PYTHONUNBUFFERED=1
+    run_steps dry-run "${2:-/tmp/gpu_session_dry}" 2>&1 | tee "${2:-/tmp/gpu_session_dry}.log"
+    ;;
+  *) echo "usage: $0 prepare | run | dry-run [DIR]" >&2; exit 2 ;;
+esac
