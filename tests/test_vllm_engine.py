@@ -14,7 +14,14 @@ from referee_support import peer
 
 from kvbench.core.request import Request
 from kvbench.engine.simulate_v1 import chunks_shape
-from kvbench.referee.vllm_engine import EngineSettings, replay, serve_on_vllm, start_vllm
+from kvbench.executors.forward import model_kv_shape
+from kvbench.referee.vllm_engine import (
+    EngineSettings,
+    pool_bytes,
+    replay,
+    serve_on_vllm,
+    start_vllm,
+)
 from kvbench.referee.vllm_v1 import RefereeLimits, run_referee
 
 SETTINGS = EngineSettings(Path("unused"), num_gpu_blocks=64, max_num_seqs=8,
@@ -39,6 +46,20 @@ SETTINGS = EngineSettings(Path("unused"), num_gpu_blocks=64, max_num_seqs=8,
 def test_settings_vllm_would_refuse_are_one_line_before_it_starts(settings, requests, problem):
     with pytest.raises(ValueError, match=re.escape(problem)):
         serve_on_vllm(requests, settings)
+
+
+@pytest.mark.parametrize(("dtype", "element_bytes"), [("float32", 4), ("bfloat16", 2)])
+def test_the_engine_asks_for_its_pool_s_bytes_at_the_folder_s_kv_shape(tmp_path, dtype,
+                                                                        element_bytes):
+    from kvbench.tasks.equivalence.models import load_model
+    from kvbench.tasks.equivalence.names import TINY_GQA
+
+    model = load_model(TINY_GQA)
+    model.save_pretrained(tmp_path)
+    num_layers, num_kv_heads, head_size = model_kv_shape(model)
+    settings = EngineSettings(tmp_path, num_gpu_blocks=17, dtype=dtype)
+    assert pool_bytes(settings) == (17 * settings.block_size * 2 * num_layers * num_kv_heads
+                                    * head_size * element_bytes)  # fmt: skip
 
 
 def _engine_installed() -> bool:

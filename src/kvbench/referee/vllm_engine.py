@@ -19,6 +19,7 @@ vLLM's model loader imports on top of its scheduler's; docs/referee.md).
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -50,9 +51,6 @@ class EngineSettings:
         max_model_len: longest prompt + output.
         enable_prefix_caching: vLLM's automatic prefix caching.
         dtype: the model's compute dtype (``float32`` or ``bfloat16``).
-        memory_fraction: share of the machine's memory vLLM's CPU backend may claim (its
-            ``gpu_memory_utilization``); it must be free at start, and the pool is
-            ``num_gpu_blocks`` whatever it is.
     """
 
     model_dir: Path
@@ -63,7 +61,6 @@ class EngineSettings:
     max_model_len: int = 2048
     enable_prefix_caching: bool = False
     dtype: str = "float32"
-    memory_fraction: float = 0.2
 
 
 @dataclass(frozen=True)
@@ -312,9 +309,23 @@ def _start_engine(settings: EngineSettings) -> Any:
         max_num_batched_tokens=settings.max_num_batched_tokens,
         max_model_len=settings.max_model_len,
         enable_prefix_caching=settings.enable_prefix_caching,
-        gpu_memory_utilization=settings.memory_fraction,
+        # The pool's own bytes, not a share of the machine: vLLM's CPU worker otherwise asks for
+        # gpu_memory_utilization x the NUMA node's memory minus this process's resident set, and
+        # refuses to start in a process already holding more (a test worker that loaded models).
+        kv_cache_memory_bytes=pool_bytes(settings),
         seed=0,
     )
+
+
+def pool_bytes(settings: EngineSettings) -> int:
+    """Bytes of the engine's KV pool: ``num_gpu_blocks`` blocks of K and V for every layer, at the
+    model folder's ``config.json`` shape (KV heads x head size) and the compute dtype."""
+    config = json.loads((settings.model_dir / "config.json").read_text())
+    head_size = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+    num_kv_heads = config.get("num_key_value_heads", config["num_attention_heads"])
+    dtype_bytes = {"float32": 4, "bfloat16": 2, "float16": 2}[settings.dtype]
+    bytes_per_token = 2 * config["num_hidden_layers"] * num_kv_heads * head_size * dtype_bytes
+    return settings.num_gpu_blocks * settings.block_size * bytes_per_token
 
 
 def _record_schedules(llm: Any) -> list[_Schedule]:
