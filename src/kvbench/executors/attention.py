@@ -132,7 +132,7 @@ def _segment_attention(
     # A prefill after a prefix-cache hit has fewer queries than keys: the offset causal mask.
     # Otherwise the stock code's own choice (None: causal prefill, full decode).
     needs_offset = 1 < segment.num_tokens < context_len
-    mask = (_offset_causal_mask(segment.num_tokens, context_len, query.device) if needs_offset
+    mask = (offset_causal_mask(segment.num_tokens, context_len, query.device) if needs_offset
             else None)  # fmt: skip
     output, _ = sdpa_attention_forward(
         module, segment_query, key, value, mask, scaling=scaling
@@ -140,7 +140,7 @@ def _segment_attention(
     return output
 
 
-def _offset_causal_mask(num_queries: int, num_keys: int, device: torch.device) -> torch.Tensor:
+def offset_causal_mask(num_queries: int, num_keys: int, device: torch.device) -> torch.Tensor:
     """Bool [1, 1, num_queries, num_keys] on ``device``: query i (position num_keys -
     num_queries + i) sees keys up to its own position."""
     positions = torch.arange(num_keys - num_queries, num_keys, device=device)  # [num_queries]

@@ -20,6 +20,7 @@ from typing import Any, cast
 
 import torch
 
+from kvbench.executors.attention import offset_causal_mask
 from kvbench.kernels import paged_decode_attention
 from kvbench.tasks.equivalence.kv_pool import KVPool
 
@@ -117,7 +118,7 @@ def _stock_on_gathered(
     # than keys and needs the offset causal mask; otherwise the stock code's own choice (None:
     # causal prefill, full decode) keeps the same SDPA call as transformers' cache makes.
     needs_offset = 1 < num_new < step.context_len
-    mask = _offset_causal_mask(num_new, step.context_len) if needs_offset else None
+    mask = offset_causal_mask(num_new, step.context_len, query.device) if needs_offset else None
     output, _ = sdpa_attention_forward(module, query, key, value, mask, scaling=scaling)
     return output  # [1, num_new, num_q_heads, head_dim]
 
@@ -125,13 +126,6 @@ def _stock_on_gathered(
 def _dequantized(stored: torch.Tensor, scale: float, dtype: torch.dtype) -> torch.Tensor:
     """Pool K or V (any shape) in ``dtype``: times ``scale`` unless it is 1."""
     return stored.to(dtype) if scale == 1.0 else (stored.float() * scale).to(dtype)
-
-
-def _offset_causal_mask(num_queries: int, num_keys: int) -> torch.Tensor:
-    """Bool [1, 1, num_queries, num_keys]: query i (position num_keys - num_queries + i) sees
-    keys up to its own position."""
-    positions = torch.arange(num_keys - num_queries, num_keys)  # [num_queries]
-    return (torch.arange(num_keys)[None, :] <= positions[:, None])[None, None]
 
 
 def register_paged_attention() -> None:

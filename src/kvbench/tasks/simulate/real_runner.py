@@ -17,7 +17,6 @@ from kvbench.core.request import Request
 from kvbench.engine.records import SimulationResult
 from kvbench.engine.scheduler import Scheduler
 
-TORCH_DTYPES = ("fp32", "bf16", "fp16")
 # The catalog entry's keys a model is loaded (or built, for random weights) from.
 MODEL_KEYS = ("name", "dtype", "num_layers", "num_attention_heads", "num_kv_heads", "head_dim",
               "hidden_size", "max_model_len", "vocab_size", "intermediate_size", "tied_embeddings")
