@@ -86,6 +86,22 @@ def test_hydra_full_error_shows_the_traceback_instead():
     assert "model/gpt-5" in done.stderr
 
 
+# --- Input mistakes: exit 3 ---
+
+
+def test_a_profile_of_another_dtype_is_one_line_and_exit_3_before_anything_runs(tmp_path):
+    profile = ROOT / "kernels/baselines/profile_cpu_smollm2-135m_fp32_torch2.13.0_kvbench0.1.0.json"
+    done = run_kvbench("workload=fixed", "workload.num_requests=20", "model=smollm2-135m",
+                       "hardware=cpu", "allocators=[paged]", "plots=false", "progress=false",
+                       "executor=profiled", f"executor.profile={profile}",
+                       f"hydra.run.dir={tmp_path / 'run'}")  # fmt: skip
+    assert error_line(done, 3) == (f"kvbench: input error: {profile}: profile measured at dtype "
+                                   "fp32, this run is model.dtype=bf16; set model.dtype=fp32 or "
+                                   "profile it with `python -m kvbench task=profile "
+                                   "model=smollm2-135m model.dtype=bf16`")  # fmt: skip
+    assert not list((tmp_path / "run").glob("*.parquet"))
+
+
 # --- File mistakes: exit 4 ---
 
 

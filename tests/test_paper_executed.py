@@ -203,26 +203,33 @@ def test_chart_draws_each_source_and_the_papers_range(tmp_path, monkeypatch):
     assert sorted(drawn["labels"]) == ["1.50x"] * 3 + ["3.00x"] * 3
 
 
-def test_a_profile_of_other_threads_or_backend_is_named_before_its_tokens_per_s_are_compared(
+def test_a_profile_of_another_device_threads_or_backend_is_named_before_tokens_per_s_compare(
     tmp_path, capsys
 ):
     import torch
 
     from kvbench.engine.profiled import PROFILE_TERMS, SWAP_TERMS
     from kvbench.tasks.paper_executed.run import _warn_of_another_setup
-    from kvbench.tasks.profile.profile_file import write_profile
+    from kvbench.tasks.profile.profile_file import device_name, write_profile
 
     coefficients = dict.fromkeys((*PROFILE_TERMS, *SWAP_TERMS), 0.0)
     threads = torch.get_num_threads()
-    cases = [((threads, "sdpa"), None), ((threads + 3, "sdpa"), f"torch threads {threads + 3}"),
-             ((threads, "torch"), "decode backend torch")]  # fmt: skip
+    cases = [((threads, "sdpa"), None),
+             ((threads + 3, "sdpa"), f"num_threads {threads + 3} (here {threads})"),
+             ((threads, "torch"), "decode_backend torch (here sdpa)")]  # fmt: skip
     for index, ((profile_threads, backend), warning) in enumerate(cases):
         path = tmp_path / f"profile_{index}.json"
         write_profile(path, {"model": "smollm2-135m", "num_threads": profile_threads,
-                             "decode_backend": backend, "coefficients": coefficients})  # fmt: skip
+                             "decode_backend": backend, "device": device_name(),
+                             "coefficients": coefficients})  # fmt: skip
         _warn_of_another_setup(str(path), "sdpa")
         printed = capsys.readouterr().out
         if warning is None:
             assert printed == ""
         else:
             assert "warning" in printed and f"fitted on {warning}" in printed
+    path = tmp_path / "profile_elsewhere.json"
+    write_profile(path, {"model": "smollm2-135m", "num_threads": threads, "decode_backend": "sdpa",
+                         "device": "another CPU", "coefficients": coefficients})  # fmt: skip
+    _warn_of_another_setup(str(path), "sdpa")
+    assert f"fitted on device another CPU (here {device_name()})" in capsys.readouterr().out

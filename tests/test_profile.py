@@ -22,6 +22,7 @@ from kvbench.tasks.profile.grid import IterationPoint, iteration_grid, spread_co
 from kvbench.tasks.profile.profile_file import (
     load_profiled_cost_model,
     profile_file_name,
+    setup_differences,
     write_profile,
 )
 
@@ -139,12 +140,55 @@ def test_profile_file_round_trips_and_names_its_model(tmp_path):
     assert model.coefficients == COEFFICIENTS and model.block_size == 16
     with pytest.raises(ValueError, match=r"measured on model smollm2-135m.*model=opt-13b"):
         load_profiled_cost_model(path, 16, get_deployment("opt-13b", "a100-40gb"))
+    write_profile(path, {"model": "smollm2-135m", "dtype": "fp32", "coefficients": COEFFICIENTS})
+    assert deployment.model.dtype == "bf16"  # the catalog's SmolLM2
+    with pytest.raises(ValueError, match=r"at dtype fp32, this run is model\.dtype=bf16; set "
+                                         r"model\.dtype=fp32 or profile it"):  # fmt: skip
+        load_profiled_cost_model(path, 16, deployment)
     path.write_text(json.dumps({"model": "smollm2-135m", "coefficients": {}}))
     with pytest.raises(ValueError, match="no coefficient fixed_s"):
         load_profiled_cost_model(path, 16, deployment)
     write_profile(path, {"model": "smollm2-135m", "coefficients": COEFFICIENTS | {"wake_s": 1.0}})
     with pytest.raises(ValueError, match=r"coefficient wake_s, which this kvbench does not price"):
         load_profiled_cost_model(path, 16, deployment)
+
+
+def test_a_profile_says_what_it_was_measured_on_that_differs_from_here():
+    document = {"device": "AMD EPYC", "num_threads": 2, "decode_backend": None}
+    present = {"device": "Intel Xeon", "num_threads": 2, "decode_backend": "sdpa"}
+    # Threads agree; a backend the profile does not record is not compared.
+    assert setup_differences(document, present) == ["device AMD EPYC (here Intel Xeon)"]
+    assert setup_differences(document, {**present, "device": "AMD EPYC"}) == []
+
+
+def test_sim_to_real_refuses_another_model_s_profile_before_serving_anything(tmp_path,
+                                                                             monkeypatch):
+    from kvbench.tasks.sim_to_real import run as sim_to_real
+
+    path = tmp_path / "profile.json"
+    write_profile(path, {"model": "llama-3-8b", "coefficients": COEFFICIENTS})
+    cfg, deployment, raw = compose_config("experiment=sim_to_real", f"executor.profile={path}")
+
+    def never(cfg):
+        raise AssertionError("the model was loaded before the profile was checked")
+
+    monkeypatch.setattr(sim_to_real, "load_real_model", never)
+    with pytest.raises(ValueError, match=r"measured on model llama-3-8b, this run is "
+                                         r"model=smollm2-135m"):  # fmt: skip
+        sim_to_real.run_sim_to_real(cfg, deployment, raw, tmp_path / "run")
+
+
+def test_sim_to_real_warns_of_a_profile_measured_on_another_device(tmp_path, monkeypatch,
+                                                                   capsys):
+    from kvbench.tasks.sim_to_real import run as sim_to_real
+
+    path = tmp_path / "profile.json"
+    write_profile(path, {"model": "smollm2-135m", "dtype": "fp32", "device": "a CPU elsewhere",
+                         "coefficients": COEFFICIENTS})  # fmt: skip
+    cfg, deployment, _ = compose_config("experiment=sim_to_real", f"executor.profile={path}")
+    document = sim_to_real._given_profile(cfg, deployment)
+    assert document is not None and document["coefficients"] == COEFFICIENTS
+    assert "measured on device a CPU elsewhere (here " in capsys.readouterr().out
 
 
 def test_executor_profiled_simulates_with_the_profile(tmp_path):

@@ -41,7 +41,12 @@ from kvbench.tasks.paper_executed.table import (
     run_figures,
 )
 from kvbench.tasks.profile.grid import IterationPoint, spread_contexts
-from kvbench.tasks.profile.profile_file import load_profiled_cost_model, read_profile
+from kvbench.tasks.profile.profile_file import (
+    device_name,
+    load_profiled_cost_model,
+    read_profile,
+    setup_differences,
+)
 from kvbench.tasks.simulate.experiment import cost_model, scheduler_limits
 from kvbench.tasks.simulate.real_runner import load_real_model, pin_threads
 from kvbench.tasks.simulate.run_outputs import print_files, write_task_report
@@ -135,19 +140,16 @@ def run_paper_executed(
 
 
 def _warn_of_another_setup(profile_path: str, decode_backend: str) -> None:
-    """Say so when the profile was fitted on another number of torch threads or another decode
+    """Say so when the profile was fitted on another device, number of torch threads or decode
     backend than these runs use: its absolute tokens/s then price another executor (its ratios
     may still compare)."""
     import torch
 
-    profile = read_profile(profile_path)
-    ours = {"num_threads": (torch.get_num_threads(), "torch threads", "executor.num_threads"),
-            "decode_backend": (decode_backend, "decode backend", "executor.decode_backend")}
-    for key, (value, what, setting) in ours.items():
-        if profile.get(key) is not None and profile[key] != value:
-            print(f"paper_executed: warning: {profile_path} was fitted on {what} {profile[key]}, "
-                  f"these runs use {value} ({setting}): compare its ratios, not its absolute "
-                  "tokens/s")  # fmt: skip
+    present = {"device": device_name(), "num_threads": torch.get_num_threads(),
+               "decode_backend": decode_backend}  # fmt: skip
+    for difference in setup_differences(read_profile(profile_path), present):
+        print(f"paper_executed: warning: {profile_path} was fitted on {difference}: compare its "
+              "ratios, not its absolute tokens/s")  # fmt: skip
 
 
 def probe_machine(model: Any, setup: ServingSetup) -> dict[str, float]:

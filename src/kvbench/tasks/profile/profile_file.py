@@ -57,14 +57,56 @@ def load_profiled_cost_model(
 ) -> ProfiledCostModel:
     """The cost model of the profile at ``path`` for a kernel block size of ``block_size``.
 
-    ValueError (one line) when the profile was measured on another model than ``deployment``'s:
-    its coefficients would price another network.
+    ValueError (one line) when the profile was measured on another model or dtype than
+    ``deployment``'s (``check_profile_fits``).
     """
     document = read_profile(path)
+    check_profile_fits(document, path, deployment)
+    coefficients = {name: float(value) for name, value in document["coefficients"].items()}
+    return ProfiledCostModel(coefficients, block_size)
+
+
+def check_profile_fits(document: dict[str, Any], path: str | Path,
+                       deployment: Deployment) -> None:  # fmt: skip
+    """ValueError (one line, naming the fix) when the profile ``document`` was measured on
+    another model or at another dtype than ``deployment``'s: its coefficients would price another
+    network (a bf16 step does not take an fp32 step's time). A profile without a dtype (an older
+    file) is checked on its model alone."""
     model = document.get("model")
     if model != deployment.model.name:
         raise ValueError(f"{path}: profile measured on model {model}, this run is "
                          f"model={deployment.model.name}; profile it with `python -m kvbench "
                          f"task=profile model={deployment.model.name}`")  # fmt: skip
-    coefficients = {name: float(value) for name, value in document["coefficients"].items()}
-    return ProfiledCostModel(coefficients, block_size)
+    dtype = document.get("dtype")
+    if dtype is not None and dtype != deployment.model.dtype:
+        raise ValueError(f"{path}: profile measured at dtype {dtype}, this run is "
+                         f"model.dtype={deployment.model.dtype}; set model.dtype={dtype} or "
+                         f"profile it with `python -m kvbench task=profile "
+                         f"model={deployment.model.name} model.dtype={deployment.model.dtype}`")
+
+
+def device_name() -> str:
+    """The present device's name, as a profile records it: the GPU's when torch sees one, else
+    the CPU's model name."""
+    import platform
+
+    import torch
+
+    if torch.cuda.is_available():
+        return str(torch.cuda.get_device_name(0))
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def setup_differences(document: dict[str, Any], present: dict[str, Any]) -> list[str]:
+    """What the profile was measured on that differs from ``present`` (``device``,
+    ``num_threads``, ``decode_backend``), one phrase each: such a profile prices another executor,
+    so its absolute times do not predict these runs (its ratios may still compare). Keys the
+    profile does not record are not compared."""
+    return [f"{key} {document[key]} (here {value})" for key, value in present.items()
+            if document.get(key) is not None and document[key] != value]  # fmt: skip

@@ -8,7 +8,6 @@ grid's order, measured and fitted), ``plots/profile_fit.png|svg`` and ``report.m
 
 from __future__ import annotations
 
-import platform
 import statistics
 import time
 from pathlib import Path
@@ -31,7 +30,7 @@ from kvbench.tables.provenance import provenance
 from kvbench.tasks.profile.fit import fit_non_negative
 from kvbench.tasks.profile.grid import iteration_grid, swap_grid
 from kvbench.tasks.profile.plot import plot_predicted_vs_measured
-from kvbench.tasks.profile.profile_file import profile_file_name, write_profile
+from kvbench.tasks.profile.profile_file import device_name, profile_file_name, write_profile
 from kvbench.tasks.profile.table import iteration_row, profile_frame, swap_row
 from kvbench.tasks.simulate.real_runner import load_real_model, pin_threads
 from kvbench.tasks.simulate.run_outputs import print_files, write_task_report
@@ -83,7 +82,7 @@ def run_profile(cfg: Any, deployment: Any, raw_cfg: Any, output_dir: Path) -> pd
     iteration_errors = table.loc[table["kind"] == "iteration", "abs_pct_error"]
     profile = {
         "hardware": deployment.hardware.name, "model": cfg.model.name,
-        "dtype": cfg.model.dtype, "device": _device_name(), "num_threads": torch.get_num_threads(),
+        "dtype": cfg.model.dtype, "device": device_name(), "num_threads": torch.get_num_threads(),
         "decode_backend": backend, "weights": cfg.executor.weights,
         "versions": versions, "coefficients": coefficients, "repeats": REPEATS,
         "fit": {"num_iteration_points": len(iterations), "num_swap_points": len(swaps),
@@ -106,21 +105,6 @@ def run_profile(cfg: Any, deployment: Any, raw_cfg: Any, output_dir: Path) -> pd
     if cfg.summary_table:
         print_files(output_dir)
     return table
-
-
-def _device_name() -> str:
-    """The CPU's name (the GPU's when torch sees one)."""
-    import torch
-
-    if torch.cuda.is_available():
-        return str(torch.cuda.get_device_name(0))
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def _summary_lines(profile: dict[str, Any], name: str) -> list[str]:

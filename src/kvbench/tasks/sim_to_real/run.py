@@ -47,7 +47,13 @@ from kvbench.tables.parquet import write_table
 from kvbench.tables.provenance import provenance
 from kvbench.tasks.profile.fit import abs_pct_errors, fit_non_negative
 from kvbench.tasks.profile.plot import plot_predicted_vs_measured
-from kvbench.tasks.profile.profile_file import read_profile, write_profile
+from kvbench.tasks.profile.profile_file import (
+    check_profile_fits,
+    device_name,
+    read_profile,
+    setup_differences,
+    write_profile,
+)
 from kvbench.tasks.sim_to_real.real_grid import GRID_POOL_SLOTS, RealGridPoint, real_grid
 from kvbench.tasks.sim_to_real.table import (
     drift_lines,
@@ -107,6 +113,23 @@ class ReplayJob:
     requests: list[Request]
 
 
+def _given_profile(cfg: KvbenchConfig, deployment: Deployment) -> dict[str, Any] | None:
+    """``executor.profile``'s file, checked against the run's model and dtype; a warning for each
+    setting it was measured under that these runs do not share (device, threads, backend)."""
+    if not cfg.executor.profile:
+        return None
+    import torch
+
+    document = read_profile(cfg.executor.profile)
+    check_profile_fits(document, cfg.executor.profile, deployment)
+    present = {"device": device_name(), "num_threads": torch.get_num_threads(),
+               "decode_backend": cfg.executor.decode_backend}  # fmt: skip
+    for difference in setup_differences(document, present):
+        print(f"sim_to_real: warning: {cfg.executor.profile} was measured on {difference}: "
+              f"its {GRID_SOURCE} rows price another executor than these runs")  # fmt: skip
+    return document
+
+
 def run_sim_to_real(
     cfg: KvbenchConfig, deployment: Deployment, raw_cfg: Any, output_dir: Path
 ) -> pd.DataFrame:
@@ -114,6 +137,8 @@ def run_sim_to_real(
     and one on the first slice, predict every run with each; returns the error table."""
     started_s = time.perf_counter()
     pin_threads(cfg.executor.num_threads)
+    # Checked before anything is served: a profile of another model stops the run at once.
+    given_profile = _given_profile(cfg, deployment)
     model = load_real_model(cfg)
     limits = scheduler_limits(cfg, deployment)
     max_model_len = deployment.model.max_model_len
@@ -132,8 +157,8 @@ def run_sim_to_real(
             "coefficients": profiles[source]})  # fmt: skip
     scales = drift_scales(grid_runs, profiles[INTERLEAVED_GRID_SOURCE], len(runs_jobs(runs)))
     profiles[LOCAL_GRID_SOURCE] = profiles[INTERLEAVED_GRID_SOURCE]
-    if cfg.executor.profile:
-        profiles[GRID_SOURCE] = read_profile(cfg.executor.profile)["coefficients"]
+    if given_profile is not None:
+        profiles[GRID_SOURCE] = given_profile["coefficients"]
     table, pairs_table = compare_all(runs, profiles, fit_label, limits, num_slots,
                                      max_model_len, deployment,
                                      {LOCAL_GRID_SOURCE: scales})  # fmt: skip
