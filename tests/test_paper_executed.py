@@ -222,7 +222,7 @@ def test_a_profile_of_another_device_threads_or_backend_is_named_before_tokens_p
         write_profile(path, {"model": "smollm2-135m", "num_threads": profile_threads,
                              "decode_backend": backend, "device": device_name(),
                              "coefficients": coefficients})  # fmt: skip
-        _warn_of_another_setup(str(path), "sdpa")
+        _warn_of_another_setup(str(path), "sdpa", "aten")
         printed = capsys.readouterr().out
         if warning is None:
             assert printed == ""
@@ -231,5 +231,5 @@ def test_a_profile_of_another_device_threads_or_backend_is_named_before_tokens_p
     path = tmp_path / "profile_elsewhere.json"
     write_profile(path, {"model": "smollm2-135m", "num_threads": threads, "decode_backend": "sdpa",
                          "device": "another CPU", "coefficients": coefficients})  # fmt: skip
-    _warn_of_another_setup(str(path), "sdpa")
+    _warn_of_another_setup(str(path), "sdpa", "aten")
     assert f"fitted on device another CPU (here {device_name()})" in capsys.readouterr().out

@@ -91,6 +91,7 @@ def test_a_local_folder_loads_and_a_shape_off_the_catalog_is_refused(tmp_path):
         (["executor.weights=random", "executor.model_dir=/x"], "drop one of the two"),
         (["executor.weights=trained"], "allowed are pretrained, random"),
         (["executor.device=tpu"], "allowed are auto, cpu, cuda"),
+        (["executor.linear_backend=mkl"], "allowed are aten, onednn"),
     ],
 )
 def test_a_model_the_executor_cannot_load_is_refused_with_the_fix(overrides, message):
@@ -110,11 +111,13 @@ def test_cuda_or_triton_without_a_gpu_is_refused_and_auto_takes_the_cpu(monkeypa
         compose_config(*smollm2)
 
 
-def test_a_random_weight_model_serves_through_the_app(tmp_path):
+@pytest.mark.parametrize("linear_backend", ["aten", "onednn"])
+def test_a_random_weight_model_serves_through_the_app(tmp_path, linear_backend):
     from kvbench.tasks.simulate.experiment import run_experiment
 
     cfg, deployment, raw = compose_config(
         "executor=real", "executor.weights=random", "model=smollm2-135m", "model.dtype=fp32",
+        f"executor.linear_backend={linear_backend}",
         "model.max_model_len=64", "hardware=cpu", "hardware.kv_cache_gib=0.005",
         "workload=fixed", "workload.num_requests=3", "workload.prompt_tokens=12",
         "workload.output_tokens=4", "request_rates=[50]", "allocators=[paged]",

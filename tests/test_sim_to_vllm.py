@@ -117,6 +117,7 @@ def test_the_task_replays_on_vllm_and_predicts_with_kvbench(tmp_path, monkeypatc
     assert fair.loc["vllm", "ratio_to_vllm"] == 1.0
     assert (fair["output_tokens"] == 32).all() and (fair["output_tokens_per_s"] > 0).all()
     assert fair.loc["kvbench_real", "torch_threads"] == cfg.executor.num_threads
+    assert list(fair["linear_backend"]) == ["onednn", "onednn"]  # vLLM's library, on both
     profile = pd.read_parquet(tmp_path / "fair_profile.parquet")
     assert set(zip(profile["engine"], profile["profiler"], strict=True)) == {
         (engine, profiler) for engine in ("vllm", "kvbench_real")

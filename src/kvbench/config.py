@@ -178,6 +178,9 @@ class ExecutorConfig:
     # executor=real and task=profile: where the model and its K/V pools live (REAL_DEVICES):
     # auto (cuda when torch sees a GPU, else cpu), cpu or cuda.
     device: str = MISSING
+    # executor=real and task=profile: the library of the model's matmuls (LINEAR_BACKENDS): aten
+    # (the model's own nn.Linear) or onednn (prepacked oneDNN matmuls, the CPU only).
+    linear_backend: str = MISSING
 
 
 @dataclass
@@ -853,9 +856,11 @@ def _check_real_weights(cfg: KvbenchConfig, what: str) -> None:
     """A model ``what`` can load: the offline SmolLM2, a local folder, or random weights of a
     catalog shape the Llama family builds; on a device torch knows."""
     from kvbench.executors.names import (
+        LINEAR_BACKENDS,
         REAL_DEVICES,
         REAL_MODELS,
         REAL_WEIGHTS,
+        onednn_problem,
         resolve_device,
         triton_on_the_cpu_problem,
     )
@@ -874,6 +879,13 @@ def _check_real_weights(cfg: KvbenchConfig, what: str) -> None:
     except ValueError as error:
         raise ConfigError(str(error)) from None
     problem = triton_on_the_cpu_problem(executor.decode_backend, device)
+    _require(problem is None, str(problem))
+    _require(
+        executor.linear_backend in LINEAR_BACKENDS,
+        f"executor.linear_backend={executor.linear_backend!r}: allowed are "
+        f"{', '.join(LINEAR_BACKENDS)}",
+    )
+    problem = onednn_problem(executor.linear_backend, device)
     _require(problem is None, str(problem))
     if executor.weights == "pretrained":
         _require(

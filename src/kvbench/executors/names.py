@@ -13,6 +13,9 @@ REAL_WEIGHTS = ("pretrained", "random")
 REAL_DEVICES = ("auto", "cpu", "cuda")
 # kvbench.kernels.DECODE_BACKENDS (that package imports torch).
 DECODE_BACKENDS = ("triton", "torch", "sdpa")
+# executor.linear_backend: the model's own nn.Linear (aten: MKL's sgemm on an x86 CPU, cuBLAS on
+# a GPU) or oneDNN with prepacked weights (the CPU only; what vLLM's CPU backend calls).
+LINEAR_BACKENDS = ("aten", "onednn")
 
 
 def resolve_device(name: str) -> str:
@@ -26,6 +29,22 @@ def resolve_device(name: str) -> str:
         raise ValueError(f"executor.device=cuda but torch {torch.__version__} sees no GPU: use "
                          "executor.device=cpu (or auto)")  # fmt: skip
     return name
+
+
+def onednn_problem(backend: str, device: str) -> str | None:
+    """Why the linear ``backend`` cannot run on ``device`` (None: it can): oneDNN's prepacked
+    matmuls are torch's CPU path, and need torch built with oneDNN."""
+    import torch
+
+    if backend != "onednn":
+        return None
+    if device != "cpu":
+        return (f"executor.linear_backend=onednn prepacks weights for the CPU and the model is on "
+                f"{device}: use executor.linear_backend=aten there")  # fmt: skip
+    if not torch.backends.mkldnn.is_available():
+        return (f"executor.linear_backend=onednn but torch {torch.__version__} was built without "
+                "oneDNN: use executor.linear_backend=aten")  # fmt: skip
+    return None
 
 
 def triton_on_the_cpu_problem(backend: str, device: str) -> str | None:

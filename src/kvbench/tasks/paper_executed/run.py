@@ -42,8 +42,8 @@ from kvbench.tasks.paper_executed.table import (
 )
 from kvbench.tasks.profile.grid import IterationPoint, spread_contexts
 from kvbench.tasks.profile.profile_file import (
-    device_name,
     load_profiled_cost_model,
+    present_setup,
     read_profile,
     setup_differences,
 )
@@ -90,7 +90,8 @@ def run_paper_executed(
     started_s = time.perf_counter()
     pin_threads(cfg.executor.num_threads)
     model = load_real_model(cfg)
-    _warn_of_another_setup(str(cfg.executor.profile), cfg.executor.decode_backend)
+    _warn_of_another_setup(str(cfg.executor.profile), cfg.executor.decode_backend,
+                           cfg.executor.linear_backend)
     setup = ServingSetup(
         limits=scheduler_limits(cfg, deployment),
         num_slots=pool_slots(deployment, cfg.allocator.block_size, cfg.allocator.num_gpu_blocks),
@@ -139,14 +140,11 @@ def run_paper_executed(
     return table
 
 
-def _warn_of_another_setup(profile_path: str, decode_backend: str) -> None:
-    """Say so when the profile was fitted on another device, number of torch threads or decode
-    backend than these runs use: its absolute tokens/s then price another executor (its ratios
-    may still compare)."""
-    import torch
-
-    present = {"device": device_name(), "num_threads": torch.get_num_threads(),
-               "decode_backend": decode_backend}  # fmt: skip
+def _warn_of_another_setup(profile_path: str, decode_backend: str, linear_backend: str) -> None:
+    """Say so when the profile was fitted on another device, number of torch threads, decode
+    backend or matmul library than these runs use: its absolute tokens/s then price another
+    executor (its ratios may still compare)."""
+    present = present_setup(decode_backend, linear_backend)
     for difference in setup_differences(read_profile(profile_path), present):
         print(f"paper_executed: warning: {profile_path} was fitted on {difference}: compare its "
               "ratios, not its absolute tokens/s")  # fmt: skip

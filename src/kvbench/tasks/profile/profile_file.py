@@ -103,9 +103,19 @@ def device_name() -> str:
     return platform.processor() or platform.machine()
 
 
+def present_setup(decode_backend: str, linear_backend: str) -> dict[str, Any]:
+    """What a profile records of the executor it timed, for the runs about to start here: the
+    device, torch's threads (as ``executor.num_threads`` pinned them), the decode backend and
+    the matmuls' library."""
+    import torch
+
+    return {"device": device_name(), "num_threads": torch.get_num_threads(),
+            "decode_backend": decode_backend, "linear_backend": linear_backend}  # fmt: skip
+
+
 def setup_differences(document: dict[str, Any], present: dict[str, Any]) -> list[str]:
-    """What the profile was measured on that differs from ``present`` (``device``,
-    ``num_threads``, ``decode_backend``), one phrase each: such a profile prices another executor,
+    """What the profile was measured on that differs from ``present`` (``present_setup``'s keys),
+    one phrase each: such a profile prices another executor,
     so its absolute times do not predict these runs (its ratios may still compare). Keys the
     profile does not record are not compared."""
     return [f"{key} {document[key]} (here {value})" for key, value in present.items()

@@ -83,7 +83,8 @@ def run_profile(cfg: Any, deployment: Any, raw_cfg: Any, output_dir: Path) -> pd
     profile = {
         "hardware": deployment.hardware.name, "model": cfg.model.name,
         "dtype": cfg.model.dtype, "device": device_name(), "num_threads": torch.get_num_threads(),
-        "decode_backend": backend, "weights": cfg.executor.weights,
+        "decode_backend": backend, "linear_backend": cfg.executor.linear_backend,
+        "weights": cfg.executor.weights,
         "versions": versions, "coefficients": coefficients, "repeats": REPEATS,
         "fit": {"num_iteration_points": len(iterations), "num_swap_points": len(swaps),
                 "median_abs_pct_error": float(iteration_errors.median()),
@@ -114,6 +115,7 @@ def _summary_lines(profile: dict[str, Any], name: str) -> list[str]:
     return [
         f"profile: {profile['model']} ({profile['dtype']}) on {profile['device']}, "
         f"{profile['num_threads']} threads, decode backend {profile['decode_backend']}, "
+        f"matmuls through {profile['linear_backend']}, "
         f"{fit['num_iteration_points']} iterations and "
         f"{fit['num_swap_points']} swaps timed in {profile['profile_wall_s']:.0f} s -> {name}",
         f"fit: median |error| {fit['median_abs_pct_error']:.1f} %, max "

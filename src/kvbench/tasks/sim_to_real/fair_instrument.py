@@ -39,6 +39,9 @@ NUM_PROFILED_ENTRIES = 15
 # costs need only a few steps of each kind (the prompts' steps, then about as many decodes).
 PROFILED_OUTPUT_TOKENS = 16
 ENGINES = ("vllm", "kvbench_real")
+# vLLM's CPU backend runs its linear layers through oneDNN on prepacked weights (``_C::onednn_mm``
+# in its profile), what kvbench's executor.linear_backend=onednn calls.
+VLLM_CPU_LINEAR_BACKEND = "onednn"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,10 +90,12 @@ def fair_instrument(cfg: KvbenchConfig, deployment: Deployment,
     rows = [
         _throughput_row("vllm", output_tokens, max(t.finish_s for t in vllm_run.requests),
                         [step.duration_s for step in vllm_run.steps],
-                        [step.num_prefill_tokens for step in vllm_run.steps], vllm_threads),
+                        [step.num_prefill_tokens for step in vllm_run.steps], vllm_threads,
+                        VLLM_CPU_LINEAR_BACKEND),
         _throughput_row("kvbench_real", output_tokens,
                         max(record.finish_s for record in served.result.requests),
-                        list(durations), list(prefills), kvbench_threads),
+                        list(durations), list(prefills), kvbench_threads,
+                        cfg.executor.linear_backend),
     ]  # fmt: skip
     frame = pd.DataFrame(rows)
     frame.insert(1, "num_requests", len(requests))
@@ -121,12 +126,12 @@ def _kvbench_executor(cfg: KvbenchConfig, deployment: Deployment, model: Any) ->
 
 def _throughput_row(engine: str, output_tokens: int, wall_s: float,
                     step_durations_s: list[float], step_prefill_tokens: list[int],
-                    torch_threads: int) -> dict[str, Any]:  # fmt: skip
+                    torch_threads: int, linear_backend: str) -> dict[str, Any]:  # fmt: skip
     decode_s = [d for d, p in zip(step_durations_s, step_prefill_tokens, strict=True) if p == 0]
     return {"engine": engine, "output_tokens": output_tokens,
             "wall_s": wall_s, "output_tokens_per_s": output_tokens / wall_s,
             "num_steps": len(step_durations_s), "median_decode_step_s": float(np.median(decode_s)),
-            "torch_threads": torch_threads}  # fmt: skip
+            "torch_threads": torch_threads, "linear_backend": linear_backend}  # fmt: skip
 
 
 def _profiled(engine: str, serve: Callable[[], int]) -> pd.DataFrame:

@@ -49,7 +49,7 @@ from kvbench.tasks.profile.fit import abs_pct_errors, fit_non_negative
 from kvbench.tasks.profile.plot import plot_predicted_vs_measured
 from kvbench.tasks.profile.profile_file import (
     check_profile_fits,
-    device_name,
+    present_setup,
     read_profile,
     setup_differences,
     write_profile,
@@ -115,15 +115,12 @@ class ReplayJob:
 
 def _given_profile(cfg: KvbenchConfig, deployment: Deployment) -> dict[str, Any] | None:
     """``executor.profile``'s file, checked against the run's model and dtype; a warning for each
-    setting it was measured under that these runs do not share (device, threads, backend)."""
+    setting it was measured under that these runs do not share (device, threads, backends)."""
     if not cfg.executor.profile:
         return None
-    import torch
-
     document = read_profile(cfg.executor.profile)
     check_profile_fits(document, cfg.executor.profile, deployment)
-    present = {"device": device_name(), "num_threads": torch.get_num_threads(),
-               "decode_backend": cfg.executor.decode_backend}  # fmt: skip
+    present = present_setup(cfg.executor.decode_backend, cfg.executor.linear_backend)
     for difference in setup_differences(document, present):
         print(f"sim_to_real: warning: {cfg.executor.profile} was measured on {difference}: "
               f"its {GRID_SOURCE} rows price another executor than these runs")  # fmt: skip

@@ -26,19 +26,29 @@ def load_real_model(cfg: KvbenchConfig) -> Any:
     """The run's model as a transformers causal LM in ``model.dtype`` on ``executor.device``
     (cached per process: every run of an experiment shares one copy): the catalog's offline
     weights, ``executor.model_dir``'s, or random weights of the catalog entry's shape
-    (``executor.weights``)."""
+    (``executor.weights``), its matmuls through ``executor.linear_backend``."""
     from kvbench.executors.names import resolve_device
 
     executor = cfg.executor
     # What the loaders read of the catalog entry, hashable for the cache.
     model_values = tuple((key, getattr(cfg.model, key)) for key in MODEL_KEYS)
     return _load(model_values, executor.weights, executor.model_dir,
-                 resolve_device(executor.device))  # fmt: skip
+                 resolve_device(executor.device), executor.linear_backend)  # fmt: skip
 
 
 @lru_cache(maxsize=2)
 def _load(model_values: tuple[tuple[str, Any], ...], weights: str, model_dir: str | None,
-          device: str) -> Any:  # fmt: skip
+          device: str, linear_backend: str) -> Any:  # fmt: skip
+    model = _load_weights(model_values, weights, model_dir, device)
+    if linear_backend == "onednn":
+        from kvbench.executors.onednn_linear import use_onednn_linears
+
+        use_onednn_linears(model)
+    return model
+
+
+def _load_weights(model_values: tuple[tuple[str, Any], ...], weights: str,
+                  model_dir: str | None, device: str) -> Any:  # fmt: skip
     import torch
 
     from kvbench.executors.forward import model_kv_shape

@@ -1,0 +1,126 @@
+"""``python -m kvbench.tools.measure_cpu``: this machine's CPU as a ``hardware=`` catalog entry.
+
+The roofline (``executor=roofline``) prices an iteration by a device's peak compute and memory
+bandwidth. A GPU's come from its data sheet; a CPU's are measured here, with torch on the threads
+kvbench's executor uses (``executor.num_threads``): an fp32 matmul's rate (``peak_tflops``), a
+large buffer's sum (``hbm_bandwidth_gb_per_s``, read) and copy (``pcie_gb_per_s``: the swap copy,
+RAM to RAM on a CPU; read + write), medians of ``--repeats``: how ``conf/hardware/cpu.yaml``'s
+figures were measured, on the machine it names. The figures are a first guess at a CPU's time;
+``task=profile`` measures the real one (docs/sim_to_real.md).
+
+``--output-dir DIR`` writes ``DIR/hardware/NAME.yaml``, which a run takes with
+``python -m kvbench hydra.searchpath=[file://DIR] hardware=NAME``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from kvbench.tasks.profile.profile_file import device_name
+
+MATMUL_SIZE = 2048  # a square fp32 matmul large enough to run at the BLAS's full rate
+BUFFER_MIB = 256  # far larger than any CPU's cache: the sum and the copy stream from RAM
+
+
+def median_s(call: Callable[[], object], repeats: int) -> float:
+    """Median wall time of ``call`` over ``repeats`` runs, after one that warms it up."""
+    call()
+    times_s = []
+    for _ in range(repeats):
+        started_s = time.perf_counter()
+        call()
+        times_s.append(time.perf_counter() - started_s)
+    return statistics.median(times_s)
+
+
+def matmul_tflops(size: int, repeats: int) -> float:
+    """TFLOP/s of a ``size`` x ``size`` fp32 matmul: 2 size^3 FLOPs over its median time."""
+    left, right = torch.randn(size, size), torch.randn(size, size)  # each [size, size]
+    return 2 * size**3 / median_s(lambda: torch.mm(left, right), repeats) / 1e12
+
+
+def read_gb_per_s(num_bytes: int, repeats: int) -> float:
+    """GB/s of summing an fp32 buffer of ``num_bytes``: bytes read over its median time."""
+    buffer = torch.ones(num_bytes // 4)  # [num_bytes / 4]
+    return num_bytes / median_s(buffer.sum, repeats) / 1e9
+
+
+def copy_gb_per_s(num_bytes: int, repeats: int) -> float:
+    """GB/s of copying an fp32 buffer of ``num_bytes`` into another: bytes read and written."""
+    source, target = torch.ones(num_bytes // 4), torch.empty(num_bytes // 4)  # [num_bytes / 4]
+    return 2 * num_bytes / median_s(lambda: target.copy_(source), repeats) / 1e9
+
+
+def memory_gib() -> float:
+    """The machine's RAM in GiB."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+
+
+def hardware_yaml(name: str, figures: dict[str, float], cpu: str, command: str) -> str:
+    """A ``conf/hardware`` entry: the measured figures, with what they were measured on."""
+    ram_gib = figures["memory_gib"]
+    return f"""# {cpu} ({os.cpu_count()} CPUs seen), {ram_gib:.1f} GiB of RAM, measured by
+# `{command}` on {datetime.date.today()} with torch {torch.__version__.split('+')[0]} on
+# {torch.get_num_threads()} threads (medians): an fp32 matmul {figures['peak_tflops']:.3g} TFLOP/s,
+# a large buffer's sum {figures['read_gb_per_s']:.3g} GB/s read, its copy
+# {figures['copy_gb_per_s']:.3g} GB/s (read + write). "PCIe" is the swap copy, RAM to RAM here.
+# The roofline on these figures is only a first guess: a CPU's real time is what task=profile
+# measures (executor=profiled).
+name: {name}
+memory_gib: {figures['memory_gib']:.1f}
+hbm_bandwidth_gb_per_s: {figures['read_gb_per_s']:.3g}
+peak_tflops: {figures['peak_tflops']:.3g}
+pcie_gb_per_s: {figures['copy_gb_per_s']:.3g}
+# One CPU socket serves the model (no tensor parallelism), with a small KV pool by default so
+# that memory binds the way it does on a GPU: 0.5 GiB is 11,650 fp32 SmolLM2-135M token slots.
+num_gpus: 1
+kv_cache_gib: 0.5
+# No rental price is meaningful for a shared CPU: costs come out NaN.
+price_per_gpu_hour: null
+"""
+
+
+def measure(matmul_size: int, buffer_bytes: int, repeats: int) -> dict[str, float]:
+    """The figures ``hardware_yaml`` writes, measured on this machine now."""
+    return {"peak_tflops": matmul_tflops(matmul_size, repeats),
+            "read_gb_per_s": read_gb_per_s(buffer_bytes, repeats),
+            "copy_gb_per_s": copy_gb_per_s(buffer_bytes, repeats),
+            "memory_gib": memory_gib()}  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--name", default="cpu", help="the entry's name (hardware=NAME)")
+    parser.add_argument("--threads", type=int, default=2, help="torch threads (2: the profile's)")
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--matmul-size", type=int, default=MATMUL_SIZE)
+    parser.add_argument("--buffer-mib", type=int, default=BUFFER_MIB)
+    parser.add_argument("--output-dir", type=Path, help="write OUTPUT_DIR/hardware/NAME.yaml")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    figures = measure(args.matmul_size, args.buffer_mib << 20, args.repeats)
+    given = sys.argv[1:] if argv is None else argv
+    command = " ".join(["python -m kvbench.tools.measure_cpu", *given])
+    text = hardware_yaml(args.name, figures, device_name(), command)
+    if args.output_dir is None:
+        print(text, end="")
+        return 0
+    path = args.output_dir / "hardware" / f"{args.name}.yaml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    print(f"{path}: use it with python -m kvbench hydra.searchpath=[file://"
+          f"{args.output_dir.resolve()}] hardware={args.name}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
