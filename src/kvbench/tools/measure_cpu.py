@@ -67,19 +67,22 @@ def memory_gib() -> float:
 
 def hardware_yaml(name: str, figures: dict[str, float], cpu: str, command: str) -> str:
     """A ``conf/hardware`` entry: the measured figures, with what they were measured on."""
-    ram_gib = figures["memory_gib"]
-    return f"""# {cpu} ({os.cpu_count()} CPUs seen), {ram_gib:.1f} GiB of RAM, measured by
-# `{command}` on {datetime.date.today()} with torch {torch.__version__.split('+')[0]} on
-# {torch.get_num_threads()} threads (medians): an fp32 matmul {figures['peak_tflops']:.3g} TFLOP/s,
-# a large buffer's sum {figures['read_gb_per_s']:.3g} GB/s read, its copy
-# {figures['copy_gb_per_s']:.3g} GB/s (read + write). "PCIe" is the swap copy, RAM to RAM here.
+    ram_gib, today = figures["memory_gib"], datetime.date.today()
+    torch_version, num_threads = torch.__version__.split("+")[0], torch.get_num_threads()
+    matmul, read, copy = (figures[key] for key in ("peak_tflops", "read_gb_per_s",
+                                                   "copy_gb_per_s"))  # fmt: skip
+    return f"""# {cpu} ({os.cpu_count()} CPUs seen), {ram_gib:.1f} GiB of RAM. Measured on
+# {today} with torch {torch_version} on {num_threads} threads (medians) by
+# `{command}`:
+# an fp32 matmul {matmul:.3g} TFLOP/s, a large buffer's sum {read:.3g} GB/s read, its
+# copy {copy:.3g} GB/s (read + write). "PCIe" is the swap copy, RAM to RAM here.
 # The roofline on these figures is only a first guess: a CPU's real time is what task=profile
 # measures (executor=profiled).
 name: {name}
 memory_gib: {figures['memory_gib']:.1f}
-hbm_bandwidth_gb_per_s: {figures['read_gb_per_s']:.3g}
-peak_tflops: {figures['peak_tflops']:.3g}
-pcie_gb_per_s: {figures['copy_gb_per_s']:.3g}
+hbm_bandwidth_gb_per_s: {read:.3g}
+peak_tflops: {matmul:.3g}
+pcie_gb_per_s: {copy:.3g}
 # One CPU socket serves the model (no tensor parallelism), with a small KV pool by default so
 # that memory binds the way it does on a GPU: 0.5 GiB is 11,650 fp32 SmolLM2-135M token slots.
 num_gpus: 1
