@@ -233,3 +233,8 @@ def test_a_profile_of_another_device_threads_or_backend_is_named_before_tokens_p
                          "device": "another CPU", "coefficients": coefficients})  # fmt: skip
     _warn_of_another_setup(str(path), "sdpa", "aten")
     assert f"fitted on device another CPU (here {device_name()})" in capsys.readouterr().out
+    write_profile(path, {"model": "smollm2-135m", "num_threads": threads, "decode_backend": "sdpa",
+                         "device": device_name(), "linear_backend": "onednn",
+                         "coefficients": coefficients})  # fmt: skip
+    _warn_of_another_setup(str(path), "sdpa", "aten")
+    assert "fitted on linear_backend onednn (here aten)" in capsys.readouterr().out

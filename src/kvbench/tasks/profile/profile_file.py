@@ -115,8 +115,8 @@ def present_setup(decode_backend: str, linear_backend: str) -> dict[str, Any]:
 
 def setup_differences(document: dict[str, Any], present: dict[str, Any]) -> list[str]:
     """What the profile was measured on that differs from ``present`` (``present_setup``'s keys),
-    one phrase each: such a profile prices another executor,
-    so its absolute times do not predict these runs (its ratios may still compare). Keys the
-    profile does not record are not compared."""
+    one phrase each: such a profile prices another executor, so its absolute times do not
+    predict these runs (its ratios may still compare). Keys the profile does not record are not
+    compared."""
     return [f"{key} {document[key]} (here {value})" for key, value in present.items()
             if document.get(key) is not None and document[key] != value]  # fmt: skip
