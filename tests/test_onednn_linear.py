@@ -50,3 +50,14 @@ def test_plain_weights_are_dropped_unless_another_module_shares_them(tied):
 ])  # fmt: skip
 def test_onednn_runs_on_the_cpu_only(backend, device, problem):
     assert onednn_problem(backend, device) == problem
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+def test_a_half_precision_this_cpu_s_onednn_lacks_is_refused_by_name(dtype, monkeypatch):
+    check = f"_is_mkldnn_{dtype}_supported"  # torch's own check of the CPU's instructions
+    monkeypatch.setattr(torch.ops.mkldnn, check, lambda: False)
+    assert onednn_problem("onednn", "cpu", dtype) == (
+        f"executor.linear_backend=onednn with model.dtype={dtype}: this CPU's oneDNN has no "
+        f"{dtype} matmul; use executor.linear_backend=aten or model.dtype=fp32")
+    monkeypatch.setattr(torch.ops.mkldnn, check, lambda: True)
+    assert onednn_problem("onednn", "cpu", dtype) is None

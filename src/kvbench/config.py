@@ -885,7 +885,7 @@ def _check_real_weights(cfg: KvbenchConfig, what: str) -> None:
         f"executor.linear_backend={executor.linear_backend!r}: allowed are "
         f"{', '.join(LINEAR_BACKENDS)}",
     )
-    problem = onednn_problem(executor.linear_backend, device)
+    problem = onednn_problem(executor.linear_backend, device, model.dtype)
     _require(problem is None, str(problem))
     if executor.weights == "pretrained":
         _require(

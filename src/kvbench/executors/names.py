@@ -31,9 +31,10 @@ def resolve_device(name: str) -> str:
     return name
 
 
-def onednn_problem(backend: str, device: str) -> str | None:
-    """Why the linear ``backend`` cannot run on ``device`` (None: it can): oneDNN's prepacked
-    matmuls are torch's CPU path, and need torch built with oneDNN."""
+def onednn_problem(backend: str, device: str, dtype: str = "fp32") -> str | None:
+    """Why the linear ``backend`` cannot run on ``device`` in ``dtype`` (None: it can): oneDNN's
+    prepacked matmuls are torch's CPU path, need torch built with oneDNN, and in bf16 or fp16 a
+    CPU with those instructions (fp16: AVX-512-FP16 or AVX-NE-CONVERT)."""
     import torch
 
     if backend != "onednn":
@@ -44,6 +45,11 @@ def onednn_problem(backend: str, device: str) -> str | None:
     if not torch.backends.mkldnn.is_available():
         return (f"executor.linear_backend=onednn but torch {torch.__version__} was built without "
                 "oneDNN: use executor.linear_backend=aten")  # fmt: skip
+    supported = {"fp16": torch.ops.mkldnn._is_mkldnn_fp16_supported,
+                 "bf16": torch.ops.mkldnn._is_mkldnn_bf16_supported}  # fmt: skip
+    if dtype in supported and not supported[dtype]():
+        return (f"executor.linear_backend=onednn with model.dtype={dtype}: this CPU's oneDNN has "
+                f"no {dtype} matmul; use executor.linear_backend=aten or model.dtype=fp32")
     return None
 
 
