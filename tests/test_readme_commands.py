@@ -59,6 +59,9 @@ SKIP: dict[str, str] = {
     "python -m kvbench.tasks.report DIR...": "a template (DIR...): its concrete form runs above",
     "python -m kvbench.tools.bench": "minutes on the full Azure trace and a million requests; "
                                      "tests/test_bench.py runs its parts on small inputs",
+    "python -m kvbench.tools.measure_cpu": "a timed measurement of this machine; "
+                                           "tests/test_measure_cpu_tool.py runs it small and "
+                                           "then a run on the entry it writes",
 }
 # The README's trace example reads my_trace.csv from the folder it runs in.
 MY_TRACE_ROWS = 60

@@ -2,9 +2,10 @@
 
 The same requests (``sim_to_vllm.fair_*``: all at t = 0, distinct prompts) are served by real vLLM
 and by kvbench's real executor (``executor=real``'s ``paged``), one after the other, unprofiled:
-their output tokens/s are the measurement (``fair_instrument.parquet``). Then each engine serves
-the batch again, cut to ``PROFILED_OUTPUT_TOKENS`` output tokens a request, under two profilers
-at once, to say where the time goes: cProfile (Python
+their output tokens/s are the measurement (``fair_instrument.parquet``); kvbench's serves them
+again with the other matmul library (``executor.linear_backend``), for scale. Then each engine
+serves the batch again, cut to ``PROFILED_OUTPUT_TOKENS`` output tokens a request, under two
+profilers at once, to say where the time goes: cProfile (Python
 functions by own time: the model code of both, since vLLM runs in this process with
 ``VLLM_ENABLE_V1_MULTIPROCESSING=0``) and torch.profiler (torch and custom C++ ops by self CPU
 time, which cProfile folds into the Python call that launched them). Both engines' top entries go
@@ -97,6 +98,7 @@ def fair_instrument(cfg: KvbenchConfig, deployment: Deployment,
                         list(durations), list(prefills), kvbench_threads,
                         cfg.executor.linear_backend),
     ]  # fmt: skip
+    rows += _other_matmul_library_rows(cfg, deployment, limits, requests, output_tokens)
     frame = pd.DataFrame(rows)
     frame.insert(1, "num_requests", len(requests))
     frame["ratio_to_vllm"] = frame["output_tokens_per_s"] / frame["output_tokens_per_s"].iloc[0]
@@ -110,6 +112,39 @@ def fair_instrument(cfg: KvbenchConfig, deployment: Deployment,
         "kvbench_real", lambda: len(serve_on_kvbench(short).result.steps.columns["duration_s"])
     )
     return FairInstrument(frame, pd.concat([vllm_profile, kvbench_profile], ignore_index=True))
+
+
+def _other_matmul_library_rows(
+    cfg: KvbenchConfig,
+    deployment: Deployment,
+    limits: Any,
+    requests: list[Request],
+    output_tokens: int,
+) -> list[dict[str, Any]]:
+    """The batch once more on kvbench's executor with each other matmul library this machine
+    runs (``executor.linear_backend``), unprofiled: how much of the gap to vLLM is the library's.
+    """
+    import torch
+
+    from kvbench.executors.names import LINEAR_BACKENDS, onednn_problem, resolve_device
+    from kvbench.executors.real import run_real
+
+    rows = []
+    device = resolve_device(cfg.executor.device)
+    for backend in LINEAR_BACKENDS:
+        if backend == cfg.executor.linear_backend or onednn_problem(backend, device,
+                                                                     cfg.model.dtype):
+            continue
+        other = dataclasses.replace(cfg, executor=dataclasses.replace(cfg.executor,
+                                                                      linear_backend=backend))
+        allocator, executor = _kvbench_executor(other, deployment, load_real_model(other))
+        served = run_real(requests, Scheduler(limits), allocator, executor)
+        steps = served.result.steps.columns
+        rows.append(_throughput_row("kvbench_real", output_tokens,
+                                    max(record.finish_s for record in served.result.requests),
+                                    list(steps["duration_s"]), list(steps["num_prefill_tokens"]),
+                                    torch.get_num_threads(), backend))  # fmt: skip
+    return rows
 
 
 def _kvbench_executor(cfg: KvbenchConfig, deployment: Deployment, model: Any) -> tuple[Any, Any]:
@@ -175,8 +210,8 @@ def fair_summary(fair: pd.DataFrame) -> list[str]:
     return [
         f"- {row.engine}: {row.output_tokens_per_s:.1f} output tokens/s ({row.output_tokens} "
         f"tokens in {row.wall_s:.2f} s, {row.num_steps} steps, median decode step "
-        f"{row.median_decode_step_s * 1e3:.1f} ms, {row.torch_threads} torch threads), "
-        f"{row.ratio_to_vllm:.2f}x vLLM's"
+        f"{row.median_decode_step_s * 1e3:.1f} ms, {row.torch_threads} torch threads, matmuls "
+        f"through {row.linear_backend}), {row.ratio_to_vllm:.2f}x vLLM's"
         for row in fair.itertuples(index=False)
     ]
 
