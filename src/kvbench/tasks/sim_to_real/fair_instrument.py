@@ -66,8 +66,9 @@ def fair_instrument(cfg: KvbenchConfig, deployment: Deployment,
                     engine: VllmEngine) -> FairInstrument:  # fmt: skip
     """The same closed batch served by vLLM and by kvbench's real executor (``paged`` over
     ``scheduler=vllm_v0``'s batches, the same ``max_num_seqs``): output tokens/s, steps and the
-    median decode step of each, measured one after the other; then each served again (shorter)
-    under cProfile and torch.profiler."""
+    median decode step of each, measured one after the other (kvbench's on its configured matmul
+    library, then on the other); then each served again (shorter) under cProfile and
+    torch.profiler, kvbench's on its configured library."""
     import torch
 
     from kvbench.executors.real import run_real
