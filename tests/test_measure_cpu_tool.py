@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from kvbench.core.catalog import hardware_spec_from
+from kvbench.core.packaged_conf import read_option
 from kvbench.tools import measure_cpu
 
 SMALL = ["--matmul-size", "64", "--buffer-mib", "1", "--repeats", "1", "--threads", "1"]
@@ -23,6 +24,9 @@ def test_the_entry_holds_the_figures_it_names():
     assert (spec.name, spec.peak_tflops, spec.hbm_bandwidth_gb_per_s, spec.pcie_gb_per_s,
             spec.memory_gib) == ("here", 0.0123, 4.56, 7.89, 23.4)  # fmt: skip
     assert text.startswith("# Some CPU")
+    shipped, written = read_option("hardware", "cpu"), yaml.safe_load(text)
+    for key in ("num_gpus", "kv_cache_gib", "price_per_gpu_hour"):  # not measured: cpu's
+        assert written[key] == shipped[key], key
 
 
 def test_the_measured_rates_are_the_work_over_the_time(monkeypatch):

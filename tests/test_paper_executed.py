@@ -213,6 +213,7 @@ def test_a_profile_of_another_device_threads_or_backend_is_named_before_tokens_p
     from kvbench.tasks.profile.profile_file import device_name, write_profile
 
     coefficients = dict.fromkeys((*PROFILE_TERMS, *SWAP_TERMS), 0.0)
+    deployment = get_deployment("smollm2-135m", "cpu")
     threads = torch.get_num_threads()
     cases = [((threads, "sdpa"), None),
              ((threads + 3, "sdpa"), f"num_threads {threads + 3} (here {threads})"),
@@ -222,7 +223,7 @@ def test_a_profile_of_another_device_threads_or_backend_is_named_before_tokens_p
         write_profile(path, {"model": "smollm2-135m", "num_threads": profile_threads,
                              "decode_backend": backend, "device": device_name(),
                              "coefficients": coefficients})  # fmt: skip
-        _warn_of_another_setup(str(path), "sdpa", "aten")
+        _warn_of_another_setup(str(path), deployment, "sdpa", "aten")
         printed = capsys.readouterr().out
         if warning is None:
             assert printed == ""
@@ -231,10 +232,10 @@ def test_a_profile_of_another_device_threads_or_backend_is_named_before_tokens_p
     path = tmp_path / "profile_elsewhere.json"
     write_profile(path, {"model": "smollm2-135m", "num_threads": threads, "decode_backend": "sdpa",
                          "device": "another CPU", "coefficients": coefficients})  # fmt: skip
-    _warn_of_another_setup(str(path), "sdpa", "aten")
+    _warn_of_another_setup(str(path), deployment, "sdpa", "aten")
     assert f"fitted on device another CPU (here {device_name()})" in capsys.readouterr().out
     write_profile(path, {"model": "smollm2-135m", "num_threads": threads, "decode_backend": "sdpa",
                          "device": device_name(), "linear_backend": "onednn",
                          "coefficients": coefficients})  # fmt: skip
-    _warn_of_another_setup(str(path), "sdpa", "aten")
+    _warn_of_another_setup(str(path), deployment, "sdpa", "aten")
     assert "fitted on linear_backend onednn (here aten)" in capsys.readouterr().out

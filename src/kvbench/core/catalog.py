@@ -52,6 +52,16 @@ def hardware_spec_from(values: dict[str, Any]) -> HardwareSpec:
     )
 
 
+def hf_kv_shape(config: Any) -> tuple[int, int, int]:
+    """(layers, KV heads, head dim) of a Hugging Face model config (any object with its
+    attributes: a transformers ``PretrainedConfig``, or ``config.json`` read into a namespace):
+    head dim is ``head_dim`` where given, else hidden size / attention heads; KV heads default to
+    the attention heads (no grouped-query attention)."""
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    num_kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+    return config.num_hidden_layers, num_kv_heads, head_dim
+
+
 def get_model(name: str) -> ModelSpec:
     """The catalog's ModelSpec called ``name`` (e.g. ``llama-2-70b``)."""
     return model_spec_from(read_option("model", name))

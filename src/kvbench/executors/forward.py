@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from kvbench.core.catalog import hf_kv_shape
 from kvbench.executors.attention import (
     ATTENTION_NAME,
     BatchLayout,
@@ -52,11 +53,7 @@ class SeqInput:
 
 def model_kv_shape(model: Any) -> tuple[int, int, int]:
     """(layers, KV heads, head dim) of a transformers causal LM."""
-    config = model.config
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // (
-        config.num_attention_heads
-    )
-    return config.num_hidden_layers, config.num_key_value_heads, head_dim
+    return hf_kv_shape(model.config)
 
 
 class BatchRunner:

@@ -25,8 +25,10 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
+from kvbench.core.catalog import hf_kv_shape
 from kvbench.core.request import Request
 from kvbench.engine.cost_model import IterationShape
 from kvbench.engine.simulate_v1 import chunks_shape
@@ -321,10 +323,9 @@ def pool_bytes(settings: EngineSettings) -> int:
     """Bytes of the engine's KV pool: ``num_gpu_blocks`` blocks of K and V for every layer, at the
     model folder's ``config.json`` shape (KV heads x head size) and the compute dtype."""
     config = json.loads((settings.model_dir / "config.json").read_text())
-    head_size = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
-    num_kv_heads = config.get("num_key_value_heads", config["num_attention_heads"])
+    num_layers, num_kv_heads, head_size = hf_kv_shape(SimpleNamespace(**config))
     dtype_bytes = {"float32": 4, "bfloat16": 2, "float16": 2}[settings.dtype]
-    bytes_per_token = 2 * config["num_hidden_layers"] * num_kv_heads * head_size * dtype_bytes
+    bytes_per_token = 2 * num_layers * num_kv_heads * head_size * dtype_bytes
     return settings.num_gpu_blocks * settings.block_size * bytes_per_token
 
 

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import torch
 
+from kvbench.core.packaged_conf import read_option
 from kvbench.tasks.profile.profile_file import device_name
 
 MATMUL_SIZE = 2048  # a square fp32 matmul large enough to run at the BLAS's full rate
@@ -66,30 +67,25 @@ def memory_gib() -> float:
 
 
 def hardware_yaml(name: str, figures: dict[str, float], cpu: str, command: str) -> str:
-    """A ``conf/hardware`` entry: the measured figures, with what they were measured on."""
-    ram_gib, today = figures["memory_gib"], datetime.date.today()
+    """A ``conf/hardware`` entry: ``hardware=cpu``'s, with the measured figures in place of its
+    own and what they were measured on."""
+    import yaml
+
+    today = datetime.date.today()
     torch_version, num_threads = torch.__version__.split("+")[0], torch.get_num_threads()
-    matmul, read, copy = (figures[key] for key in ("peak_tflops", "read_gb_per_s",
-                                                   "copy_gb_per_s"))  # fmt: skip
-    return f"""# {cpu} ({os.cpu_count()} CPUs seen), {ram_gib:.1f} GiB of RAM. Measured on
-# {today} with torch {torch_version} on {num_threads} threads (medians) by
-# `{command}`:
-# an fp32 matmul {matmul:.3g} TFLOP/s, a large buffer's sum {read:.3g} GB/s read, its
-# copy {copy:.3g} GB/s (read + write). "PCIe" is the swap copy, RAM to RAM here.
-# The roofline on these figures is only a first guess: a CPU's real time is what task=profile
-# measures (executor=profiled).
-name: {name}
-memory_gib: {figures['memory_gib']:.1f}
-hbm_bandwidth_gb_per_s: {read:.3g}
-peak_tflops: {matmul:.3g}
-pcie_gb_per_s: {copy:.3g}
-# One CPU socket serves the model (no tensor parallelism), with a small KV pool by default so
-# that memory binds the way it does on a GPU: 0.5 GiB is 11,650 fp32 SmolLM2-135M token slots.
-num_gpus: 1
-kv_cache_gib: 0.5
-# No rental price is meaningful for a shared CPU: costs come out NaN.
-price_per_gpu_hour: null
-"""
+    # Three significant figures: the runs' spread makes more noise.
+    matmul, read, copy = (float(f"{figures[key]:.3g}")
+                          for key in ("peak_tflops", "read_gb_per_s", "copy_gb_per_s"))  # fmt: skip
+    entry = {**read_option("hardware", "cpu"), "name": name,
+             "memory_gib": round(figures["memory_gib"], 1), "hbm_bandwidth_gb_per_s": read,
+             "peak_tflops": matmul, "pcie_gb_per_s": copy}  # fmt: skip
+    return f"""# {cpu} ({os.cpu_count()} CPUs seen). Measured on {today} with torch
+# {torch_version} on {num_threads} threads (medians) by `{command}`:
+# an fp32 matmul {matmul} TFLOP/s, a large buffer's sum {read} GB/s read, its copy {copy} GB/s
+# (read + write). "PCIe" is the swap copy, RAM to RAM here. The other settings are
+# hardware=cpu's (conf/hardware/cpu.yaml). The roofline on these figures is only a first guess: a
+# CPU's real time is what task=profile measures (executor=profiled).
+{yaml.safe_dump(entry, sort_keys=False)}"""
 
 
 def measure(matmul_size: int, buffer_bytes: int, repeats: int) -> dict[str, float]:

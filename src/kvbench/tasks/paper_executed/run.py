@@ -42,10 +42,8 @@ from kvbench.tasks.paper_executed.table import (
 )
 from kvbench.tasks.profile.grid import IterationPoint, spread_contexts
 from kvbench.tasks.profile.profile_file import (
+    checked_profile,
     load_profiled_cost_model,
-    present_setup,
-    read_profile,
-    setup_differences,
 )
 from kvbench.tasks.simulate.experiment import cost_model, scheduler_limits
 from kvbench.tasks.simulate.real_runner import load_real_model, pin_threads
@@ -90,7 +88,7 @@ def run_paper_executed(
     started_s = time.perf_counter()
     pin_threads(cfg.executor.num_threads)
     model = load_real_model(cfg)
-    _warn_of_another_setup(str(cfg.executor.profile), cfg.executor.decode_backend,
+    _warn_of_another_setup(str(cfg.executor.profile), deployment, cfg.executor.decode_backend,
                            cfg.executor.linear_backend)
     setup = ServingSetup(
         limits=scheduler_limits(cfg, deployment),
@@ -140,12 +138,13 @@ def run_paper_executed(
     return table
 
 
-def _warn_of_another_setup(profile_path: str, decode_backend: str, linear_backend: str) -> None:
+def _warn_of_another_setup(profile_path: str, deployment: Deployment, decode_backend: str,
+                          linear_backend: str) -> None:  # fmt: skip
     """Say so when the profile was fitted on another device, number of torch threads, decode
     backend or matmul library than these runs use: its absolute tokens/s then price another
     executor (its ratios may still compare)."""
-    present = present_setup(decode_backend, linear_backend)
-    for difference in setup_differences(read_profile(profile_path), present):
+    _, differences = checked_profile(profile_path, deployment, decode_backend, linear_backend)
+    for difference in differences:
         print(f"paper_executed: warning: {profile_path} was fitted on {difference}: compare its "
               "ratios, not its absolute tokens/s")  # fmt: skip
 

@@ -103,19 +103,24 @@ def device_name() -> str:
     return platform.processor() or platform.machine()
 
 
-def present_setup(decode_backend: str, linear_backend: str) -> dict[str, Any]:
-    """What a profile records of the executor it timed, for the runs about to start here: the
-    device, torch's threads (as ``executor.num_threads`` pinned them), the decode backend and
-    the matmuls' library."""
+def checked_profile(path: str | Path, deployment: Deployment, decode_backend: str,
+                    linear_backend: str) -> tuple[dict[str, Any], list[str]]:  # fmt: skip
+    """The profile at ``path`` for runs about to start here, checked against their model and
+    dtype (``check_profile_fits``), and what it was measured on that they differ in
+    (``setup_differences``: the device, torch's threads as ``executor.num_threads`` pinned them,
+    the decode backend, the matmuls' library)."""
     import torch
 
-    return {"device": device_name(), "num_threads": torch.get_num_threads(),
-            "decode_backend": decode_backend, "linear_backend": linear_backend}  # fmt: skip
+    document = read_profile(path)
+    check_profile_fits(document, path, deployment)
+    present = {"device": device_name(), "num_threads": torch.get_num_threads(),
+               "decode_backend": decode_backend, "linear_backend": linear_backend}  # fmt: skip
+    return document, setup_differences(document, present)
 
 
 def setup_differences(document: dict[str, Any], present: dict[str, Any]) -> list[str]:
-    """What the profile was measured on that differs from ``present`` (``present_setup``'s keys),
-    one phrase each: such a profile prices another executor, so its absolute times do not
+    """What the profile was measured on that differs from ``present`` (``checked_profile``'s
+    keys), one phrase each: such a profile prices another executor, so its absolute times do not
     predict these runs (its ratios may still compare). Keys the profile does not record are not
     compared."""
     return [f"{key} {document[key]} (here {value})" for key, value in present.items()

@@ -77,29 +77,27 @@ def fair_instrument(cfg: KvbenchConfig, deployment: Deployment,
     output_tokens = sum(request.output_tokens for request in requests)
     vllm_threads = torch.get_num_threads()  # as vLLM's CPU worker left them
     vllm_run = replay(engine, requests)
-    model = load_real_model(cfg)
     limits = dataclasses.replace(scheduler_limits(cfg, deployment), preemption="recompute")
 
-    def serve_on_kvbench(batch: list[Request]) -> Any:
-        allocator, executor = _kvbench_executor(cfg, deployment, model)
+    def serve_on_kvbench(batch: list[Request], run_cfg: KvbenchConfig = cfg) -> Any:
+        model = load_real_model(run_cfg)  # loaded once per matmul library (cached)
+        allocator, executor = _kvbench_executor(run_cfg, deployment, model)
         return run_real(batch, Scheduler(limits), allocator, executor)
 
+    rows = [_throughput_row("vllm", output_tokens, max(t.finish_s for t in vllm_run.requests),
+                            [step.duration_s for step in vllm_run.steps],
+                            [step.num_prefill_tokens for step in vllm_run.steps], vllm_threads,
+                            VLLM_CPU_LINEAR_BACKEND)]  # fmt: skip
     pin_threads(cfg.executor.num_threads)  # vLLM's worker may have set its own
     kvbench_threads = torch.get_num_threads()
-    served = serve_on_kvbench(requests)
-    durations = served.result.steps.columns["duration_s"]
-    prefills = served.result.steps.columns["num_prefill_tokens"]
-    rows = [
-        _throughput_row("vllm", output_tokens, max(t.finish_s for t in vllm_run.requests),
-                        [step.duration_s for step in vllm_run.steps],
-                        [step.num_prefill_tokens for step in vllm_run.steps], vllm_threads,
-                        VLLM_CPU_LINEAR_BACKEND),
-        _throughput_row("kvbench_real", output_tokens,
-                        max(record.finish_s for record in served.result.requests),
-                        list(durations), list(prefills), kvbench_threads,
-                        cfg.executor.linear_backend),
-    ]  # fmt: skip
-    rows += _other_matmul_library_rows(cfg, deployment, limits, requests, output_tokens)
+    # The configured matmul library first, then each other one this machine runs, for scale.
+    for run_cfg in (cfg, *_other_matmul_libraries(cfg)):
+        served = serve_on_kvbench(requests, run_cfg)
+        steps = served.result.steps.columns
+        rows.append(_throughput_row("kvbench_real", output_tokens,
+                                    max(record.finish_s for record in served.result.requests),
+                                    list(steps["duration_s"]), list(steps["num_prefill_tokens"]),
+                                    kvbench_threads, run_cfg.executor.linear_backend))  # fmt: skip
     frame = pd.DataFrame(rows)
     frame.insert(1, "num_requests", len(requests))
     frame["ratio_to_vllm"] = frame["output_tokens_per_s"] / frame["output_tokens_per_s"].iloc[0]
@@ -115,37 +113,16 @@ def fair_instrument(cfg: KvbenchConfig, deployment: Deployment,
     return FairInstrument(frame, pd.concat([vllm_profile, kvbench_profile], ignore_index=True))
 
 
-def _other_matmul_library_rows(
-    cfg: KvbenchConfig,
-    deployment: Deployment,
-    limits: Any,
-    requests: list[Request],
-    output_tokens: int,
-) -> list[dict[str, Any]]:
-    """The batch once more on kvbench's executor with each other matmul library this machine
-    runs (``executor.linear_backend``), unprofiled: how much of the gap to vLLM is the library's.
-    """
-    import torch
-
+def _other_matmul_libraries(cfg: KvbenchConfig) -> list[KvbenchConfig]:
+    """``cfg`` with each other ``executor.linear_backend`` this machine runs."""
     from kvbench.executors.names import LINEAR_BACKENDS, onednn_problem, resolve_device
-    from kvbench.executors.real import run_real
 
-    rows = []
     device = resolve_device(cfg.executor.device)
-    for backend in LINEAR_BACKENDS:
-        if backend == cfg.executor.linear_backend or onednn_problem(backend, device,
-                                                                     cfg.model.dtype):
-            continue
-        other = dataclasses.replace(cfg, executor=dataclasses.replace(cfg.executor,
-                                                                      linear_backend=backend))
-        allocator, executor = _kvbench_executor(other, deployment, load_real_model(other))
-        served = run_real(requests, Scheduler(limits), allocator, executor)
-        steps = served.result.steps.columns
-        rows.append(_throughput_row("kvbench_real", output_tokens,
-                                    max(record.finish_s for record in served.result.requests),
-                                    list(steps["duration_s"]), list(steps["num_prefill_tokens"]),
-                                    torch.get_num_threads(), backend))  # fmt: skip
-    return rows
+    return [dataclasses.replace(cfg, executor=dataclasses.replace(cfg.executor,
+                                                                  linear_backend=backend))
+            for backend in LINEAR_BACKENDS
+            if backend != cfg.executor.linear_backend
+            and onednn_problem(backend, device, cfg.model.dtype) is None]  # fmt: skip
 
 
 def _kvbench_executor(cfg: KvbenchConfig, deployment: Deployment, model: Any) -> tuple[Any, Any]:

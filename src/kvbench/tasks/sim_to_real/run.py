@@ -47,13 +47,7 @@ from kvbench.tables.parquet import write_table
 from kvbench.tables.provenance import provenance
 from kvbench.tasks.profile.fit import abs_pct_errors, fit_non_negative
 from kvbench.tasks.profile.plot import plot_predicted_vs_measured
-from kvbench.tasks.profile.profile_file import (
-    check_profile_fits,
-    present_setup,
-    read_profile,
-    setup_differences,
-    write_profile,
-)
+from kvbench.tasks.profile.profile_file import checked_profile, write_profile
 from kvbench.tasks.sim_to_real.real_grid import GRID_POOL_SLOTS, RealGridPoint, real_grid
 from kvbench.tasks.sim_to_real.table import (
     drift_lines,
@@ -118,10 +112,10 @@ def _given_profile(cfg: KvbenchConfig, deployment: Deployment) -> dict[str, Any]
     setting it was measured under that these runs do not share (device, threads, backends)."""
     if not cfg.executor.profile:
         return None
-    document = read_profile(cfg.executor.profile)
-    check_profile_fits(document, cfg.executor.profile, deployment)
-    present = present_setup(cfg.executor.decode_backend, cfg.executor.linear_backend)
-    for difference in setup_differences(document, present):
+    document, differences = checked_profile(cfg.executor.profile, deployment,
+                                            cfg.executor.decode_backend,
+                                            cfg.executor.linear_backend)  # fmt: skip
+    for difference in differences:
         print(f"sim_to_real: warning: {cfg.executor.profile} was measured on {difference}: "
               f"its {GRID_SOURCE} rows price another executor than these runs")  # fmt: skip
     return document
