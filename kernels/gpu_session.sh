@@ -43,17 +43,21 @@ settings() {
     # executor.device=auto: cuda there (were the GPU not seen, triton on the CPU is refused).
     MODEL=(model=llama-3-8b model.dtype=bf16 hardware=h200-141gb executor.weights=random
            executor.decode_backend=triton executor.num_threads=null)
+    # The profile's grid: a GPU's batches (to 256) and contexts (to 3,072 tokens).
+    GRID=(profile_grid=gpu)
     # sim_to_real's 186-slot pool (naive_max reserves 64 per request) at Llama-3-8B's 128 KiB
     # of bf16 K/V per token; rates past a GPU's knee (its steps are ~10x a CPU's shorter).
     SIM=(hardware.kv_cache_gib=0.02271 "workload_request_rates.alpaca=[1.0,16.0]"
          "workload_request_rates.sharegpt=[1.0,16.0]" "workload_request_rates.azure_conv=[1.0,16.0]")
-    # Seconds: gpu tests, profile (its grid's idle waits alone are 31 s), sim_to_real (its runs
-    # at 1 req/s wait ~75 s for arrivals); gpu_check gets what is left of 560.
-    LIMITS=(100 130 260)
+    # Seconds: gpu tests, profile (99 points and 6 swaps, 4 runs each, 10 s of them idle
+    # waits), sim_to_real (its runs at 1 req/s wait ~75 s for arrivals); gpu_check gets what is
+    # left of 560.
+    LIMITS=(100 170 220)
     CHECK=()
   else
     MODEL=(model=smollm2-135m model.dtype=fp32 hardware=cpu executor.weights=random
            executor.device=cpu executor.decode_backend=sdpa executor.num_threads=2)
+    GRID=()
     SIM=()
     LIMITS=(300 600 900)
     CHECK=(--cpu-dry-run)
@@ -75,7 +79,7 @@ run_steps() {
   mkdir -p "$runs"
   step "gpu tests" "${LIMITS[0]}" python3 -m pytest -q -m gpu -p no:cacheprovider \
     tests/test_real_executor.py tests/test_kernels_decode.py
-  step profile "${LIMITS[1]}" python3 -m kvbench task=profile "${MODEL[@]}" \
+  step profile "${LIMITS[1]}" python3 -m kvbench task=profile "${MODEL[@]}" "${GRID[@]}" \
     summary_table=false "hydra.run.dir=$runs/profile"
   step sim_to_real "${LIMITS[2]}" python3 -m kvbench experiment=sim_to_real "${MODEL[@]}" \
     "${SIM[@]}" "workloads.alpaca.path=$GPU_DIR/traces/alpaca_5000_gpt2bpe_lengths.csv" \

@@ -36,9 +36,16 @@ STAIRS = {"stair_2_tokens_s": 0.0, "stair_4_tokens_s": 0.01, "stair_8_tokens_s":
           "stair_16_tokens_s": 3e-3}  # fmt: skip
 
 
+def _cpu_grid() -> tuple[object, int]:
+    """profile_grid=cpu (the default) and SmolLM2's K/V bytes a token."""
+    cfg, deployment, _ = compose_config("task=profile", "model=smollm2-135m", "hardware=cpu",
+                                        "model.dtype=fp32")  # fmt: skip
+    return cfg.profile_grid, deployment.model.kv_bytes_per_token
+
+
 def _grid_shapes() -> list[tuple[IterationShape, int]]:
     shapes = []
-    for point in iteration_grid():
+    for point in iteration_grid(*_cpu_grid()):
         contexts = point.decode_contexts
         pairs = sum(n * (n + 1) // 2 for n in point.prefill_prompts)
         shape = IterationShape(sum(point.prefill_prompts), pairs, len(contexts), sum(contexts),
@@ -251,7 +258,6 @@ def test_a_grid_point_times_on_a_real_model(block_size):
 
 def test_a_wake_up_point_idles_before_every_run_and_the_grid_has_them():
     from kvbench.tasks.equivalence.models import load_model
-    from kvbench.tasks.profile.grid import WAKE_WAITS_S
     from kvbench.tasks.profile.measure import time_iteration
 
     waits: list[float] = []
@@ -259,7 +265,9 @@ def test_a_wake_up_point_idles_before_every_run_and_the_grid_has_them():
     shape, _ = time_iteration(load_model("tiny-llama-gqa"), point, repeats=2,
                               decode_backend="sdpa", sleep=waits.append)  # fmt: skip
     assert waits == [0.5] * 3 and shape == IterationShape(12, 78, 0, 0, num_prefill_seqs=1)
-    assert [p.wait_s for p in iteration_grid() if p.wait_s] == list(WAKE_WAITS_S)
+    grid, token_bytes = _cpu_grid()
+    assert [p.wait_s for p in iteration_grid(grid, token_bytes) if p.wait_s] == [
+        0.1, 0.25, 0.5, 1.0, 2.0, 4.0]
 
 
 def test_the_grid_is_timed_in_a_shuffled_order_and_tabled_in_its_own():
@@ -273,3 +281,77 @@ def test_the_grid_is_timed_in_a_shuffled_order_and_tabled_in_its_own():
     again = []
     in_shuffled_order(points, again.append)
     assert again == called  # the same order every run
+
+
+def test_the_cpu_grid_spans_what_the_committed_profile_was_fitted_on():
+    grid, token_bytes = _cpu_grid()
+    points = iteration_grid(grid, token_bytes)
+    decode = [p for p in points if p.decode_contexts and not p.prefill_prompts]
+    assert len(points) == 94 and len(decode) == 3 * 8 * 3  # no point left out: no pool cap
+    assert {len(p.decode_contexts) for p in decode} == {1, 2, 3, 4, 6, 8, 16, 32}
+    assert max(max(p.decode_contexts) for p in decode) == 1152
+
+
+def test_the_gpu_grid_spans_a_gpu_s_batches_within_its_pool_cap():
+    from kvbench.tasks.profile.grid import GIB, OUTPUT_TOKENS, longest_sequence_tokens, swap_grid
+
+    # kernels/gpu_session.sh's profile of a random-weight Llama-3-8B on the H200.
+    cfg, deployment, _ = compose_config(
+        "task=profile", "model=llama-3-8b", "model.dtype=bf16", "hardware=h200-141gb",
+        "executor.weights=random", "executor.decode_backend=triton", "executor.num_threads=null",
+        "profile_grid=gpu")  # fmt: skip
+    grid, token_bytes = cfg.profile_grid, deployment.model.kv_bytes_per_token
+    points = iteration_grid(grid, token_bytes)
+    pools = [p.num_slots(OUTPUT_TOKENS) * token_bytes for p in points]
+    assert max(pools) <= 40 * GIB
+    # 256 sequences are timed, at fewer contexts where the pool passes the cap: all three
+    # would take 64 GiB paged at 2,048 tokens and more in a contiguous arena of powers of two.
+    def contexts_timed(block_size: int, num_seqs: int) -> int:
+        return sum(1 for p in points if p.block_size == block_size and not p.prefill_prompts
+                   and len(p.decode_contexts) == num_seqs)  # fmt: skip
+
+    assert [contexts_timed(b, 256) for b in (1, 16, 64)] == [1, 2, 2]
+    assert [contexts_timed(b, 32) for b in (1, 16, 64)] == [3, 3, 3]
+    assert longest_sequence_tokens(grid) == 3072 <= cfg.model.max_model_len
+    assert max(sum(p.prefill_prompts) for p in points) == 4 * 2048
+    assert len(swap_grid(grid, token_bytes)) == 6
+
+
+def test_a_grid_the_model_cannot_hold_is_refused_with_the_fix():
+    with pytest.raises(ConfigError, match=r"longest sequence is 3072 tokens, past "
+                                          r"model.max_model_len=2048.*decode_mean_contexts"):
+        compose_config("task=profile", "model=smollm2-135m", "hardware=cpu",
+                       "model.max_model_len=2048", "profile_grid.decode_mean_contexts=[2048]")
+    with pytest.raises(ConfigError, match=r"profile_grid.decode_batches=\[\]"):
+        compose_config("task=profile", "model=smollm2-135m", "hardware=cpu",
+                       "profile_grid.decode_batches=[]")
+
+
+TINY_GRID = (
+    "profile_grid.block_sizes=[1,16]", "profile_grid.decode_batches=[1,2,4]",
+    "profile_grid.decode_mean_contexts=[16,48]", "profile_grid.prefill_block_sizes=[16]",
+    "profile_grid.prefill_prompts=[8,24]", "profile_grid.prefill_counts=[1,2]",
+    "profile_grid.mixed_decodes=2", "profile_grid.mixed_mean_context=16",
+    "profile_grid.mixed_prompts=[8]", "profile_grid.wake_waits_s=[0.01,0.04]",
+    "profile_grid.swap_tokens=[32,64]", "profile_grid.repeats=1",
+)  # fmt: skip
+
+
+def test_task_profile_times_its_grid_and_writes_a_profile_the_simulator_reads(tmp_path):
+    from kvbench.tasks.profile.profile_file import read_profile
+    from kvbench.tasks.profile.run import run_profile
+
+    cfg, deployment, raw = compose_config(
+        "task=profile", "model=smollm2-135m", "model.dtype=fp32", "hardware=cpu",
+        "executor.weights=random", "executor.num_threads=1", "plots=false",
+        "summary_table=false", *TINY_GRID)  # fmt: skip
+    table = run_profile(cfg, deployment, raw, tmp_path)
+    # 2 x 3 x 2 decode + 2 x 2 prefill + 1 mixed + 2 wake-ups, 2 x 2 swaps.
+    assert (table["kind"] == "iteration").sum() == 19 and (table["kind"] == "swap").sum() == 4
+    (path,) = tmp_path.glob("profile_cpu_smollm2-135m_fp32_*.json")
+    profile = read_profile(path)
+    assert profile["grid"]["decode_batches"] == [1, 2, 4] and profile["repeats"] == 1
+    assert profile["fit"]["num_iteration_points"] == 19
+    model = load_profiled_cost_model(path, 16, deployment)
+    assert model.iteration_time_s(IterationShape(0, 0, 2, 64)) > 0
+    assert "decode batches of 1-4 sequences" in (tmp_path / "report.md").read_text()

@@ -271,6 +271,35 @@ class PaperExecutedConfig:
 
 
 @dataclass
+class ProfileGridConfig:
+    """``profile_grid=NAME``: the iterations and swaps ``task=profile`` times
+    (``tasks/profile/grid.py``), sized for a device class: ``cpu`` (a small model on a few
+    cores, minutes) or ``gpu`` (a GPU's batches and contexts: a profile prices what its grid
+    spans)."""
+
+    # Kernel block sizes of the decode points (1: a contiguous allocator's arena).
+    block_sizes: list[int] = MISSING
+    decode_batches: list[int] = MISSING
+    # Mean context of a decode point's sequences, spread over [mean / 2, 3 mean / 2].
+    decode_mean_contexts: list[int] = MISSING
+    # Block sizes of the prefill and mixed points.
+    prefill_block_sizes: list[int] = MISSING
+    prefill_prompts: list[int] = MISSING
+    prefill_counts: list[int] = MISSING
+    # Mixed points: this many decodes (at this mean context) beside one prompt of each length.
+    mixed_decodes: int = MISSING
+    mixed_mean_context: int = MISSING
+    mixed_prompts: list[int] = MISSING
+    # Idle waits (s) before a timed 64-token prefill: what the wake terms are fitted on.
+    wake_waits_s: list[float] = MISSING
+    swap_tokens: list[int] = MISSING
+    # Points whose K/V pool would exceed this many GiB are left out (None: none is).
+    max_pool_gib: float | None = MISSING
+    # Timed runs per point (after one untimed); the median is kept.
+    repeats: int = MISSING
+
+
+@dataclass
 class KvbenchConfig:
     """The root config: one run compares ``allocators`` on the same requests.
 
@@ -326,6 +355,7 @@ class KvbenchConfig:
     equivalence: EquivalenceConfig = field(default_factory=EquivalenceConfig)
     sim_to_vllm: SimToVllmConfig = field(default_factory=SimToVllmConfig)
     paper_executed: PaperExecutedConfig = field(default_factory=PaperExecutedConfig)
+    profile_grid: ProfileGridConfig = field(default_factory=ProfileGridConfig)
 
 
 def validate_config(cfg: DictConfig | dict[str, Any]) -> tuple[KvbenchConfig, Deployment]:
@@ -481,6 +511,8 @@ def _check_values(cfg: KvbenchConfig) -> None:
     if cfg.task == "sim_to_vllm":
         _check_sim_to_vllm(cfg)
     _check_paper_executed(cfg)
+    if cfg.task == "profile":
+        _check_profile_grid(cfg)
     _require(
         cfg.model.dtype in DTYPE_BYTES,
         f"model.dtype={cfg.model.dtype!r}: allowed dtypes are {', '.join(DTYPE_BYTES)}",
@@ -929,6 +961,33 @@ def _check_paper_executed(cfg: KvbenchConfig) -> None:
             "executor.profile=FILE (a `python -m kvbench task=profile` file, e.g. the committed "
             "kernels/baselines/profile_cpu_smollm2-135m_*.json)",
         )
+
+
+def _check_profile_grid(cfg: KvbenchConfig) -> None:
+    """task=profile: a grid with points, of positive sizes, whose longest sequence the model
+    takes (``tasks.profile.grid.longest_sequence_tokens``)."""
+    from kvbench.tasks.profile.grid import longest_sequence_tokens
+
+    grid = cfg.profile_grid
+    for name in ("block_sizes", "decode_batches", "decode_mean_contexts", "prefill_block_sizes",
+                 "prefill_prompts", "prefill_counts", "mixed_prompts", "swap_tokens"):
+        values = getattr(grid, name)
+        _require(len(values) > 0 and min(values) >= 1,
+                 f"profile_grid.{name}={list(values)}: needs at least one value, every one >= 1")
+    for name in ("mixed_decodes", "mixed_mean_context", "repeats"):
+        value = getattr(grid, name)
+        _require(value >= 1, f"profile_grid.{name}={value}: must be >= 1")
+    _require(all(wait > 0 for wait in grid.wake_waits_s),
+             f"profile_grid.wake_waits_s={list(grid.wake_waits_s)}: waits are seconds > 0")
+    _require(grid.max_pool_gib is None or grid.max_pool_gib > 0,
+             f"profile_grid.max_pool_gib={grid.max_pool_gib}: must be > 0 (or null: no cap)")
+    longest = longest_sequence_tokens(grid)
+    _require(
+        longest <= cfg.model.max_model_len,
+        f"profile_grid: its longest sequence is {longest} tokens, past "
+        f"model.max_model_len={cfg.model.max_model_len}; lower profile_grid.decode_mean_contexts "
+        "or profile_grid.prefill_prompts (a decode point's contexts reach 3/2 of their mean)",
+    )
 
 
 def _check_executor(executor: ExecutorConfig) -> None:

@@ -4,24 +4,23 @@ swap copies.
 Each point is one iteration the real executor runs. Decode batches span batch sizes, contexts
 (spread around their mean, as a real batch's are) and the kernel's block sizes (1: a contiguous
 allocator's arena); prefills span prompt lengths and counts; wake-ups are a prefill timed after
-idle waits of several lengths; swaps span sizes and block sizes. Sized to take a few minutes on
-two CPU cores (docs/sim_to_real.md).
+idle waits of several lengths; swaps span sizes and block sizes. What each spans is the config's
+``profile_grid`` (``conf/profile_grid/``: ``cpu``, a few minutes on two CPU cores, or ``gpu``, a
+GPU's batches and contexts; docs/sim_to_real.md).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-# Kernel block sizes: 1 (the contiguous allocators' arena), and paged blocks.
-BLOCK_SIZES = (1, 16, 64)
-# 1-4 and 6: the steps of a matmul library's kernel choice by rows (the stair terms).
-DECODE_BATCHES = (1, 2, 3, 4, 6, 8, 16, 32)
-DECODE_MEAN_CONTEXTS = (64, 256, 768)
-PREFILL_PROMPTS = (16, 64, 256)
-PREFILL_COUNTS = (1, 2)
-SWAP_TOKENS = (256, 2048)
-# Idle waits (s) before a timed 64-token prefill: what the wake terms are fitted on.
-WAKE_WAITS_S = (0.1, 0.25, 0.5, 1.0, 2.0, 4.0)
+if TYPE_CHECKING:
+    from kvbench.config import ProfileGridConfig
+
+OUTPUT_TOKENS = 8  # every timed sequence's output length (its reservation under naive_oracle)
+WAKE_PROMPT_TOKENS = 64  # the prefill timed after each idle wait
+WAKE_BLOCK_SIZE = 16
+GIB = 1 << 30
 
 
 @dataclass(frozen=True)
@@ -66,29 +65,48 @@ def spread_contexts(num_seqs: int, mean_context: int) -> tuple[int, ...]:
     return tuple(low + (high - low) * i // (num_seqs - 1) for i in range(num_seqs))
 
 
-def iteration_grid() -> list[IterationPoint]:
-    """Every iteration point, in the order they are timed."""
+def iteration_grid(grid: ProfileGridConfig, token_bytes: int) -> list[IterationPoint]:
+    """Every iteration point of ``grid``, in the order they are tabled, less those whose pool
+    (``token_bytes`` of K/V a slot) would pass ``grid.max_pool_gib``."""
     points = [
         IterationPoint(block_size, decode_contexts=spread_contexts(num_seqs, context))
-        for block_size in BLOCK_SIZES
-        for num_seqs in DECODE_BATCHES
-        for context in DECODE_MEAN_CONTEXTS
+        for block_size in grid.block_sizes
+        for num_seqs in grid.decode_batches
+        for context in grid.decode_mean_contexts
     ]
     points += [
         IterationPoint(block_size, prefill_prompts=(prompt,) * count)
-        for block_size in (1, 16)
-        for prompt in PREFILL_PROMPTS
-        for count in PREFILL_COUNTS
+        for block_size in grid.prefill_block_sizes
+        for prompt in grid.prefill_prompts
+        for count in grid.prefill_counts
     ]
     points += [  # prefill and decode in one iteration, as continuous batching runs them
-        IterationPoint(block_size, spread_contexts(8, 256), (prompt,))
-        for block_size in (1, 16)
-        for prompt in (32, 128)
-    ]
-    points += [IterationPoint(16, prefill_prompts=(64,), wait_s=wait_s) for wait_s in WAKE_WAITS_S]
-    return points
+        IterationPoint(block_size, spread_contexts(grid.mixed_decodes, grid.mixed_mean_context),
+                       (prompt,))
+        for block_size in grid.prefill_block_sizes
+        for prompt in grid.mixed_prompts
+    ]  # fmt: skip
+    points += [IterationPoint(WAKE_BLOCK_SIZE, prefill_prompts=(WAKE_PROMPT_TOKENS,), wait_s=wait_s)
+               for wait_s in grid.wake_waits_s]  # fmt: skip
+    return [point for point in points
+            if _fits(grid, point.num_slots(OUTPUT_TOKENS) * token_bytes)]  # fmt: skip
 
 
-def swap_grid() -> list[SwapPoint]:
-    """Every swap point."""
-    return [SwapPoint(block_size, tokens) for block_size in BLOCK_SIZES for tokens in SWAP_TOKENS]
+def swap_grid(grid: ProfileGridConfig, token_bytes: int) -> list[SwapPoint]:
+    """Every swap point of ``grid`` whose pool (twice the tokens, in whole blocks) fits."""
+    points = [SwapPoint(block_size, tokens) for block_size in grid.block_sizes
+              for tokens in grid.swap_tokens]  # fmt: skip
+    return [point for point in points
+            if _fits(grid, 2 * -(-point.num_tokens // point.block_size) * point.block_size
+                     * token_bytes)]  # fmt: skip
+
+
+def longest_sequence_tokens(grid: ProfileGridConfig) -> int:
+    """The most tokens one sequence of ``grid`` holds when timed (its context or prompt)."""
+    contexts = [*(max(spread_contexts(2, mean)) for mean in grid.decode_mean_contexts),
+                max(spread_contexts(grid.mixed_decodes, grid.mixed_mean_context))]  # fmt: skip
+    return max(*contexts, *grid.prefill_prompts, *grid.mixed_prompts, WAKE_PROMPT_TOKENS)
+
+
+def _fits(grid: ProfileGridConfig, pool_bytes: int) -> bool:
+    return grid.max_pool_gib is None or pool_bytes <= grid.max_pool_gib * GIB

@@ -29,9 +29,8 @@ from kvbench.engine.scheduler import Batch, Scheduler, SchedulerLimits
 from kvbench.engine.sequence import Sequence
 from kvbench.executors.kv_memory import KVMemory
 from kvbench.executors.real import RealExecutor
-from kvbench.tasks.profile.grid import IterationPoint, SwapPoint
+from kvbench.tasks.profile.grid import OUTPUT_TOKENS, IterationPoint, SwapPoint
 
-OUTPUT_TOKENS = 8  # every timed sequence's output length (its reservation under naive_oracle)
 Point = TypeVar("Point")
 Measured = TypeVar("Measured")
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -35,8 +36,6 @@ from kvbench.tasks.profile.table import iteration_row, profile_frame, swap_row
 from kvbench.tasks.simulate.real_runner import load_real_model, pin_threads
 from kvbench.tasks.simulate.run_outputs import print_files, write_task_report
 
-REPEATS = 3  # timed runs per point (after one untimed); the median is kept
-
 
 def run_profile(cfg: Any, deployment: Any, raw_cfg: Any, output_dir: Path) -> pd.DataFrame:
     """Profile ``cfg.model`` on this machine; returns the table of timed points."""
@@ -49,11 +48,13 @@ def run_profile(cfg: Any, deployment: Any, raw_cfg: Any, output_dir: Path) -> pd
     pin_threads(cfg.executor.num_threads)
     model = load_real_model(cfg)
     backend = cfg.executor.decode_backend
-    points = iteration_grid()
-    timings = in_shuffled_order(points, lambda point: time_iteration(model, point, REPEATS,
+    grid, token_bytes = cfg.profile_grid, deployment.model.kv_bytes_per_token
+    repeats = grid.repeats
+    points = iteration_grid(grid, token_bytes)
+    timings = in_shuffled_order(points, lambda point: time_iteration(model, point, repeats,
                                                                      backend))  # fmt: skip
     iterations = [(point, *timed) for point, timed in zip(points, timings, strict=True)]
-    swaps = [(point, time_swap(model, point, REPEATS)) for point in swap_grid()]
+    swaps = [(point, time_swap(model, point, repeats)) for point in swap_grid(grid, token_bytes)]
     iteration_coefficients = fit_non_negative(
         [iteration_features(shape, point.block_size) + wake_features(point.wait_s)
          for point, shape, _ in iterations],
@@ -85,7 +86,8 @@ def run_profile(cfg: Any, deployment: Any, raw_cfg: Any, output_dir: Path) -> pd
         "dtype": cfg.model.dtype, "device": device_name(), "num_threads": torch.get_num_threads(),
         "decode_backend": backend, "linear_backend": cfg.executor.linear_backend,
         "weights": cfg.executor.weights,
-        "versions": versions, "coefficients": coefficients, "repeats": REPEATS,
+        "versions": versions, "coefficients": coefficients, "repeats": repeats,
+        "grid": asdict(grid),
         "fit": {"num_iteration_points": len(iterations), "num_swap_points": len(swaps),
                 "median_abs_pct_error": float(iteration_errors.median()),
                 "max_abs_pct_error": float(iteration_errors.max()),
@@ -112,6 +114,9 @@ def _summary_lines(profile: dict[str, Any], name: str) -> list[str]:
     fit = profile["fit"]
     coefficients = profile["coefficients"]
     terms = ", ".join(f"{term} {value:.3g}" for term, value in coefficients.items())
+    grid = profile["grid"]
+    batches, contexts = grid["decode_batches"], grid["decode_mean_contexts"]
+    prompts = sorted(grid["prefill_prompts"])
     return [
         f"profile: {profile['model']} ({profile['dtype']}) on {profile['device']}, "
         f"{profile['num_threads']} threads, decode backend {profile['decode_backend']}, "
@@ -121,6 +126,9 @@ def _summary_lines(profile: dict[str, Any], name: str) -> list[str]:
         f"fit: median |error| {fit['median_abs_pct_error']:.1f} %, max "
         f"{fit['max_abs_pct_error']:.1f} % (median spread of repeats "
         f"{100 * fit['median_spread']:.1f} %)",
+        f"grid: decode batches of {min(batches)}-{max(batches)} sequences at mean contexts "
+        f"{'-'.join(map(str, sorted(contexts)))}, prefills of {'-'.join(map(str, prompts))} "
+        f"tokens (profile_grid; a profile prices what its grid spans)",
         f"coefficients (s per unit): {terms}",
         f"use it: executor=profiled executor.profile={name}",
     ]
