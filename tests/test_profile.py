@@ -322,6 +322,10 @@ def test_a_grid_the_model_cannot_hold_is_refused_with_the_fix():
                                           r"model.max_model_len=2048.*decode_mean_contexts"):
         compose_config("task=profile", "model=smollm2-135m", "hardware=cpu",
                        "model.max_model_len=2048", "profile_grid.decode_mean_contexts=[2048]")
+    with pytest.raises(ConfigError, match=r"max_pool_gib=0.001 leaves no decode point .* "
+                                          r"46080 bytes a token"):
+        compose_config("task=profile", "model=smollm2-135m", "hardware=cpu",
+                       "model.dtype=fp32", "profile_grid.max_pool_gib=0.001")
     with pytest.raises(ConfigError, match=r"profile_grid.decode_batches=\[\]"):
         compose_config("task=profile", "model=smollm2-135m", "hardware=cpu",
                        "profile_grid.decode_batches=[]")

@@ -371,6 +371,8 @@ def validate_config(cfg: DictConfig | dict[str, Any]) -> tuple[KvbenchConfig, De
     except ValueError as error:
         raise ConfigError(str(error)) from None
     check_pages_hold_a_token(typed, deployment)
+    if typed.task == "profile":
+        _check_profile_pools(typed.profile_grid, deployment.model.kv_bytes_per_token)
     return typed, deployment
 
 
@@ -987,6 +989,20 @@ def _check_profile_grid(cfg: KvbenchConfig) -> None:
         f"profile_grid: its longest sequence is {longest} tokens, past "
         f"model.max_model_len={cfg.model.max_model_len}; lower profile_grid.decode_mean_contexts "
         "or profile_grid.prefill_prompts (a decode point's contexts reach 3/2 of their mean)",
+    )
+
+
+def _check_profile_pools(grid: ProfileGridConfig, token_bytes: int) -> None:
+    """task=profile: ``profile_grid.max_pool_gib`` leaves decode points to time (a fit without
+    them prices no decode)."""
+    from kvbench.tasks.profile.grid import iteration_grid
+
+    decode = [point for point in iteration_grid(grid, token_bytes) if point.decode_contexts]
+    _require(
+        len(decode) > 0,
+        f"profile_grid.max_pool_gib={grid.max_pool_gib} leaves no decode point of the grid (the "
+        f"model's K/V takes {token_bytes} bytes a token); raise it, or lower "
+        "profile_grid.decode_batches or profile_grid.decode_mean_contexts",
     )
 
 
