@@ -79,6 +79,24 @@ def test_an_unknown_chart_format_is_one_line_and_exit_2(tmp_path):
                                    "or more of png, svg, pdf (plots=false draws no charts)")
 
 
+@pytest.mark.parametrize(("override", "expected"), [
+    ("profile_grid.decode_mean_contexts=[8000]",
+     "kvbench: config error: profile_grid: its longest sequence is 12000 tokens, past "
+     "model.max_model_len=8192; lower profile_grid.decode_mean_contexts or "
+     "profile_grid.prefill_prompts (a decode point's contexts reach 3/2 of their mean)"),
+    ("profile_grid.max_pool_gib=0.001",
+     "kvbench: config error: profile_grid.max_pool_gib=0.001 leaves no decode point of the grid "
+     "(the model's K/V takes 46080 bytes a token); raise it, or lower "
+     "profile_grid.decode_batches or profile_grid.decode_mean_contexts"),
+])  # fmt: skip
+def test_a_profile_grid_the_model_or_pool_cannot_hold_is_one_line_and_exit_2(override, expected,
+                                                                              tmp_path):
+    done = run_kvbench("task=profile", "model=smollm2-135m", "model.dtype=fp32", "hardware=cpu",
+                       override, f"hydra.run.dir={tmp_path / 'run'}")  # fmt: skip
+    assert error_line(done, 2) == expected
+    assert not (tmp_path / "run" / "profile.parquet").exists()  # refused before timing
+
+
 def test_hydra_full_error_shows_the_traceback_instead():
     done = run_kvbench(*FIXED, "model=gpt-5", env={"HYDRA_FULL_ERROR": "1"})
     assert done.returncode != 0
