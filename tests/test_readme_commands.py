@@ -62,6 +62,8 @@ SKIP: dict[str, str] = {
     "python -m kvbench.tools.measure_cpu": "a timed measurement of this machine; "
                                            "tests/test_measure_cpu_tool.py runs it small and "
                                            "then a run on the entry it writes",
+    "python -m kvbench.tools.steadiness": "a timed measurement of this machine (12 s); "
+                                          "tests/test_steadiness_tool.py runs it small",
 }
 # The README's trace example reads my_trace.csv from the folder it runs in.
 MY_TRACE_ROWS = 60
