@@ -34,6 +34,10 @@ COEFFICIENTS = {
 # A matmul library's stairs: nothing from 2 rows, 10 ms from 4, 2 from 8, 3 from 16.
 STAIRS = {"stair_2_tokens_s": 0.0, "stair_4_tokens_s": 0.01, "stair_8_tokens_s": 2e-3,
           "stair_16_tokens_s": 3e-3}  # fmt: skip
+# A per-token slope that steepens past 64 and 256 tokens (the cpu grid's steps stop at 512, so
+# it cannot tell a slope past 1,024: its fit gives that 0).
+HINGES = {"per_token_past_64_s": 5e-4, "per_token_past_256_s": 2e-4,
+          "per_token_past_1024_s": 0.0}  # fmt: skip
 
 
 def _cpu_grid() -> tuple[object, int]:
@@ -55,7 +59,7 @@ def _grid_shapes() -> list[tuple[IterationShape, int]]:
 
 
 def test_the_fit_recovers_the_coefficients_that_made_the_times():
-    coefficients = COEFFICIENTS | STAIRS
+    coefficients = COEFFICIENTS | STAIRS | HINGES
     model = ProfiledCostModel(coefficients, 16)
     shapes = _grid_shapes()
     features = [iteration_features(shape, block_size) for shape, block_size in shapes]
@@ -112,6 +116,19 @@ def test_stairs_price_a_step_from_its_token_count():
     # A prefill's tokens count as rows too: a 5-token prompt is past the 4-token stair.
     assert stairs_s(IterationShape(5, 15, 0, 0, num_prefill_seqs=1)) == pytest.approx(0.01)
     assert stairs_s(IterationShape(2, 3, 1, 30, num_prefill_seqs=1)) == 0.0
+
+
+def test_hinges_steepen_the_per_token_slope_past_their_token_counts():
+    with_hinges = ProfiledCostModel(COEFFICIENTS | HINGES | {"per_token_past_1024_s": 1e-4}, 16)
+    without = ProfiledCostModel(COEFFICIENTS, 16)  # a profile written before the hinges: 0
+
+    def hinges_s(num_tokens: int) -> float:
+        shape = IterationShape(num_tokens, num_tokens * (num_tokens + 1) // 2, 0, 0,
+                               num_prefill_seqs=1)  # fmt: skip
+        return with_hinges.iteration_time_s(shape) - without.iteration_time_s(shape)
+
+    assert [hinges_s(n) for n in (1, 64, 65, 300, 2000)] == pytest.approx([
+        0, 0, 5e-4, 5e-4 * 236 + 2e-4 * 44, 5e-4 * 1936 + 2e-4 * 1744 + 1e-4 * 976])
 
 
 def test_missing_and_unknown_coefficients_are_refused():

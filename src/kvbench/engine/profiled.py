@@ -13,6 +13,7 @@ pricing one thing an iteration does (``PROFILE_TERMS``; docs/sim_to_real.md):
            + per_mean_context_s   x decode context / decode seqs  # the kernel's walk over tiles
            + per_mixed_step_s     x (1 if it prefills and decodes)  # both attention paths
            + stair_K_tokens_s     x (1 if it computes >= K tokens), K = 2, 4, 8, 16
+           + per_token_past_K_s   x max(0, tokens - K), K = 64, 256, 1024  # compute-bound rows
     swap_s = swap_per_token_s x tokens + swap_per_block_s x tokens / block_size
     wake_time_s = wake_per_sqrt_idle_s x sqrt(idle seconds)  # the first iteration after a wait
                 + wake_per_idle_s      x idle seconds
@@ -27,9 +28,14 @@ side (each layer launches both). The stairs price the matmul library's choice of
 number of rows (the step's tokens): on this project's CPU, MKL ran SmolLM2's linear layers in
 the same 20 ms for 1-3 rows and in 30 ms from 4, and a whole decode step rose 17 ms between 3 and
 4 sequences, a stair no line through batches of 1-32 follows. Each ``STAIR_TOKENS`` size gets a
-non-negative step, so a fit finds where the stairs are. These came after the first profiles were
-written: a profile without them prices them 0 (``OPTIONAL_TERMS``); one with a term this model
-does not have (an earlier wake form's ``wake_s``) is refused, not priced in part.
+non-negative step, so a fit finds where the stairs are. The hinges bend the per-token line up
+past ``HINGE_TOKENS`` tokens: the dense layers cost little per token while reading the weights
+bounds them and a full token's FLOPs once compute does (a GPU's roofline knee, some hundreds of
+rows for a 7-8B model; on an AMD EPYC, MKL's 211 linears of SmolLM2 took 93 ms on 16 rows and
+284 on 64); each slope is non-negative, so the line only steepens, as a roofline does.
+These came after the first profiles were written: a profile without them prices them 0
+(``OPTIONAL_TERMS``); one with a term this model does not have (an earlier wake form's
+``wake_s``) is refused, not priced in part.
 
 The block size is the kernel's: the allocator's for the paged ones, 1 for the contiguous ones
 (their tables list slots). Pure: the coefficients are given (the profile file is read at the edge,
@@ -47,6 +53,9 @@ from kvbench.engine.cost_model import DecodeTimeFn, IterationShape
 # Tokens a step computes from which a stair term prices it (the rows of its matmuls).
 STAIR_TOKENS = (2, 4, 8, 16)
 STAIR_TERMS = tuple(f"stair_{tokens}_tokens_s" for tokens in STAIR_TOKENS)
+# Tokens a step computes past which a hinge term adds to the per-token slope.
+HINGE_TOKENS = (64, 256, 1024)
+HINGE_TERMS = tuple(f"per_token_past_{tokens}_s" for tokens in HINGE_TOKENS)
 # The iteration terms, in the order of a profile's coefficients.
 PROFILE_TERMS = (
     "fixed_s",
@@ -58,11 +67,12 @@ PROFILE_TERMS = (
     "per_mean_context_s",
     "per_mixed_step_s",
     *STAIR_TERMS,
+    *HINGE_TERMS,
 )
 SWAP_TERMS = ("swap_per_token_s", "swap_per_block_s")
 WAKE_TERMS = ("wake_per_sqrt_idle_s", "wake_per_idle_s")
 # Terms a profile may lack (written before they were priced): 0.
-OPTIONAL_TERMS = ("per_mixed_step_s", *STAIR_TERMS, *WAKE_TERMS)
+OPTIONAL_TERMS = ("per_mixed_step_s", *STAIR_TERMS, *HINGE_TERMS, *WAKE_TERMS)
 
 
 def missing_terms(coefficients: Mapping[str, float]) -> list[str]:
@@ -95,6 +105,7 @@ def iteration_features(shape: IterationShape, block_size: int) -> tuple[float, .
         mean_context,
         1.0 if shape.num_prefill_tokens and shape.num_decode_tokens else 0.0,
         *(1.0 if num_tokens >= stair else 0.0 for stair in STAIR_TOKENS),
+        *(float(max(0, num_tokens - knee)) for knee in HINGE_TOKENS),
     )
 
 
