@@ -18,7 +18,12 @@ from kvbench.engine.profiled import (
     iteration_features,
 )
 from kvbench.tasks.profile.fit import abs_pct_errors, fit_non_negative
-from kvbench.tasks.profile.grid import IterationPoint, iteration_grid, spread_contexts
+from kvbench.tasks.profile.grid import (
+    IterationPoint,
+    iteration_grid,
+    longest_sequence_tokens,
+    spread_contexts,
+)
 from kvbench.tasks.profile.profile_file import (
     load_profiled_cost_model,
     profile_file_name,
@@ -310,7 +315,7 @@ def test_the_cpu_grid_spans_what_the_committed_profile_was_fitted_on():
 
 
 def test_the_gpu_grid_spans_a_gpu_s_batches_within_its_pool_cap():
-    from kvbench.tasks.profile.grid import GIB, OUTPUT_TOKENS, longest_sequence_tokens, swap_grid
+    from kvbench.tasks.profile.grid import GIB, OUTPUT_TOKENS, swap_grid
 
     # kernels/gpu_session.sh's profile of a random-weight Llama-3-8B on the H200.
     cfg, deployment, _ = compose_config(
@@ -343,6 +348,15 @@ def test_a_grid_the_model_cannot_hold_is_refused_with_the_fix():
                                           r"46080 bytes a token"):
         compose_config("task=profile", "model=smollm2-135m", "hardware=cpu",
                        "model.dtype=fp32", "profile_grid.max_pool_gib=0.001")
+    with pytest.raises(ConfigError, match=r"max_pool_gib=0.01 leaves no swap of the grid .* "
+                                          r"lower profile_grid.swap_tokens"):
+        compose_config("task=profile", "model=smollm2-135m", "hardware=cpu", "model.dtype=fp32",
+                       "profile_grid.max_pool_gib=0.01", "profile_grid.swap_tokens=[1000000]")
+    # Batches of one sequence hold their mean context, no more.
+    cfg, _, _ = compose_config("task=profile", "model=smollm2-135m", "hardware=cpu",
+                               "model.max_model_len=2048", "profile_grid.decode_batches=[1]",
+                               "profile_grid.decode_mean_contexts=[2048]")  # fmt: skip
+    assert longest_sequence_tokens(cfg.profile_grid) == 2048
     with pytest.raises(ConfigError, match=r"profile_grid.decode_batches=\[\]"):
         compose_config("task=profile", "model=smollm2-135m", "hardware=cpu",
                        "profile_grid.decode_batches=[]")

@@ -993,17 +993,19 @@ def _check_profile_grid(cfg: KvbenchConfig) -> None:
 
 
 def _check_profile_pools(grid: ProfileGridConfig, token_bytes: int) -> None:
-    """task=profile: ``profile_grid.max_pool_gib`` leaves decode points to time (a fit without
-    them prices no decode)."""
-    from kvbench.tasks.profile.grid import iteration_grid
+    """task=profile: ``profile_grid.max_pool_gib`` leaves decode points and swaps to time (a fit
+    without them prices no decode, or no swap)."""
+    from kvbench.tasks.profile.grid import iteration_grid, swap_grid
 
     decode = [point for point in iteration_grid(grid, token_bytes) if point.decode_contexts]
-    _require(
-        len(decode) > 0,
-        f"profile_grid.max_pool_gib={grid.max_pool_gib} leaves no decode point of the grid (the "
-        f"model's K/V takes {token_bytes} bytes a token); raise it, or lower "
-        "profile_grid.decode_batches or profile_grid.decode_mean_contexts",
-    )
+    decode_fix = "profile_grid.decode_batches or profile_grid.decode_mean_contexts"
+    for what, left, fix in (("decode point", decode, decode_fix),
+                            ("swap", swap_grid(grid, token_bytes), "profile_grid.swap_tokens")):
+        _require(
+            len(left) > 0,
+            f"profile_grid.max_pool_gib={grid.max_pool_gib} leaves no {what} of the grid (the "
+            f"model's K/V takes {token_bytes} bytes a token); raise it, or lower {fix}",
+        )
 
 
 def _check_executor(executor: ExecutorConfig) -> None:

@@ -103,7 +103,8 @@ def swap_grid(grid: ProfileGridConfig, token_bytes: int) -> list[SwapPoint]:
 
 def longest_sequence_tokens(grid: ProfileGridConfig) -> int:
     """The most tokens one sequence of ``grid`` holds when timed (its context or prompt)."""
-    contexts = [*(max(spread_contexts(2, mean)) for mean in grid.decode_mean_contexts),
+    contexts = [*(max(spread_contexts(num_seqs, mean)) for mean in grid.decode_mean_contexts
+                  for num_seqs in grid.decode_batches),
                 max(spread_contexts(grid.mixed_decodes, grid.mixed_mean_context))]  # fmt: skip
     return max(*contexts, *grid.prefill_prompts, *grid.mixed_prompts, WAKE_PROMPT_TOKENS)
 
