@@ -19,7 +19,6 @@ import datetime
 import os
 import statistics
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -27,6 +26,7 @@ import torch
 
 from kvbench.core.packaged_conf import read_option
 from kvbench.tasks.profile.profile_file import device_name
+from kvbench.tools.steadiness import timed_runs
 
 MATMUL_SIZE = 2048  # a square fp32 matmul large enough to run at the BLAS's full rate
 BUFFER_MIB = 256  # far larger than any CPU's cache: the sum and the copy stream from RAM
@@ -34,13 +34,7 @@ BUFFER_MIB = 256  # far larger than any CPU's cache: the sum and the copy stream
 
 def median_s(call: Callable[[], object], repeats: int) -> float:
     """Median wall time of ``call`` over ``repeats`` runs, after one that warms it up."""
-    call()
-    times_s = []
-    for _ in range(repeats):
-        started_s = time.perf_counter()
-        call()
-        times_s.append(time.perf_counter() - started_s)
-    return statistics.median(times_s)
+    return statistics.median(timed_runs(call, repeats))
 
 
 def matmul_tflops(size: int, repeats: int) -> float:
