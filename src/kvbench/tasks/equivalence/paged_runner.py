@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from kvbench.allocators import make_allocator
+from kvbench.core.catalog import hf_kv_shape
 from kvbench.core.request import Request
 from kvbench.kernels import slot_mapping
 from kvbench.tasks.equivalence.attention import ATTENTION_NAME, PagedStep, register_paged_attention
@@ -47,9 +48,7 @@ class PagedRunner:
     ) -> None:
         register_paged_attention()
         config = model.config
-        head_dim = getattr(config, "head_dim", None) or config.hidden_size // (
-            config.num_attention_heads
-        )
+        num_layers, num_kv_heads, head_dim = hf_kv_shape(config)
         self.model = model
         self.mode = mode
         self.backend = backend
@@ -58,8 +57,8 @@ class PagedRunner:
             allocator_name, num_blocks * block_size, block_size, config.max_position_embeddings
         )
         self.pool = KVPool(
-            config.num_hidden_layers, num_blocks, block_size, config.num_key_value_heads,
-            head_dim, kv_dtype or model.dtype, calibrate_scales,
+            num_layers, num_blocks, block_size, num_kv_heads, head_dim, kv_dtype or model.dtype,
+            calibrate_scales,
         )  # fmt: skip
 
     def prefill(self, seq_id: int, request: Request, prompt_ids: list[int]) -> torch.Tensor:

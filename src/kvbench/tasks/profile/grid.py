@@ -56,6 +56,12 @@ class SwapPoint:
     block_size: int
     num_tokens: int
 
+    @property
+    def num_slots(self) -> int:
+        """Slots its pool holds: the tokens' blocks, twice (copied out of one, back into
+        others)."""
+        return 2 * -(-self.num_tokens // self.block_size) * self.block_size
+
 
 def spread_contexts(num_seqs: int, mean_context: int) -> tuple[int, ...]:
     """``num_seqs`` contexts evenly spread over [mean / 2, 3 mean / 2] (mean ``mean_context``)."""
@@ -93,12 +99,10 @@ def iteration_grid(grid: ProfileGridConfig, token_bytes: int) -> list[IterationP
 
 
 def swap_grid(grid: ProfileGridConfig, token_bytes: int) -> list[SwapPoint]:
-    """Every swap point of ``grid`` whose pool (twice the tokens, in whole blocks) fits."""
+    """Every swap point of ``grid`` whose pool (``SwapPoint.num_slots``) fits."""
     points = [SwapPoint(block_size, tokens) for block_size in grid.block_sizes
               for tokens in grid.swap_tokens]  # fmt: skip
-    return [point for point in points
-            if _fits(grid, 2 * -(-point.num_tokens // point.block_size) * point.block_size
-                     * token_bytes)]  # fmt: skip
+    return [point for point in points if _fits(grid, point.num_slots * token_bytes)]
 
 
 def longest_sequence_tokens(grid: ProfileGridConfig) -> int:

@@ -27,6 +27,7 @@ from kvbench.engine.cost_model import IterationShape, iteration_shape
 from kvbench.engine.records import RequestRecord
 from kvbench.engine.scheduler import Batch, Scheduler, SchedulerLimits
 from kvbench.engine.sequence import Sequence
+from kvbench.executors.forward import model_kv_shape
 from kvbench.executors.kv_memory import KVMemory
 from kvbench.executors.real import RealExecutor
 from kvbench.tasks.profile.grid import OUTPUT_TOKENS, IterationPoint, SwapPoint
@@ -135,13 +136,10 @@ def _readmit(allocator: Allocator, seqs: list[Sequence]) -> None:
 
 def time_swap(model: Any, point: SwapPoint, repeats: int) -> Timing:
     """Seconds of one direction of a swap: (copy out + copy back) / 2."""
-    config = model.config
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // (
-        config.num_attention_heads
-    )
-    num_slots = -(-point.num_tokens // point.block_size) * point.block_size * 2
-    memory = KVMemory(config.num_hidden_layers, config.num_key_value_heads, head_dim, num_slots,
-                      point.block_size, model.dtype, model.device)  # fmt: skip
+    num_layers, num_kv_heads, head_dim = model_kv_shape(model)
+    num_slots = point.num_slots
+    memory = KVMemory(num_layers, num_kv_heads, head_dim, num_slots, point.block_size,
+                      model.dtype, model.device)  # fmt: skip
     # On the pools' device, as the executor's tables are.
     slots = torch.arange(point.num_tokens, device=model.device)  # [num_tokens], first blocks
     back = torch.arange(num_slots - point.num_tokens, num_slots,
