@@ -46,9 +46,11 @@ settings() {
     # The profile's grid: a GPU's batches (to 256) and contexts (to 3,072 tokens).
     GRID=(profile_grid=gpu)
     # sim_to_real's 186-slot pool (naive_max reserves 64 per request) at Llama-3-8B's 128 KiB
-    # of bf16 K/V per token; rates past a GPU's knee (its steps are ~10x a CPU's shorter).
+    # of bf16 K/V per token; rates past a GPU's knee (its steps are ~10x a CPU's shorter); no
+    # second pass (its runs at 1 req/s would wait ~75 s more for arrivals than the limit holds).
     SIM=(hardware.kv_cache_gib=0.02271 "workload_request_rates.alpaca=[1.0,16.0]"
-         "workload_request_rates.sharegpt=[1.0,16.0]" "workload_request_rates.azure_conv=[1.0,16.0]")
+         "workload_request_rates.sharegpt=[1.0,16.0]" "workload_request_rates.azure_conv=[1.0,16.0]"
+         sim_to_real.repeat_replays=false)
     # Seconds: gpu tests, profile (99 points and 6 swaps, 4 runs each, 10 s of them idle
     # waits), sim_to_real (its runs at 1 req/s wait ~75 s for arrivals); gpu_check gets what is
     # left of 560.

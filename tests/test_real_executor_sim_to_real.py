@@ -1,11 +1,15 @@
 """experiment=sim_to_real's error table: per-request median absolute percentage errors and the
-run figures' signed errors, computed on runs whose truth is known."""
+run figures' signed errors, computed on runs whose truth is known; and the whole task, served
+for real on random SmolLM2-shaped weights, on a small config."""
 
 import math
 
 import pandas as pd
 import pytest
+from conftest import compose_config
 
+from kvbench.tasks.sim_to_real import run as sim_to_real
+from kvbench.tasks.sim_to_real.real_grid import RealGridPoint
 from kvbench.tasks.sim_to_real.run import error_summary
 from kvbench.tasks.sim_to_real.table import error_row, request_pairs
 
@@ -48,3 +52,33 @@ def test_error_summary_names_held_out_slices():
     assert lines[0].startswith("- fit_slice, a (fit slice): median over runs of E2E 1.0 %")
     assert lines[1].startswith("- fit_slice, b (held out): median over runs of E2E 5.0 %")
     assert not math.isnan(float(lines[1].split("E2E ")[1].split(" %")[0]))
+
+
+def test_the_task_serves_both_passes_and_scores_each_profile_and_the_repeat(
+        tmp_path, monkeypatch, shared_traces):  # fmt: skip
+    # A grid of one prefill, one decode and one mixed point under each kernel block size.
+    grid = [RealGridPoint(block_size, *shape) for block_size in (1, 16)
+            for shape in ((2, 12, 0), (2, 20, 3), (1, 16, 3, (8,)))]  # fmt: skip
+    monkeypatch.setattr(sim_to_real, "real_grid", lambda max_num_seqs, max_model_len: grid)
+    cfg, deployment, raw = compose_config(
+        "experiment=sim_to_real", "executor.weights=random", "executor.num_threads=1",
+        f"workloads.alpaca.path={shared_traces}/alpaca/alpaca_5000_gpt2bpe_lengths.csv",
+        "workloads.alpaca.num_requests=3", "workloads.alpaca.max_total_tokens=32",
+        "~workloads.sharegpt", "~workloads.azure_conv", "~workload_request_rates.sharegpt",
+        "~workload_request_rates.azure_conv", "workload_request_rates.alpaca=[8.0]",
+        "allocators=[naive_oracle,paged]", "plots=false", "summary_table=false")  # fmt: skip
+    table = sim_to_real.run_sim_to_real(cfg, deployment, raw, tmp_path)
+    assert list(table["source"]) == [sim_to_real.INTERLEAVED_GRID_SOURCE] * 2 + [
+        sim_to_real.FIT_SOURCE] * 2 + [sim_to_real.LOCAL_GRID_SOURCE] * 2 + [
+        sim_to_real.REPEAT_SOURCE] * 2  # fmt: skip
+    assert list(table["allocator"]) == ["naive_oracle", "paged"] * 4
+    assert (table["num_compared"] == 3).all()
+    assert table["e2e_mape_pct"].notna().all() and (table["e2e_mape_pct"] >= 0).all()
+    steps = pd.read_parquet(tmp_path / "real_steps.parquet")
+    assert steps["unix_time_s"].is_monotonic_increasing
+    # Grid part 0, the first pass, grid part 1, then the second pass.
+    phases = steps["phase"].tolist()
+    stretches = [phase for i, phase in enumerate(phases) if i == 0 or phase != phases[i - 1]]
+    assert stretches == ["grid", "replay", "grid", "repeat"]
+    report = (tmp_path / "report.md").read_text()
+    assert "real_repeat, alpaca (held out)" in report and "(repeat)" in report

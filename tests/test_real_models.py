@@ -136,10 +136,11 @@ def test_the_gpu_session_s_sim_to_real_composes_with_its_186_slot_pool():
         "experiment=sim_to_real", "model=llama-3-8b", "model.dtype=bf16", "hardware=h200-141gb",
         "executor.weights=random", "executor.decode_backend=triton",
         "executor.num_threads=null", "hardware.kv_cache_gib=0.02271",
-        "workload_request_rates.alpaca=[1.0,16.0]",
+        "workload_request_rates.alpaca=[1.0,16.0]", "sim_to_real.repeat_replays=false",
     )  # fmt: skip
     assert (cfg.model.name, cfg.model.max_model_len, cfg.executor.kind) == ("llama-3-8b", 64,
                                                                             "real")
+    assert not cfg.sim_to_real.repeat_replays
     assert deployment.kv_bytes_per_token == 131_072
     assert deployment.num_kv_slots == 186
 

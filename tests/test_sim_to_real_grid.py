@@ -31,9 +31,11 @@ from kvbench.tasks.sim_to_real.run import (
     FIT_SOURCE,
     INTERLEAVED_GRID_SOURCE,
     LOCAL_GRID_SOURCE,
+    REPEAT_SOURCE,
     RealRunRecord,
     ReplayJob,
     compare_all,
+    compare_repeats,
     drift_scales,
     fit_on_runs,
     measure_interleaved,
@@ -113,7 +115,12 @@ def test_a_busy_iteration_starts_where_the_last_ended():
     assert _iteration_start_s(1.0004, 1.0, 0.9) == 1.0  # it arrived during the last iteration
 
 
-def test_the_grids_parts_alternate_with_the_slices_runs(monkeypatch):
+JOBS = [ReplayJob("a", 0.5, []), ReplayJob("a", 4.0, []), ReplayJob("b", 0.5, [])]
+
+
+def _interleaved(monkeypatch, repeat_replays: bool):
+    """measure_interleaved over JOBS and the grid with stand-ins for the executor and serving:
+    its three lists and what was served, in order."""
     served = []
 
     def fake_serve(workload, rate, allocator_name, requests, executor, limits):
@@ -131,11 +138,16 @@ def test_the_grids_parts_alternate_with_the_slices_runs(monkeypatch):
     monkeypatch.setattr(sim_to_real, "serve", fake_serve)
     monkeypatch.setattr("kvbench.executors.real.RealExecutor", FakeExecutor)
     points = real_grid(LIMITS.max_num_seqs, 64)
-    jobs = [ReplayJob("a", 0.5, []), ReplayJob("a", 4.0, []), ReplayJob("b", 0.5, [])]
     cfg = SimpleNamespace(allocators=["naive_max", "paged"],
                           allocator=SimpleNamespace(block_size=16),
                           executor=SimpleNamespace(decode_backend="sdpa"))  # fmt: skip
-    runs, grid_runs = measure_interleaved(None, jobs, points, cfg, LIMITS, 186)
+    return (*measure_interleaved(None, JOBS, points, cfg, LIMITS, 186, repeat_replays), served)
+
+
+def test_the_grids_parts_alternate_with_the_slices_runs(monkeypatch):
+    runs, grid_runs, repeat_runs, served = _interleaved(monkeypatch, repeat_replays=False)
+    assert repeat_runs == []
+    points = real_grid(LIMITS.max_num_seqs, 64)
     assert [(r.workload, r.rate, r.allocator) for r in runs] == [
         ("a", 0.5, "naive_max"), ("a", 0.5, "paged"), ("a", 4.0, "naive_max"),
         ("a", 4.0, "paged"), ("b", 0.5, "naive_max"), ("b", 0.5, "paged")]  # fmt: skip
@@ -148,6 +160,17 @@ def test_the_grids_parts_alternate_with_the_slices_runs(monkeypatch):
     for index in range(len(points)):  # each point's copies in different parts
         parts = [run.grid_part for run in grid_runs if run.grid_point == index]
         assert len(parts) == len(set(parts)) == GRID_REPEATS
+
+
+def test_the_second_pass_serves_every_run_again_after_the_grids_last_part(monkeypatch):
+    runs, grid_runs, repeat_runs, served = _interleaved(monkeypatch, repeat_replays=True)
+    assert not any(run.repeat for run in runs) and all(run.repeat for run in repeat_runs)
+    assert [(r.job, r.workload, r.rate, r.allocator) for r in repeat_runs] == [
+        (r.job, r.workload, r.rate, r.allocator) for r in runs]
+    # The first pass and the grid as without repeats, then the second pass, all after the grid.
+    last_grid = max(i for i, (workload, _, _) in enumerate(served) if workload == "grid")
+    assert len(served) - 1 - last_grid == len(repeat_runs) == 6
+    assert len(runs) == 6 and sorted({run.grid_part for run in grid_runs}) == [0, 1, 2, 3]
 
 
 def _measured(workload: str, requests: list[Request], costs: dict[str, float]) -> RealRunRecord:
@@ -179,6 +202,24 @@ def test_the_grid_profiles_hold_every_run_out_and_the_fit_slice_only_its_own():
     local_rows = table[table["source"] == LOCAL_GRID_SOURCE].set_index("workload")
     assert local_rows["e2e_mape_pct"].tolist() == pytest.approx([0.0, 0.0], abs=1e-9)
     assert set(pairs["source"]) == set(profiles)
+
+
+def test_a_repeat_scores_the_first_runs_noise_against_the_same_requests_served_again():
+    requests = [Request(i, 0.1 * i, 8 + 4 * i, 6 + i) for i in range(6)]
+    runs = [dataclasses.replace(_measured(workload, requests, COSTS), job=job)
+            for job, workload in enumerate("ab")]  # fmt: skip
+    # Run a served again just as fast; run b's repeat on a machine 20 % slower.
+    repeats = [dataclasses.replace(runs[0], repeat=True),
+               dataclasses.replace(_measured("b", requests, scale_coefficients(COSTS, 1.2)),
+                                   job=1, repeat=True)]  # fmt: skip
+    deployment = get_deployment("smollm2-135m", "cpu", kv_cache_gib=0.008)
+    table, pairs = compare_repeats(runs, repeats[::-1], deployment)  # matched by job, not order
+    assert set(table["source"]) == set(pairs["source"]) == {REPEAT_SOURCE}
+    assert table["held_out"].all() and list(table["workload"]) == ["a", "b"]
+    rows = table.set_index("workload")
+    assert rows.loc["a", "e2e_mape_pct"] == 0.0 and rows.loc["a", "num_compared"] == 6
+    assert rows.loc["b", "e2e_mape_pct"] > 10.0
+    assert rows.loc["b", "output_token_throughput_error_pct"] < 0  # the repeat ran slower
 
 
 def test_drift_scales_read_the_grid_parts_around_each_slice():
@@ -263,3 +304,16 @@ def test_the_steps_table_puts_grid_and_runs_on_one_time_line_and_shows_drift():
     docs = (Path(__file__).resolve().parents[1] / "docs" / "metrics.md").read_text()
     section = docs.split("`real_steps.parquet`", 1)[1].split("\n## ", 1)[0]
     assert [column for column in steps.columns if f"`{column}`" not in section] == []
+
+
+def test_a_repeat_is_its_own_stretch_of_the_drift():
+    shape = IterationShape(0, 0, 1, 40)
+    grid_costs = dict.fromkeys((*PROFILE_TERMS, *SWAP_TERMS), 0.0) | {"fixed_s": 0.1}
+    first = _record([shape], [0.1], 1000.0)
+    again = dataclasses.replace(_record([shape], [0.13], 1100.0), repeat=True)
+    steps = real_steps_frame([first, again], COSTS, grid_costs)
+    assert list(steps["phase"]) == ["replay", "repeat"]
+    lines = drift_lines(steps)
+    assert [line.split(" (from")[0] for line in lines] == ["- a @ 4 req/s",
+                                                           "- a @ 4 req/s (repeat)"]  # fmt: skip
+    assert lines[0].endswith("1.000") and lines[1].endswith("1.300")

@@ -22,9 +22,14 @@ from kvbench.engine.profiled import (
 )
 from kvbench.engine.simulate_v1 import chunks_shape
 from kvbench.referee.vllm_engine import EngineRequest, EngineRun, EngineStep
+from kvbench.tasks.sim_to_real import vllm
 from kvbench.tasks.sim_to_real.vllm import (
+    REPEAT_SOURCE,
+    ReplayJob,
     VllmRunRecord,
+    compare_repeats,
     fit_on_vllm_steps,
+    measure_interleaved,
     measured_requests,
 )
 from kvbench.tasks.sim_to_real.vllm_grid import VllmGridPoint, mixed_decode_steps
@@ -85,6 +90,66 @@ def test_vllm_latencies_count_from_the_trace_arrival():
     assert set(frame["status"]) == {"finished"}
 
 
+def _replay(requests: list[Request], slower: float) -> EngineRun:
+    """vLLM's run of ``requests`` one at a time, each step 0.1 s x ``slower``."""
+    steps, times, now_s = [], [], 0.0
+    for request in requests:
+        start_s = max(now_s, request.arrival_s)
+        for token in range(request.output_tokens):
+            # The prompt in the first step, one decode token after each token before.
+            computed_before, scheduled = ((0, request.prompt_tokens) if token == 0 else
+                                          (request.prompt_tokens + token - 1, 1))  # fmt: skip
+            steps.append(_step(start_s + 0.1 * slower * token, 0.1 * slower,
+                               [(request.request_id, request.prompt_tokens, computed_before,
+                                 scheduled)]))  # fmt: skip
+        now_s = start_s + 0.1 * slower * request.output_tokens
+        times.append(EngineRequest(request.request_id, start_s, start_s + 0.1 * slower, now_s,
+                                   request.output_tokens))  # fmt: skip
+    return EngineRun(tuple(steps), tuple(times), 0.0)
+
+
+def test_a_repeat_on_vllm_scores_vllm_against_itself():
+    cfg, _, _ = compose_config("experiment=sim_to_vllm")
+    requests = [Request(i, 0.5 * i, 16, 4) for i in range(4)]
+    runs = [VllmRunRecord(w, 1.0, requests, _replay(requests, 1.0)) for w in ("a", "b")]
+    # a's repeat as fast; b's 20 % slower.
+    repeats = [VllmRunRecord("b", 1.0, requests, _replay(requests, 1.2), repeat=True),
+               VllmRunRecord("a", 1.0, requests, _replay(requests, 1.0), repeat=True)]
+    table, pairs = compare_repeats(runs, repeats, cfg)
+    assert set(table["source"]) == set(pairs["source"]) == {REPEAT_SOURCE}
+    assert table["held_out"].all() and list(table["workload"]) == ["a", "b"]
+    rows = table.set_index("workload")
+    assert rows.loc["a", "e2e_mape_pct"] == 0.0 and rows.loc["a", "num_compared"] == 4
+    assert rows.loc["b", "e2e_mape_pct"] == pytest.approx(20.0)
+    assert rows.loc["b", "output_token_throughput_error_pct"] < 0
+    assert rows.loc["a", "mean_batch_size_error_pct"] == 0.0
+
+
+def test_the_second_pass_replays_every_slice_again_after_the_grids_last_part(monkeypatch):
+    served = []
+
+    def fake_replay(engine, requests):
+        served.append(("replay", len(requests)))
+        return EngineRun((), (), 0.0)
+
+    def fake_waves(engine, waves):
+        served.append(("grid", 0))
+        return EngineRun((), (), 0.0)
+
+    monkeypatch.setattr(vllm, "replay", fake_replay)
+    monkeypatch.setattr(vllm, "run_waves", fake_waves)
+    jobs = [ReplayJob("a", 1.0, [Request(0, 0.0, 8, 2)]), ReplayJob("b", 8.0, [])]
+    points = [VllmGridPoint(prefill_prompts=(48,)), VllmGridPoint(2, 32, 3),
+              VllmGridPoint(1, 32, 3)]  # fmt: skip
+    runs, grid_runs, repeat_runs = measure_interleaved(None, jobs, points, repeat_replays=True)
+    assert [(r.workload, r.rate, r.repeat) for r in runs + repeat_runs] == [
+        ("a", 1.0, False), ("b", 8.0, False), ("a", 1.0, True), ("b", 8.0, True)]
+    kinds = [kind for kind, _ in served]
+    assert kinds[-3:] == ["grid", "replay", "replay"] and kinds.count("replay") == 4
+    assert {run.part for run in grid_runs} == {0, 1, 2}
+    assert measure_interleaved(None, jobs, points)[2] == []
+
+
 def _engine_installed() -> bool:
     return all(importlib.util.find_spec(name) for name in ("vllm", "compressed_tensors", "loguru"))
 
@@ -108,9 +173,11 @@ def test_the_task_replays_on_vllm_and_predicts_with_kvbench(tmp_path, monkeypatc
         "sim_to_vllm.fair_output_tokens=8", "plots=false", "summary_table=false",
     )  # fmt: skip
     table = run_sim_to_vllm(cfg, deployment, raw, tmp_path)
-    assert list(table["profile"]) == ["grid", "grid", "alpaca", "alpaca"]
-    assert list(table["workload"]) == ["alpaca", "sharegpt"] * 2
-    assert list(table["held_out"]) == [True, True, False, True]
+    assert list(table["source"]) == ["vllm_grid"] * 2 + ["vllm_fit_slice"] * 2 + [
+        REPEAT_SOURCE] * 2  # the second pass's replays, vLLM against itself
+    assert list(table["profile"]) == ["grid", "grid", "alpaca", "alpaca", "", ""]
+    assert list(table["workload"]) == ["alpaca", "sharegpt"] * 3
+    assert list(table["held_out"]) == [True, True, False, True, True, True]
     assert (table["num_compared"] == 4).all()
     assert table["e2e_mape_pct"].notna().all() and (table["e2e_mape_pct"] >= 0).all()
     fair = pd.read_parquet(tmp_path / "fair_instrument.parquet")
@@ -134,7 +201,8 @@ def test_the_task_replays_on_vllm_and_predicts_with_kvbench(tmp_path, monkeypatc
     assert set(steps["workload"]) == {"alpaca", "sharegpt", "grid"}
     assert (steps["duration_s"] > 0).all() and steps["unix_time_s"].is_monotonic_increasing
     phases = steps["phase"].tolist()
-    assert phases[0] == "grid" and phases[-1] == "grid" and "replay" in phases
+    assert phases[0] == "grid" and "replay" in phases
+    assert phases[-1] == "repeat" and phases[phases.index("repeat") - 1] == "grid"
 
 
 # One point of each kind, small enough for a peer test.

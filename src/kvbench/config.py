@@ -232,6 +232,18 @@ class SimToVllmConfig:
     fair_num_requests: int = MISSING
     fair_prompt_tokens: int = MISSING
     fair_output_tokens: int = MISSING
+    # Serve every replay a second time, after the first pass: vLLM predicting itself, the noise
+    # floor beside the profiles' errors (source vllm_repeat).
+    repeat_replays: bool = MISSING
+
+
+@dataclass
+class SimToRealConfig:
+    """``task=sim_to_real`` (docs/sim_to_real.md)."""
+
+    # Serve every slice x rate x allocator a second time, after the first pass: the real executor
+    # predicting itself, the noise floor beside the profiles' errors (source real_repeat).
+    repeat_replays: bool = MISSING
 
 
 @dataclass
@@ -353,6 +365,7 @@ class KvbenchConfig:
     summary_table: bool = MISSING
     kernel_bench: KernelBenchConfig = field(default_factory=KernelBenchConfig)
     equivalence: EquivalenceConfig = field(default_factory=EquivalenceConfig)
+    sim_to_real: SimToRealConfig = field(default_factory=SimToRealConfig)
     sim_to_vllm: SimToVllmConfig = field(default_factory=SimToVllmConfig)
     paper_executed: PaperExecutedConfig = field(default_factory=PaperExecutedConfig)
     profile_grid: ProfileGridConfig = field(default_factory=ProfileGridConfig)

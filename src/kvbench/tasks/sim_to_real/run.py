@@ -5,12 +5,14 @@ between the slices' runs the closed batches of a grid of controlled shapes (``re
 served the same way: the grid is dealt into parts measured before, between and after the runs, so
 the grid and the runs sample the same minutes of the machine. Two profiles are fitted by the same
 NNLS: one on the grid's steps (every slice is then held out), one on the real iterations of the
-first workload (the fit slice). A third prices each slice x rate with the grid's profile scaled
-by the machine's speed the grid parts just before and after it measured (``drift_scales``); with
-``executor.profile=FILE`` a ``task=profile`` file is evaluated too.
-The requests of every run are simulated with each (``executor=profiled``'s model, per allocator
-at its kernel block size). Writes ``sim_to_real.parquet`` (errors per run and profile),
-``sim_to_real_requests.parquet`` (measured and predicted latencies per request),
+first workload (the fit slice). A third prices each slice x rate with the grid's profile scaled by
+the machine's speed the grid parts just before and after it measured (``drift_scales``); with
+``executor.profile=FILE`` a ``task=profile`` file is evaluated too. The requests of every run are
+simulated with each (``executor=profiled``'s model, per allocator at its kernel block size). With
+``sim_to_real.repeat_replays`` every run is served again after the first pass, and that second run
+is scored as a prediction of the first (``real_repeat``): the error the machine's own repeatability
+leaves, the floor under every profile's. Writes ``sim_to_real.parquet`` (errors per run and
+profile), ``sim_to_real_requests.parquet`` (measured and predicted latencies per request),
 ``real_steps.parquet`` (every step of the runs and the grid, on one wall-clock time line), both
 fitted profiles, ``plots/sim_to_real*.png|svg`` and ``report.md`` (with the machine's drift).
 """
@@ -68,6 +70,8 @@ INTERLEAVED_GRID_SOURCE = "interleaved_grid"  # fitted on the grid measured betw
 # before and after its runs (``drift_scales``): the same minutes, no step of the runs used.
 LOCAL_GRID_SOURCE = "interleaved_grid_local"
 GRID_SOURCE = "grid_profile"  # a task=profile file (executor.profile)
+# The same requests served again by the real executor after the first pass, as the prediction.
+REPEAT_SOURCE = "real_repeat"
 GRID_WORKLOAD = "grid"  # the workload label of the grid's steps
 
 
@@ -82,6 +86,7 @@ class RealRunRecord:
             the last after them all), -1 for a replay.
         job: a replay's slice x rate, its index in measurement order (grid parts ``job`` and
             ``job + 1`` bracket it), -1 for a grid point.
+        repeat: a replay of the second pass (after the first pass and the grid's last part).
     """
 
     workload: str
@@ -96,6 +101,7 @@ class RealRunRecord:
     grid_point: int = -1
     grid_part: int = -1
     job: int = -1
+    repeat: bool = False
 
 
 @dataclass(frozen=True)
@@ -135,8 +141,9 @@ def run_sim_to_real(
     max_model_len = deployment.model.max_model_len
     num_slots = pool_slots(deployment, cfg.allocator.block_size, cfg.allocator.num_gpu_blocks)
     points = real_grid(limits.max_num_seqs, max_model_len)
-    runs, grid_runs = measure_interleaved(model, replay_jobs(cfg, max_model_len), points, cfg,
-                                          limits, num_slots)  # fmt: skip
+    runs, grid_runs, repeat_runs = measure_interleaved(
+        model, replay_jobs(cfg, max_model_len), points, cfg, limits, num_slots,
+        cfg.sim_to_real.repeat_replays)  # fmt: skip
     fit_label = runs[0].workload
     profiles = {INTERLEAVED_GRID_SOURCE: fit_on_runs(grid_runs),
                 FIT_SOURCE: fit_on_runs([run for run in runs if run.workload == fit_label])}
@@ -153,7 +160,11 @@ def run_sim_to_real(
     table, pairs_table = compare_all(runs, profiles, fit_label, limits, num_slots,
                                      max_model_len, deployment,
                                      {LOCAL_GRID_SOURCE: scales})  # fmt: skip
-    steps = real_steps_frame(runs + grid_runs, profiles[FIT_SOURCE],
+    if repeat_runs:
+        repeat_table, repeat_pairs = compare_repeats(runs, repeat_runs, deployment)
+        table = pd.concat([table, repeat_table], ignore_index=True)
+        pairs_table = pd.concat([pairs_table, repeat_pairs], ignore_index=True)
+    steps = real_steps_frame(runs + grid_runs + repeat_runs, profiles[FIT_SOURCE],
                              profiles[INTERLEAVED_GRID_SOURCE])  # fmt: skip
     metadata = provenance(raw_cfg)
     write_table(table, output_dir / "sim_to_real.parquet", metadata)
@@ -164,8 +175,8 @@ def run_sim_to_real(
     lines = error_summary(table)
     drift = drift_lines(steps)
     grid = grid_fit_lines(steps, len(points), len(grid_runs)) + scale_lines(runs, scales)
-    print(f"sim-to-real: {len(runs)} real runs and {len(grid_runs)} grid points in "
-          f"{time.perf_counter() - started_s:.0f} s")  # fmt: skip
+    print(f"sim-to-real: {len(runs) + len(repeat_runs)} real runs and {len(grid_runs)} grid "
+          f"points in {time.perf_counter() - started_s:.0f} s")  # fmt: skip
     print("\n".join(lines + grid + drift))
     write_task_report(output_dir, f"{cfg.experiment_name}: profiled simulation vs real runs",
                       raw_cfg, ["## Errors\n\n" + "\n".join(lines),
@@ -190,12 +201,16 @@ def replay_jobs(cfg: KvbenchConfig, max_model_len: int) -> list[ReplayJob]:
 
 
 def measure_interleaved(model: Any, jobs: list[ReplayJob], points: list[RealGridPoint],
-                        cfg: KvbenchConfig, limits: SchedulerLimits, num_slots: int
-                        ) -> tuple[list[RealRunRecord], list[RealRunRecord]]:  # fmt: skip
+                        cfg: KvbenchConfig, limits: SchedulerLimits, num_slots: int,
+                        repeat_replays: bool = False
+                        ) -> tuple[list[RealRunRecord], list[RealRunRecord],
+                                   list[RealRunRecord]]:  # fmt: skip
     """The grid's parts and the slices' runs alternately (part 0, every allocator on job 0, part
-    1, ..., the last part), so the grid samples the machine before, between and after the runs.
+    1, ..., the last part), so the grid samples the machine before, between and after the runs;
+    with ``repeat_replays``, every job's runs once more after the last part (the second pass).
     Each grid point is served by one executor per block size, made once (its pool
-    ``GRID_POOL_SLOTS``); each replay by a fresh one over the experiment's pool, as before."""
+    ``GRID_POOL_SLOTS``); each replay by a fresh one over the experiment's pool, as before.
+    Returns the first pass's runs, the grid's and the second pass's."""
     from kvbench.executors.real import RealExecutor
 
     max_model_len = limits.max_model_len
@@ -215,18 +230,32 @@ def measure_interleaved(model: Any, jobs: list[ReplayJob], points: list[RealGrid
             grid_runs.append(dataclasses.replace(record, grid_point=points.index(point),
                                                  grid_part=part))  # fmt: skip
         print(f"real: grid part {part}: {len(part_points)} points")
-        if part == len(jobs):
-            break
-        job = jobs[part]
-        for name in cfg.allocators:
-            allocator = make_allocator(name, num_slots, cfg.allocator.block_size, max_model_len)
-            executor = RealExecutor(model, allocator, cfg.executor.decode_backend)
-            executor.warm_up()
-            runs.append(dataclasses.replace(serve(job.workload, job.rate, name, job.requests,
-                                                  executor, limits), job=part))  # fmt: skip
-            print(f"real: {job.workload} @ {job.rate:g} req/s, {name}: "
-                  f"{len(runs[-1].shapes)} iterations")  # fmt: skip
-    return runs, grid_runs
+        if part < len(jobs):
+            runs += serve_job(model, jobs[part], part, cfg, limits, num_slots)
+    repeat_runs = [run for index, job in enumerate(jobs if repeat_replays else [])
+                   for run in serve_job(model, job, index, cfg, limits, num_slots,
+                                        repeat=True)]  # fmt: skip
+    return runs, grid_runs, repeat_runs
+
+
+def serve_job(model: Any, job: ReplayJob, index: int, cfg: KvbenchConfig,
+              limits: SchedulerLimits, num_slots: int, repeat: bool = False
+              ) -> list[RealRunRecord]:  # fmt: skip
+    """``job``'s requests served under every allocator of ``cfg``, each by a fresh executor over
+    the experiment's pool (``index``: the job's place in measurement order)."""
+    from kvbench.executors.real import RealExecutor
+
+    runs = []
+    for name in cfg.allocators:
+        allocator = make_allocator(name, num_slots, cfg.allocator.block_size,
+                                   limits.max_model_len)  # fmt: skip
+        executor = RealExecutor(model, allocator, cfg.executor.decode_backend)
+        executor.warm_up()
+        served = serve(job.workload, job.rate, name, job.requests, executor, limits)
+        runs.append(dataclasses.replace(served, job=index, repeat=repeat))
+        print(f"real: {job.workload} @ {job.rate:g} req/s, {name}"
+              f"{' (repeat)' if repeat else ''}: {len(runs[-1].shapes)} iterations")  # fmt: skip
+    return runs
 
 
 def serve(workload: str, rate: float, allocator_name: str, requests: list[Request],
@@ -314,6 +343,21 @@ def compare_all(runs: list[RealRunRecord], profiles: dict[str, dict[str, float]]
     return pd.DataFrame(rows_out), pd.concat(pairs_out, ignore_index=True)
 
 
+def compare_repeats(runs: list[RealRunRecord], repeat_runs: list[RealRunRecord],
+                    deployment: Deployment) -> tuple[pd.DataFrame, pd.DataFrame]:  # fmt: skip
+    """Each run of the first pass "predicted" by its repeat (same job and allocator): rows and
+    pairs as ``compare_all``'s, source ``real_repeat``, held out (the repeat saw no other run)."""
+    repeat_of = {(run.job, run.allocator): run for run in repeat_runs}
+    rows_out, pairs_out = [], []
+    for run in runs:
+        row, pairs = compared(run.result, repeat_of[run.job, run.allocator].result, deployment)
+        labels = {"source": REPEAT_SOURCE, "workload": run.workload, "request_rate": run.rate,
+                  "allocator": run.allocator, "held_out": True}
+        rows_out.append({**labels, **row})
+        pairs_out.append(pairs.assign(**labels))
+    return pd.DataFrame(rows_out), pd.concat(pairs_out, ignore_index=True)
+
+
 def real_steps_frame(runs: list[RealRunRecord], fit_coefficients: dict[str, float],
                      grid_coefficients: dict[str, float]) -> pd.DataFrame:  # fmt: skip
     """Every step of the runs and the grid, in wall-clock order: its shape, wall-clock time,
@@ -327,7 +371,7 @@ def real_steps_frame(runs: list[RealRunRecord], fit_coefficients: dict[str, floa
         for index, shape in enumerate(run.shapes):
             start_s = float(columns["time_s"][index])
             rows.append({
-                "phase": "grid" if run.grid_part >= 0 else "replay", "workload": run.workload,
+                "phase": run_phase(run), "workload": run.workload,
                 "request_rate": run.rate, "allocator": run.allocator,
                 "block_size": run.block_size, "grid_point": run.grid_point,
                 "grid_part": run.grid_part, "step": index, "start_s": start_s,
@@ -345,11 +389,16 @@ def real_steps_frame(runs: list[RealRunRecord], fit_coefficients: dict[str, floa
     return pd.DataFrame(rows).sort_values("unix_time_s", kind="stable", ignore_index=True)
 
 
+def run_phase(run: RealRunRecord) -> str:
+    """``grid`` (a grid point), ``replay`` (the first pass) or ``repeat`` (the second pass)."""
+    return "grid" if run.grid_part >= 0 else "repeat" if run.repeat else "replay"
+
+
 def grid_fit_lines(steps: pd.DataFrame, num_points: int, num_grid_runs: int) -> list[str]:
     """How the grid was measured and how well its profile fits its own steps."""
     grid = steps[steps["phase"] == "grid"]
     errors = abs_pct_errors(grid["grid_fitted_s"], grid["duration_s"])
-    replays = steps[steps["phase"] == "replay"]
+    replays = steps[steps["phase"] != "grid"]
     replay_errors = abs_pct_errors(replays["grid_fitted_s"], replays["duration_s"])
     return [
         f"- {num_points} points served {num_grid_runs} times ({len(grid)} steps, "
@@ -393,15 +442,21 @@ def _compare(
     allocator = make_allocator(run.allocator, num_slots, run.block_size, max_model_len)
     predicted = simulate(run.requests, Scheduler(limits), allocator,
                          ProfiledCostModel(coefficients, allocator.block_size))  # fmt: skip
-    measured_requests = requests_frame(run.result)
-    predicted_requests = requests_frame(predicted)
+    return compared(run.result, predicted, deployment)
+
+
+def compared(measured: SimulationResult, predicted: SimulationResult,
+             deployment: Deployment) -> tuple[dict[str, float], pd.DataFrame]:  # fmt: skip
+    """The error row of ``predicted`` against ``measured`` (the same requests) and the
+    per-request pairs."""
+    frames = [requests_frame(result) for result in (measured, predicted)]
     figures = []
-    for result, requests in ((run.result, measured_requests), (predicted, predicted_requests)):
+    for result, requests in zip((measured, predicted), frames, strict=True):
         summary = summarize(requests, result, deployment)
         figures.append({"output_token_throughput": summary["output_token_throughput"],
                         "mean_batch_size": summary["mean_batch_size"],
                         "peak_kv_in_use_slots": float(peak_kv_in_use_slots(result))})  # fmt: skip
-    pairs = request_pairs(measured_requests, predicted_requests)
+    pairs = request_pairs(*frames)
     return error_row(pairs, figures[0], figures[1]), pairs
 
 

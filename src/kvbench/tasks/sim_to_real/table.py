@@ -56,11 +56,13 @@ def error_row(pairs: pd.DataFrame, measured: dict[str, float],
 
 def drift_lines(steps: pd.DataFrame) -> list[str]:
     """The machine's drift as the grid profile sees it: per stretch of the run in time order
-    (each grid part, each replay), the median of measured / grid-fitted step time."""
+    (each grid part, each replay, each repeat of the second pass), the median of measured /
+    grid-fitted step time."""
     ratio = steps["duration_s"] / steps["grid_fitted_s"]
+    replay = (steps["workload"] + " @ " + steps["request_rate"].map("{:g}".format) + " req/s"
+              + np.where(steps["phase"] == "repeat", " (repeat)", ""))  # fmt: skip
     stretch = np.where(steps["phase"] == "grid", "grid part " + steps["grid_part"].astype(str),
-                       steps["workload"] + " @ " + steps["request_rate"].map("{:g}".format)
-                       + " req/s")  # fmt: skip
+                       replay)  # fmt: skip
     frame = pd.DataFrame({"stretch": stretch, "ratio": ratio,
                           "minute": (steps["unix_time_s"] - steps["unix_time_s"].min()) / 60})
     grouped = frame.groupby("stretch", sort=False).agg(ratio=("ratio", "median"),

@@ -1,16 +1,19 @@
 """``python -m kvbench experiment=sim_to_vllm``: kvbench's vLLM v1 model against real vLLM.
 
-Real vLLM (``referee.vllm_engine``: vLLM's own engine on this CPU, serving the model of
-``model``) replays every workload slice x rate on the wall clock, and between the replays serves
-the closed batches of a grid of controlled shapes (``vllm_grid``): the grid is dealt into parts
-measured before, between and after the replays, so slow drift of the machine shows in the grid
-and the replays alike. Two profiles are fitted on vLLM's own step times (each step priced by the
-shape vLLM's scheduler gave it: its prefill chunks with their context, prefix hits included, and
-its decode tokens): one on the grid's steps (every slice is then held out), one on the first
-slice's replays. kvbench's ``scheduler=vllm_v1`` model simulates every replay's requests priced by
-each. Errors per request (E2E, TTFT, TPOT) and per run (throughput, mean batch, peak blocks in use)
-go to ``sim_to_vllm.parquet`` and ``sim_to_vllm_requests.parquet``, every vLLM step (with its
-wall-clock time) to ``vllm_steps.parquet``, beside ``plots/sim_to_vllm`` and both profiles.
+Real vLLM (``referee.vllm_engine``: vLLM's own engine on this CPU, serving the model of ``model``)
+replays every workload slice x rate on the wall clock, and between the replays serves the closed
+batches of a grid of controlled shapes (``vllm_grid``): the grid is dealt into parts measured
+before, between and after the replays, so slow drift of the machine shows in the grid and the
+replays alike. Two profiles are fitted on vLLM's own step times (each step priced by the shape
+vLLM's scheduler gave it: its prefill chunks with their context, prefix hits included, and its
+decode tokens): one on the grid's steps (every slice is then held out), one on the first slice's
+replays. kvbench's ``scheduler=vllm_v1`` model simulates every replay's requests priced by each.
+With ``sim_to_vllm.repeat_replays`` every replay is served again after the first pass, and that
+second replay is scored as a prediction of the first (``vllm_repeat``): vLLM against itself, the
+floor under every profile's error. Errors per request (E2E, TTFT, TPOT) and per run (throughput,
+mean batch, peak blocks in use) go to ``sim_to_vllm.parquet`` and ``sim_to_vllm_requests.parquet``,
+every vLLM step (with its wall-clock time) to ``vllm_steps.parquet``, beside ``plots/sim_to_vllm``
+and both profiles.
 
 Then the fair-instrument check (``fair_instrument``): one closed batch served by vLLM and by
 kvbench's own real executor, output tokens/s of each, and both profiled.
@@ -60,17 +63,20 @@ from kvbench.workloads import to_requests, with_arrivals, workload_rows
 # The profiles: fitted on the grid's steps, or on the first slice's replays (``SOURCES``' keys).
 GRID_PROFILE = "grid"
 SOURCES = {GRID_PROFILE: "vllm_grid", "fit_slice": "vllm_fit_slice"}
+REPEAT_SOURCE = "vllm_repeat"  # the same requests replayed on vLLM again, as the prediction
 DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
 
 @dataclasses.dataclass
 class VllmRunRecord:
-    """One replay on real vLLM: its labels, requests and what vLLM did."""
+    """One replay on real vLLM: its labels, requests and what vLLM did (``repeat``: a replay of
+    the second pass)."""
 
     workload: str
     rate: float
     requests: list[Request]
     run: EngineRun
+    repeat: bool = False
 
 
 @dataclasses.dataclass
@@ -115,8 +121,9 @@ def run_sim_to_vllm(
     settings = engine_settings(cfg, deployment, smollm2_model_dir())
     engine = start_vllm(settings)
     print(f"vllm: engine started in {engine.startup_s:.0f} s")
-    runs, grid_runs = measure_interleaved(engine, replay_jobs(cfg, deployment),
-                                          grid_points(settings))  # fmt: skip
+    runs, grid_runs, repeat_runs = measure_interleaved(
+        engine, replay_jobs(cfg, deployment), grid_points(settings),
+        cfg.sim_to_vllm.repeat_replays)  # fmt: skip
     fit_label = runs[0].workload
     block_size = cfg.allocator.block_size
     profiles = {
@@ -131,10 +138,15 @@ def run_sim_to_vllm(
                       {"model": cfg.model.name, "dtype": cfg.model.dtype, "fit_workload": name,
                        "engine": "vllm", "coefficients": coefficients})  # fmt: skip
     table, pairs_table = compare_all(runs, profiles, cfg, deployment)
+    if repeat_runs:
+        repeat_table, repeat_pairs = compare_repeats(runs, repeat_runs, cfg)
+        table = pd.concat([table, repeat_table], ignore_index=True)
+        pairs_table = pd.concat([pairs_table, repeat_pairs], ignore_index=True)
     metadata = provenance(raw_cfg)
     write_table(table, output_dir / "sim_to_vllm.parquet", metadata)
     write_table(pairs_table, output_dir / "sim_to_vllm_requests.parquet", metadata)
-    steps = vllm_steps_frame(runs, grid_runs, profiles[GRID_PROFILE], profiles[fit_label],
+    steps = vllm_steps_frame(runs + repeat_runs, grid_runs, profiles[GRID_PROFILE],
+                             profiles[fit_label],
                              block_size)  # fmt: skip
     write_table(steps, output_dir / "vllm_steps.parquet", metadata)
     fair = fair_instrument(cfg, deployment, engine)
@@ -152,8 +164,8 @@ def run_sim_to_vllm(
     lines = error_summary(table)
     drift = drift_lines(steps)
     fair_lines = fair_summary(fair.throughput)
-    print(f"sim-to-vllm: {len(runs)} replays and {len(grid_runs)} grid points on vLLM in "
-          f"{time.perf_counter() - started_s:.0f} s")  # fmt: skip
+    print(f"sim-to-vllm: {len(runs) + len(repeat_runs)} replays and {len(grid_runs)} grid "
+          f"points on vLLM in {time.perf_counter() - started_s:.0f} s")  # fmt: skip
     print("\n".join(lines + drift + fair_lines))
     write_task_report(output_dir, f"{cfg.experiment_name}: kvbench's vLLM v1 model vs real vLLM",
                       raw_cfg, ["## Errors\n\n" + "\n".join(lines),
@@ -192,10 +204,14 @@ def replay_jobs(cfg: KvbenchConfig, deployment: Deployment) -> list[ReplayJob]:
     return jobs
 
 
-def measure_interleaved(engine: VllmEngine, jobs: list[ReplayJob], points: list[VllmGridPoint]
-                        ) -> tuple[list[VllmRunRecord], list[GridRun]]:  # fmt: skip
+def measure_interleaved(engine: VllmEngine, jobs: list[ReplayJob], points: list[VllmGridPoint],
+                        repeat_replays: bool = False
+                        ) -> tuple[list[VllmRunRecord], list[GridRun],
+                                   list[VllmRunRecord]]:  # fmt: skip
     """The grid's parts and the replays alternately (part 0, replay 0, part 1, ..., the last
-    part), so the grid samples the machine before, between and after the replays."""
+    part), so the grid samples the machine before, between and after the replays; with
+    ``repeat_replays``, every replay once more after the last part (the second pass). Returns
+    the first pass's replays, the grid's runs and the second pass's replays."""
     parts = interleave(points, len(jobs) + 1)
     index_of = {point: index for index, point in enumerate(points)}
     runs: list[VllmRunRecord] = []
@@ -206,11 +222,17 @@ def measure_interleaved(engine: VllmEngine, jobs: list[ReplayJob], points: list[
                                      run_waves(engine, point.waves(0))))  # fmt: skip
         print(f"vllm: grid part {part}: {len(part_points)} points")
         if part < len(jobs):
-            job = jobs[part]
-            run = replay(engine, job.requests)
-            runs.append(VllmRunRecord(job.workload, job.rate, job.requests, run))
-            print(f"vllm: {job.workload} @ {job.rate:g} req/s: {len(run.steps)} steps")
-    return runs, grid_runs
+            runs.append(replay_job(engine, jobs[part]))
+    repeat_runs = [replay_job(engine, job, repeat=True) for job in jobs if repeat_replays]
+    return runs, grid_runs, repeat_runs
+
+
+def replay_job(engine: VllmEngine, job: ReplayJob, repeat: bool = False) -> VllmRunRecord:
+    """``job``'s requests replayed on ``engine`` (its prefix cache emptied first)."""
+    run = replay(engine, job.requests)
+    print(f"vllm: {job.workload} @ {job.rate:g} req/s{' (repeat)' if repeat else ''}: "
+          f"{len(run.steps)} steps")  # fmt: skip
+    return VllmRunRecord(job.workload, job.rate, job.requests, run, repeat)
 
 
 def grid_steps(grid_runs: list[GridRun]) -> list[EngineStep]:
@@ -248,6 +270,26 @@ def compare_all(runs: list[VllmRunRecord], profiles: dict[str, dict[str, float]]
     return pd.DataFrame(rows), pd.concat(pairs, ignore_index=True)
 
 
+def compare_repeats(runs: list[VllmRunRecord], repeat_runs: list[VllmRunRecord],
+                    cfg: KvbenchConfig) -> tuple[pd.DataFrame, pd.DataFrame]:  # fmt: skip
+    """Each replay of the first pass "predicted" by its repeat (the same slice x rate): rows and
+    pairs as ``compare_all``'s, source ``vllm_repeat``, held out (the repeat saw no other run)."""
+    block_size = cfg.allocator.block_size
+    repeat_of = {(run.workload, run.rate): run for run in repeat_runs}
+    rows, pairs = [], []
+    for run in runs:
+        repeat = repeat_of[run.workload, run.rate]
+        measured, again = measured_requests(run), measured_requests(repeat)
+        figures = [vllm_run_figures(requests, record, block_size)
+                   for requests, record in ((measured, run), (again, repeat))]  # fmt: skip
+        run_pairs = request_pairs(measured, again)
+        labels = {"source": REPEAT_SOURCE, "profile": "", "workload": run.workload,
+                  "request_rate": run.rate, "allocator": cfg.allocators[0], "held_out": True}
+        rows.append({**labels, **error_row(run_pairs, figures[0], figures[1])})
+        pairs.append(run_pairs.assign(**labels))
+    return pd.DataFrame(rows), pd.concat(pairs, ignore_index=True)
+
+
 def vllm_steps_frame(runs: list[VllmRunRecord], grid_runs: list[GridRun],
                      grid_coefficients: dict[str, float], fit_coefficients: dict[str, float],
                      block_size: int) -> pd.DataFrame:  # fmt: skip
@@ -256,8 +298,9 @@ def vllm_steps_frame(runs: list[VllmRunRecord], grid_runs: list[GridRun],
     per step)."""
     grid_model = ProfiledCostModel(grid_coefficients, block_size)
     fit_model = ProfiledCostModel(fit_coefficients, block_size)
-    labelled = [({"phase": "replay", "workload": run.workload, "request_rate": run.rate,
-                  "grid_point": -1, "grid_part": -1}, run.run) for run in runs]  # fmt: skip
+    labelled = [({"phase": "repeat" if run.repeat else "replay", "workload": run.workload,
+                  "request_rate": run.rate, "grid_point": -1, "grid_part": -1}, run.run)
+                 for run in runs]  # fmt: skip
     labelled += [({"phase": "grid", "workload": GRID_PROFILE, "request_rate": float("nan"),
                    "grid_point": grid_run.point_index, "grid_part": grid_run.part}, grid_run.run)
                  for grid_run in grid_runs]  # fmt: skip
@@ -308,13 +351,19 @@ def compare_with_vllm(
     predicted_requests = requests_frame(predicted)
     steps = predicted.steps.columns
     figures = [
-        _run_figures(measured, [len(step.scheduled_tokens) for step in run.run.steps],
-                     [step.num_blocks_in_use for step in run.run.steps], block_size),
+        vllm_run_figures(measured, run, block_size),
         _run_figures(predicted_requests, steps["batch_size"], steps["num_blocks_in_use"],
                      block_size),
     ]  # fmt: skip
     pairs = request_pairs(measured, predicted_requests)
     return error_row(pairs, figures[0], figures[1]), pairs
+
+
+def vllm_run_figures(requests: pd.DataFrame, run: VllmRunRecord,
+                     block_size: int) -> dict[str, float]:  # fmt: skip
+    """``_run_figures`` of a replay on vLLM (``requests``: its ``measured_requests``)."""
+    return _run_figures(requests, [len(step.scheduled_tokens) for step in run.run.steps],
+                        [step.num_blocks_in_use for step in run.run.steps], block_size)
 
 
 def _run_figures(requests: pd.DataFrame, batch_sizes: Any, blocks_in_use: Any,
