@@ -11,7 +11,7 @@ from conftest import compose_config
 from kvbench.tasks.sim_to_real import run as sim_to_real
 from kvbench.tasks.sim_to_real.real_grid import RealGridPoint
 from kvbench.tasks.sim_to_real.run import error_summary
-from kvbench.tasks.sim_to_real.table import error_row, request_pairs
+from kvbench.tasks.sim_to_real.table import error_row, floor_lines, request_pairs
 
 
 def _requests(e2e, ttft, status=None):
@@ -82,3 +82,25 @@ def test_the_task_serves_both_passes_and_scores_each_profile_and_the_repeat(
     assert stretches == ["grid", "replay", "grid", "repeat"]
     report = (tmp_path / "report.md").read_text()
     assert "real_repeat, alpaca (held out)" in report and "(repeat)" in report
+    assert "- interleaved_grid: nearer the measured run than the repeat in" in report
+
+
+def test_the_floor_counts_the_held_out_runs_a_profile_predicted_nearer_than_the_repeat():
+    def row(source, workload, e2e, held_out=True):
+        return {"source": source, "workload": workload, "request_rate": 4.0,
+                "allocator": "paged", "held_out": held_out, "e2e_mape_pct": e2e}
+
+    table = pd.DataFrame([
+        row("grid", "a", 5.0), row("grid", "b", 12.0), row("grid", "c", 3.0),
+        row("fit", "a", 1.0, held_out=False), row("fit", "b", 9.0), row("fit", "c", 30.0),
+        row("real_repeat", "a", 10.0), row("real_repeat", "b", 10.0),
+        row("real_repeat", "c", 4.0),
+    ])  # fmt: skip
+    lines = floor_lines(table, "real_repeat")
+    assert lines == [
+        "- grid: nearer the measured run than the repeat in 2 of 3 held-out runs (median E2E "
+        "error 5.0 % against the repeat's 10.0 %)",
+        "- fit: nearer the measured run than the repeat in 1 of 2 held-out runs (median E2E "
+        "error 19.5 % against the repeat's 7.0 %)",
+    ]
+    assert floor_lines(table[table["source"] != "real_repeat"], "real_repeat") == []

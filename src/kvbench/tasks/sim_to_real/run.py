@@ -54,6 +54,7 @@ from kvbench.tasks.sim_to_real.real_grid import GRID_POOL_SLOTS, RealGridPoint, 
 from kvbench.tasks.sim_to_real.table import (
     drift_lines,
     error_row,
+    floor_lines,
     peak_kv_in_use_slots,
     request_pairs,
 )
@@ -172,7 +173,7 @@ def run_sim_to_real(
     write_table(steps, output_dir / "real_steps.parquet", metadata)
     if cfg.plots:
         _plot(pairs_table, output_dir, cfg.model.name, fit_label)
-    lines = error_summary(table)
+    lines = error_summary(table) + floor_lines(table, REPEAT_SOURCE)
     drift = drift_lines(steps)
     grid = grid_fit_lines(steps, len(points), len(grid_runs)) + scale_lines(runs, scales)
     print(f"sim-to-real: {len(runs) + len(repeat_runs)} real runs and {len(grid_runs)} grid "

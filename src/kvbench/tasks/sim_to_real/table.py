@@ -69,3 +69,23 @@ def drift_lines(steps: pd.DataFrame) -> list[str]:
                                                         minute=("minute", "min"))  # fmt: skip
     return [f"- {name} (from minute {row.minute:.1f}): measured / grid-fitted step time, median "
             f"{row.ratio:.3f}" for name, row in grouped.iterrows()]  # fmt: skip
+
+
+def floor_lines(table: pd.DataFrame, repeat_source: str) -> list[str]:
+    """Per profile, over the runs it held out: in how many its E2E error was below the engine's
+    own repeat's (``repeat_source`` rows: the same run served again), with both medians. Empty
+    without repeat rows."""
+    keys = ["workload", "request_rate", "allocator"]
+    floor = table[table["source"] == repeat_source].set_index(keys)["e2e_mape_pct"]
+    if floor.empty:
+        return []
+    lines = []
+    held_out = table[(table["source"] != repeat_source) & table["held_out"]]
+    for source, rows in held_out.groupby("source", sort=False):
+        both = pd.concat([rows.set_index(keys)["e2e_mape_pct"], floor], axis=1,
+                         keys=["profile", "repeat"], join="inner").dropna()  # fmt: skip
+        nearer = int((both["profile"] < both["repeat"]).sum())
+        lines.append(f"- {source}: nearer the measured run than the repeat in {nearer} of "
+                     f"{len(both)} held-out runs (median E2E error {both['profile'].median():.1f} "
+                     f"% against the repeat's {both['repeat'].median():.1f} %)")  # fmt: skip
+    return lines

@@ -52,7 +52,7 @@ from kvbench.tasks.profile.plot import plot_predicted_vs_measured
 from kvbench.tasks.profile.profile_file import write_profile
 from kvbench.tasks.sim_to_real.fair_instrument import fair_instrument, fair_summary, profile_tables
 from kvbench.tasks.sim_to_real.run import error_summary
-from kvbench.tasks.sim_to_real.table import drift_lines, error_row, request_pairs
+from kvbench.tasks.sim_to_real.table import drift_lines, error_row, floor_lines, request_pairs
 from kvbench.tasks.sim_to_real.vllm_grid import VllmGridPoint, interleave, vllm_grid
 from kvbench.tasks.simulate.experiment import scheduler_limits, v1_limits
 from kvbench.tasks.simulate.real_runner import pin_threads
@@ -161,7 +161,7 @@ def run_sim_to_vllm(
                 f"E2E latency per request: kvbench's vllm_v1 model, profiled on vLLM's steps "
                 f"of {'its grid' if name == GRID_PROFILE else name}, vs real vLLM",
                 group="workload")  # fmt: skip
-    lines = error_summary(table)
+    lines = error_summary(table) + floor_lines(table, REPEAT_SOURCE)
     drift = drift_lines(steps)
     fair_lines = fair_summary(fair.throughput)
     print(f"sim-to-vllm: {len(runs) + len(repeat_runs)} replays and {len(grid_runs)} grid "
