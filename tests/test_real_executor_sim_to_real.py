@@ -8,10 +8,16 @@ import pandas as pd
 import pytest
 from conftest import compose_config
 
+from kvbench.engine.cost_model import IterationShape
 from kvbench.tasks.sim_to_real import run as sim_to_real
 from kvbench.tasks.sim_to_real.real_grid import RealGridPoint
 from kvbench.tasks.sim_to_real.run import error_summary
-from kvbench.tasks.sim_to_real.table import error_row, floor_lines, request_pairs
+from kvbench.tasks.sim_to_real.table import (
+    error_row,
+    extrapolated_steps_pct,
+    floor_lines,
+    request_pairs,
+)
 
 
 def _requests(e2e, ttft, status=None):
@@ -83,6 +89,11 @@ def test_the_task_serves_both_passes_and_scores_each_profile_and_the_repeat(
     report = (tmp_path / "report.md").read_text()
     assert "real_repeat, alpaca (held out)" in report and "(repeat)" in report
     assert "- interleaved_grid: nearer the measured run than the repeat in" in report
+    # The grid's and the fit slice's steps are known, so are the runs' steps beyond them.
+    beyond = table.set_index("source")["extrapolated_steps_pct"]
+    assert beyond[sim_to_real.FIT_SOURCE].tolist() == [0.0, 0.0]  # fitted on these very runs
+    assert beyond[sim_to_real.INTERLEAVED_GRID_SOURCE].between(0, 100).all()
+    assert beyond[sim_to_real.REPEAT_SOURCE].isna().all()
 
 
 def test_the_floor_counts_the_held_out_runs_a_profile_predicted_nearer_than_the_repeat():
@@ -104,3 +115,18 @@ def test_the_floor_counts_the_held_out_runs_a_profile_predicted_nearer_than_the_
         "error 19.5 % against the repeat's 7.0 %)",
     ]
     assert floor_lines(table[table["source"] != "real_repeat"], "real_repeat") == []
+
+
+def test_a_step_beyond_the_fitted_steps_in_any_feature_is_extrapolated():
+    fitted = [IterationShape(32, 528, 0, 0, num_prefill_seqs=1), IterationShape(0, 0, 4, 160)]
+    inside = [IterationShape(16, 136, 2, 80, num_prefill_seqs=1), IterationShape(0, 0, 4, 160)]
+    assert extrapolated_steps_pct(inside, fitted) == 0.0
+    shapes = [
+        *inside,
+        IterationShape(48, 1176, 0, 0, num_prefill_seqs=1),  # more prefill tokens and pairs
+        IterationShape(0, 0, 6, 120),  # a wider decode batch
+        IterationShape(0, 0, 4, 200),  # longer contexts
+    ]
+    assert extrapolated_steps_pct(shapes, fitted) == pytest.approx(60.0)
+    assert math.isnan(extrapolated_steps_pct(shapes, None))  # a profile's steps unknown
+    assert math.isnan(extrapolated_steps_pct([], fitted))

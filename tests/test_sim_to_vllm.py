@@ -180,6 +180,9 @@ def test_the_task_replays_on_vllm_and_predicts_with_kvbench(tmp_path, monkeypatc
     assert list(table["held_out"]) == [True, True, False, True, True, True]
     assert (table["num_compared"] == 4).all()
     assert table["e2e_mape_pct"].notna().all() and (table["e2e_mape_pct"] >= 0).all()
+    beyond = table["extrapolated_steps_pct"].tolist()
+    assert beyond[2] == 0.0 and 0 <= beyond[3] <= 100  # the alpaca profile on its own steps
+    assert all(math.isnan(value) for value in beyond[4:])  # the repeats: no profile
     fair = pd.read_parquet(tmp_path / "fair_instrument.parquet")
     # vLLM, kvbench on vLLM's matmul library (the configured one), then on aten's, for scale.
     assert list(zip(fair["engine"], fair["linear_backend"], strict=True)) == [

@@ -54,6 +54,7 @@ from kvbench.tasks.sim_to_real.real_grid import GRID_POOL_SLOTS, RealGridPoint, 
 from kvbench.tasks.sim_to_real.table import (
     drift_lines,
     error_row,
+    extrapolated_steps_pct,
     floor_lines,
     peak_kv_in_use_slots,
     request_pairs,
@@ -161,6 +162,10 @@ def run_sim_to_real(
     table, pairs_table = compare_all(runs, profiles, fit_label, limits, num_slots,
                                      max_model_len, deployment,
                                      {LOCAL_GRID_SOURCE: scales})  # fmt: skip
+    grid_shapes = [shape for run in grid_runs for shape in run.shapes]
+    table["extrapolated_steps_pct"] = extrapolation_column(table, runs, {
+        INTERLEAVED_GRID_SOURCE: grid_shapes, LOCAL_GRID_SOURCE: grid_shapes,
+        FIT_SOURCE: [shape for run in runs if run.workload == fit_label for shape in run.shapes]})
     if repeat_runs:
         repeat_table, repeat_pairs = compare_repeats(runs, repeat_runs, deployment)
         table = pd.concat([table, repeat_table], ignore_index=True)
@@ -344,6 +349,16 @@ def compare_all(runs: list[RealRunRecord], profiles: dict[str, dict[str, float]]
     return pd.DataFrame(rows_out), pd.concat(pairs_out, ignore_index=True)
 
 
+def extrapolation_column(table: pd.DataFrame, runs: list[RealRunRecord],
+                         fitted_shapes: Mapping[str, list[Any]]) -> list[float]:  # fmt: skip
+    """Per row of ``table``: ``extrapolated_steps_pct`` of its run's steps against the steps its
+    source was fitted on (NaN for a source not in ``fitted_shapes``)."""
+    shapes_of = {(run.workload, run.rate, run.allocator): run.shapes for run in runs}
+    return [extrapolated_steps_pct(shapes_of[row.workload, row.request_rate, row.allocator],
+                                   fitted_shapes.get(row.source))
+            for row in table.itertuples()]  # fmt: skip
+
+
 def compare_repeats(runs: list[RealRunRecord], repeat_runs: list[RealRunRecord],
                     deployment: Deployment) -> tuple[pd.DataFrame, pd.DataFrame]:  # fmt: skip
     """Each run of the first pass "predicted" by its repeat (same job and allocator): rows and
@@ -467,8 +482,11 @@ def error_summary(table: pd.DataFrame) -> list[str]:
     columns = ["e2e_mape_pct", "ttft_mape_pct", "tpot_mape_pct",
                "output_token_throughput_error_pct", "mean_batch_size_error_pct",
                "peak_kv_in_use_slots_error_pct"]  # fmt: skip
+    if "extrapolated_steps_pct" in table:
+        columns.append("extrapolated_steps_pct")
     grouped = table.groupby(["source", "workload", "held_out"], sort=False)[columns].median()
     for (source, workload, held_out), row in grouped.iterrows():
+        beyond = row.get("extrapolated_steps_pct", float("nan"))
         lines.append(
             f"- {source}, {workload} ({'held out' if held_out else 'fit slice'}): median over "
             f"runs of E2E {row['e2e_mape_pct']:.1f} %, TTFT {row['ttft_mape_pct']:.1f} %, "
@@ -476,5 +494,6 @@ def error_summary(table: pd.DataFrame) -> list[str]:
             f"{row['output_token_throughput_error_pct']:+.1f} %, mean batch "
             f"{row['mean_batch_size_error_pct']:+.1f} %, peak KV in use "
             f"{row['peak_kv_in_use_slots_error_pct']:+.1f} %"
+            + ("" if pd.isna(beyond) else f"; steps beyond its fit's range {beyond:.0f} %")
         )
     return lines

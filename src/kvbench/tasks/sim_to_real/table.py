@@ -11,9 +11,13 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from kvbench.engine.cost_model import IterationShape
 from kvbench.engine.records import SimulationResult
 
 LATENCIES = (("e2e", "e2e_latency_s"), ("ttft", "ttft_s"), ("tpot", "tpot_s"))
+# The shape features a profile is linear in whose range its fit saw (engine.profiled).
+RANGE_FEATURES = ("num_prefill_tokens", "prefill_attention_pairs", "num_decode_tokens",
+                  "decode_context_tokens")  # fmt: skip
 
 
 def request_pairs(measured: pd.DataFrame, predicted: pd.DataFrame) -> pd.DataFrame:
@@ -89,3 +93,18 @@ def floor_lines(table: pd.DataFrame, repeat_source: str) -> list[str]:
                      f"{len(both)} held-out runs (median E2E error {both['profile'].median():.1f} "
                      f"% against the repeat's {both['repeat'].median():.1f} %)")  # fmt: skip
     return lines
+
+
+def extrapolated_steps_pct(shapes: list[IterationShape],
+                           fitted_shapes: list[IterationShape] | None) -> float:  # fmt: skip
+    """Percent of ``shapes`` (a run's steps) beyond the largest of ``fitted_shapes`` (the steps a
+    profile was fitted on) in any of ``RANGE_FEATURES``: steps its prices extrapolate to. NaN
+    when the fitted steps are unknown (a ``task=profile`` file, a repeat) or the run has none."""
+    if fitted_shapes is None or not shapes:
+        return float("nan")
+    fitted = np.array([[getattr(shape, name) for name in RANGE_FEATURES]
+                       for shape in fitted_shapes])  # [num_fitted_steps, num_features]
+    steps = np.array([[getattr(shape, name) for name in RANGE_FEATURES]
+                      for shape in shapes])  # [num_steps, num_features]
+    beyond = (steps > fitted.max(axis=0)).any(axis=1)  # [num_steps]
+    return float(beyond.mean() * 100)

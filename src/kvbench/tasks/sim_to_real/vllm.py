@@ -52,7 +52,13 @@ from kvbench.tasks.profile.plot import plot_predicted_vs_measured
 from kvbench.tasks.profile.profile_file import write_profile
 from kvbench.tasks.sim_to_real.fair_instrument import fair_instrument, fair_summary, profile_tables
 from kvbench.tasks.sim_to_real.run import error_summary
-from kvbench.tasks.sim_to_real.table import drift_lines, error_row, floor_lines, request_pairs
+from kvbench.tasks.sim_to_real.table import (
+    drift_lines,
+    error_row,
+    extrapolated_steps_pct,
+    floor_lines,
+    request_pairs,
+)
 from kvbench.tasks.sim_to_real.vllm_grid import VllmGridPoint, interleave, vllm_grid
 from kvbench.tasks.simulate.experiment import scheduler_limits, v1_limits
 from kvbench.tasks.simulate.real_runner import pin_threads
@@ -138,6 +144,14 @@ def run_sim_to_vllm(
                       {"model": cfg.model.name, "dtype": cfg.model.dtype, "fit_workload": name,
                        "engine": "vllm", "coefficients": coefficients})  # fmt: skip
     table, pairs_table = compare_all(runs, profiles, cfg, deployment)
+    fitted_shapes = {GRID_PROFILE: [step.shape for step in grid_steps(grid_runs)],
+                     fit_label: [step.shape for run in runs if run.workload == fit_label
+                                 for step in run.run.steps]}  # fmt: skip
+    shapes_of = {(run.workload, run.rate): [step.shape for step in run.run.steps] for run in runs}
+    table["extrapolated_steps_pct"] = [
+        extrapolated_steps_pct(shapes_of[row.workload, row.request_rate],
+                               fitted_shapes.get(row.profile))
+        for row in table.itertuples()]  # fmt: skip
     if repeat_runs:
         repeat_table, repeat_pairs = compare_repeats(runs, repeat_runs, cfg)
         table = pd.concat([table, repeat_table], ignore_index=True)
