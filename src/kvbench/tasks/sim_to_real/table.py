@@ -15,7 +15,8 @@ from kvbench.engine.cost_model import IterationShape
 from kvbench.engine.records import SimulationResult
 
 LATENCIES = (("e2e", "e2e_latency_s"), ("ttft", "ttft_s"), ("tpot", "tpot_s"))
-# The shape features a profile is linear in whose range its fit saw (engine.profiled).
+# The shape features a profile prices (engine.profiled): a step above every fitted step in one
+# of them is priced by extrapolation.
 RANGE_FEATURES = ("num_prefill_tokens", "prefill_attention_pairs", "num_decode_tokens",
                   "decode_context_tokens")  # fmt: skip
 
