@@ -233,7 +233,7 @@ class SimToVllmConfig:
     fair_prompt_tokens: int = MISSING
     fair_output_tokens: int = MISSING
     # Serve every replay a second time, after the first pass: vLLM predicting itself, the noise
-    # floor beside the profiles' errors (source vllm_repeat).
+    # under the profiles' errors (source vllm_repeat).
     repeat_replays: bool = MISSING
 
 
@@ -242,7 +242,7 @@ class SimToRealConfig:
     """``task=sim_to_real`` (docs/sim_to_real.md)."""
 
     # Serve every slice x rate x allocator a second time, after the first pass: the real executor
-    # predicting itself, the noise floor beside the profiles' errors (source real_repeat).
+    # predicting itself, the noise under the profiles' errors (source real_repeat).
     repeat_replays: bool = MISSING
 
 

@@ -11,7 +11,7 @@ the machine's speed the grid parts just before and after it measured (``drift_sc
 simulated with each (``executor=profiled``'s model, per allocator at its kernel block size). With
 ``sim_to_real.repeat_replays`` every run is served again after the first pass, and that second run
 is scored as a prediction of the first (``real_repeat``): the error the machine's own repeatability
-leaves, the floor under every profile's. Writes ``sim_to_real.parquet`` (errors per run and
+leaves, the noise under every profile's. Writes ``sim_to_real.parquet`` (errors per run and
 profile), ``sim_to_real_requests.parquet`` (measured and predicted latencies per request),
 ``real_steps.parquet`` (every step of the runs and the grid, on one wall-clock time line), both
 fitted profiles, ``plots/sim_to_real*.png|svg`` and ``report.md`` (with the machine's drift).
@@ -54,7 +54,7 @@ from kvbench.tasks.sim_to_real.real_grid import GRID_POOL_SLOTS, RealGridPoint, 
 from kvbench.tasks.sim_to_real.table import (
     drift_lines,
     error_row,
-    extrapolated_steps_pct,
+    extrapolation_column,
     floor_lines,
     peak_kv_in_use_slots,
     request_pairs,
@@ -147,8 +147,8 @@ def run_sim_to_real(
         model, replay_jobs(cfg, max_model_len), points, cfg, limits, num_slots,
         cfg.sim_to_real.repeat_replays)  # fmt: skip
     fit_label = runs[0].workload
-    profiles = {INTERLEAVED_GRID_SOURCE: fit_on_runs(grid_runs),
-                FIT_SOURCE: fit_on_runs([run for run in runs if run.workload == fit_label])}
+    fit_runs = [run for run in runs if run.workload == fit_label]
+    profiles = {INTERLEAVED_GRID_SOURCE: fit_on_runs(grid_runs), FIT_SOURCE: fit_on_runs(fit_runs)}
     for source, name in ((INTERLEAVED_GRID_SOURCE, "profile_real_grid.json"),
                          (FIT_SOURCE, f"profile_fitted_on_{fit_label}.json")):  # fmt: skip
         write_profile(output_dir / name, {
@@ -163,9 +163,11 @@ def run_sim_to_real(
                                      max_model_len, deployment,
                                      {LOCAL_GRID_SOURCE: scales})  # fmt: skip
     grid_shapes = [shape for run in grid_runs for shape in run.shapes]
-    table["extrapolated_steps_pct"] = extrapolation_column(table, runs, {
-        INTERLEAVED_GRID_SOURCE: grid_shapes, LOCAL_GRID_SOURCE: grid_shapes,
-        FIT_SOURCE: [shape for run in runs if run.workload == fit_label for shape in run.shapes]})
+    table["extrapolated_steps_pct"] = extrapolation_column(
+        table, {(run.workload, run.rate, run.allocator): run.shapes for run in runs},
+        {INTERLEAVED_GRID_SOURCE: grid_shapes, LOCAL_GRID_SOURCE: grid_shapes,
+         FIT_SOURCE: [shape for run in fit_runs for shape in run.shapes]},
+        ("workload", "request_rate", "allocator"), "source")  # fmt: skip
     if repeat_runs:
         repeat_table, repeat_pairs = compare_repeats(runs, repeat_runs, deployment)
         table = pd.concat([table, repeat_table], ignore_index=True)
@@ -347,16 +349,6 @@ def compare_all(runs: list[RealRunRecord], profiles: dict[str, dict[str, float]]
             rows_out.append({**labels, **row})
             pairs_out.append(pairs.assign(**labels))
     return pd.DataFrame(rows_out), pd.concat(pairs_out, ignore_index=True)
-
-
-def extrapolation_column(table: pd.DataFrame, runs: list[RealRunRecord],
-                         fitted_shapes: Mapping[str, list[Any]]) -> list[float]:  # fmt: skip
-    """Per row of ``table``: ``extrapolated_steps_pct`` of its run's steps against the steps its
-    source was fitted on (NaN for a source not in ``fitted_shapes``)."""
-    shapes_of = {(run.workload, run.rate, run.allocator): run.shapes for run in runs}
-    return [extrapolated_steps_pct(shapes_of[row.workload, row.request_rate, row.allocator],
-                                   fitted_shapes.get(row.source))
-            for row in table.itertuples()]  # fmt: skip
 
 
 def compare_repeats(runs: list[RealRunRecord], repeat_runs: list[RealRunRecord],

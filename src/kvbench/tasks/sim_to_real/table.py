@@ -8,6 +8,8 @@ per run, the signed percentage error of output throughput, mean batch and peak K
 
 from __future__ import annotations
 
+from collections.abc import Hashable, Mapping, Sequence
+
 import numpy as np
 import pandas as pd
 
@@ -109,3 +111,14 @@ def extrapolated_steps_pct(shapes: list[IterationShape],
                       for shape in shapes])  # [num_steps, num_features]
     beyond = (steps > fitted.max(axis=0)).any(axis=1)  # [num_steps]
     return float(beyond.mean() * 100)
+
+
+def extrapolation_column(table: pd.DataFrame, run_shapes: Mapping[Hashable, list[IterationShape]],
+                         fitted_shapes: Mapping[str, list[IterationShape]], run_keys: Sequence[str],
+                         fitted_by: str) -> list[float]:  # fmt: skip
+    """Per row of ``table``: ``extrapolated_steps_pct`` of its run's steps (``run_shapes`` keyed
+    by the row's ``run_keys`` columns) against the steps its ``fitted_by`` column names in
+    ``fitted_shapes`` (NaN for a name not there)."""
+    return [extrapolated_steps_pct(run_shapes[tuple(getattr(row, key) for key in run_keys)],
+                                   fitted_shapes.get(getattr(row, fitted_by)))
+            for row in table.itertuples()]  # fmt: skip

@@ -10,7 +10,7 @@ decode tokens): one on the grid's steps (every slice is then held out), one on t
 replays. kvbench's ``scheduler=vllm_v1`` model simulates every replay's requests priced by each.
 With ``sim_to_vllm.repeat_replays`` every replay is served again after the first pass, and that
 second replay is scored as a prediction of the first (``vllm_repeat``): vLLM against itself, the
-floor under every profile's error. Errors per request (E2E, TTFT, TPOT) and per run (throughput,
+noise under every profile's error. Errors per request (E2E, TTFT, TPOT) and per run (throughput,
 mean batch, peak blocks in use) go to ``sim_to_vllm.parquet`` and ``sim_to_vllm_requests.parquet``,
 every vLLM step (with its wall-clock time) to ``vllm_steps.parquet``, beside ``plots/sim_to_vllm``
 and both profiles.
@@ -55,7 +55,7 @@ from kvbench.tasks.sim_to_real.run import error_summary
 from kvbench.tasks.sim_to_real.table import (
     drift_lines,
     error_row,
-    extrapolated_steps_pct,
+    extrapolation_column,
     floor_lines,
     request_pairs,
 )
@@ -132,11 +132,10 @@ def run_sim_to_vllm(
         cfg.sim_to_vllm.repeat_replays)  # fmt: skip
     fit_label = runs[0].workload
     block_size = cfg.allocator.block_size
-    profiles = {
-        GRID_PROFILE: fit_on_vllm_steps(grid_steps(grid_runs), block_size),
-        fit_label: fit_on_vllm_steps([step for run in runs if run.workload == fit_label
-                                      for step in run.run.steps], block_size),
-    }  # fmt: skip
+    fitted_steps = {GRID_PROFILE: grid_steps(grid_runs),
+                    fit_label: [step for run in runs if run.workload == fit_label
+                                for step in run.run.steps]}  # fmt: skip
+    profiles = {name: fit_on_vllm_steps(steps, block_size) for name, steps in fitted_steps.items()}
     for name, coefficients in profiles.items():
         file_name = "profile_vllm_grid.json" if name == GRID_PROFILE else \
             f"profile_vllm_fitted_on_{name}.json"
@@ -144,14 +143,10 @@ def run_sim_to_vllm(
                       {"model": cfg.model.name, "dtype": cfg.model.dtype, "fit_workload": name,
                        "engine": "vllm", "coefficients": coefficients})  # fmt: skip
     table, pairs_table = compare_all(runs, profiles, cfg, deployment)
-    fitted_shapes = {GRID_PROFILE: [step.shape for step in grid_steps(grid_runs)],
-                     fit_label: [step.shape for run in runs if run.workload == fit_label
-                                 for step in run.run.steps]}  # fmt: skip
-    shapes_of = {(run.workload, run.rate): [step.shape for step in run.run.steps] for run in runs}
-    table["extrapolated_steps_pct"] = [
-        extrapolated_steps_pct(shapes_of[row.workload, row.request_rate],
-                               fitted_shapes.get(row.profile))
-        for row in table.itertuples()]  # fmt: skip
+    table["extrapolated_steps_pct"] = extrapolation_column(
+        table, {(run.workload, run.rate): [step.shape for step in run.run.steps] for run in runs},
+        {name: [step.shape for step in steps] for name, steps in fitted_steps.items()},
+        ("workload", "request_rate"), "profile")  # fmt: skip
     if repeat_runs:
         repeat_table, repeat_pairs = compare_repeats(runs, repeat_runs, cfg)
         table = pd.concat([table, repeat_table], ignore_index=True)
