@@ -16,7 +16,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m kvbench.tasks.report", description=__doc__)
     parser.add_argument("results", nargs="+", type=Path, help="result folders (searched deeply)")
     parser.add_argument("--out", type=Path, default=Path("results/report"),
-                        help="where the tables, charts and reproduction.md go")  # fmt: skip
+                        help="where the tables, charts, reproduction.md and "
+                             "sim_to_real_runs.md go")  # fmt: skip
     parser.add_argument("--docs", type=Path, default=None,
                         help="a markdown file whose kvbench.tasks.report blocks to refresh "
                              "(e.g. docs/reproduction.md)")  # fmt: skip
@@ -30,11 +31,14 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     with chart_formats(args.formats):
         tables = write_report(args.results, args.out, args.docs)
-    if tables.summary.empty:
-        print("kvbench.tasks.report: no summary.parquet under the folders given", file=sys.stderr)
+    if tables.empty:
+        print("kvbench.tasks.report: no summary.parquet, sim_to_real.parquet or "
+              "sim_to_vllm.parquet under the folders given", file=sys.stderr)  # fmt: skip
         return 3
+    num_runs = sum(t["run_dir"].nunique() for t in tables.sim_to_real.values() if not t.empty)
     print(f"kvbench.tasks.report: {len(tables.summary)} summary rows, {len(tables.knees)} knees, "
-          f"{len(tables.capacity)} capacity rows -> {args.out}")  # fmt: skip
+          f"{len(tables.capacity)} capacity rows, {num_runs} sim-to-real runs "
+          f"-> {args.out}")  # fmt: skip
     return 0
 
 

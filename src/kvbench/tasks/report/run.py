@@ -1,4 +1,5 @@
-"""Build the report: aggregated tables, charts and the reproduction markdown."""
+"""Build the report: aggregated tables, charts and the reproduction markdown; over
+``sim_to_real`` and ``sim_to_vllm`` runs, their errors across runs."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from kvbench.tasks.report import sections
 from kvbench.tasks.report.aggregate import done_marker, load_tables
 from kvbench.tasks.report.docs_blocks import block, replace_blocks
 from kvbench.tasks.report.plot import draw_report_figures
+from kvbench.tasks.report.sim_to_real_runs import ENGINE_TABLES, sim_to_real_runs_section
 
 # The app's knee bound (conf/config.yaml), for knees recomputed over every run.
 DEFAULT_LATENCY_MULTIPLE = float(root_setting("knee.latency_multiple"))
@@ -30,20 +32,28 @@ class ReportTables:
     knees: pd.DataFrame
     sensitivity: pd.DataFrame
     capacity: pd.DataFrame
+    # Per engine table file (sim_to_real.parquet, sim_to_vllm.parquet): every run's rows.
+    sim_to_real: dict[str, pd.DataFrame]
+
+    @property
+    def empty(self) -> bool:
+        """Nothing found under the folders: no summary and no sim-to-real rows."""
+        return self.summary.empty and all(t.empty for t in self.sim_to_real.values())
 
 
 def compute_tables(
     roots: list[Path], latency_multiple: float = DEFAULT_LATENCY_MULTIPLE
 ) -> ReportTables:
     """Load every summary and capacity table under ``roots`` (the paper's engine's rows: see
-    ``paper_engine_rows``); recompute knees over all runs."""
+    ``paper_engine_rows``), recompute knees over all runs; load every sim-to-real table."""
     summary = paper_engine_rows(load_tables(roots, "summary.parquet"))
     capacity = paper_engine_rows(load_tables(roots, "capacity.parquet"))
+    sim_to_real = {name: load_tables(roots, name) for name, _, _ in ENGINE_TABLES}
     if summary.empty:
-        return ReportTables(summary, pd.DataFrame(), pd.DataFrame(), capacity)
+        return ReportTables(summary, pd.DataFrame(), pd.DataFrame(), capacity, sim_to_real)
     knees = knee_ratios(knees_frame(summary, latency_multiple))
     sensitivity = knee_sensitivity(summary) if not knees.empty else pd.DataFrame()
-    return ReportTables(summary, knees, sensitivity, capacity)
+    return ReportTables(summary, knees, sensitivity, capacity, sim_to_real)
 
 
 def paper_engine_rows(table: pd.DataFrame) -> pd.DataFrame:
@@ -83,12 +93,27 @@ def write_report(
     roots: list[Path], out_dir: Path, docs_path: Path | None = None
 ) -> ReportTables:
     """Write ``results.parquet``, ``knees.parquet``, ``capacity.parquet``, the charts and
-    ``reproduction.md`` under ``out_dir``; with ``docs_path``, refresh its generated blocks."""
+    ``reproduction.md`` under ``out_dir`` (from summaries), and ``sim_to_real_runs.md`` (from
+    sim-to-real tables); with ``docs_path``, refresh its generated blocks."""
     tables = compute_tables(roots)
-    if tables.summary.empty:
+    if tables.empty:
         return tables
-    metadata = provenance(None)
     out_dir.mkdir(parents=True, exist_ok=True)
+    bodies = _write_reproduction(tables, out_dir) if not tables.summary.empty else {}
+    runs_body = sim_to_real_runs_section(tables.sim_to_real)
+    if runs_body:
+        bodies["sim_to_real_runs"] = runs_body
+        (out_dir / "sim_to_real_runs.md").write_text(
+            "# kvbench sim-to-real errors across runs\n\n" + block("sim_to_real_runs", runs_body)
+            + "\n")  # fmt: skip
+    if docs_path is not None:
+        _refresh_docs(docs_path, bodies)
+    return tables
+
+
+def _write_reproduction(tables: ReportTables, out_dir: Path) -> dict[str, str]:
+    """The summaries' tables, charts and ``reproduction.md``; returns its blocks' bodies."""
+    metadata = provenance(None)
     for name, frame in (("results", tables.summary), ("knees", tables.knees),
                         ("capacity", tables.capacity)):  # fmt: skip
         if not frame.empty:
@@ -99,9 +124,7 @@ def write_report(
         block(name, body) for name, body in bodies.items()
     )
     (out_dir / "reproduction.md").write_text(text + "\n")
-    if docs_path is not None:
-        _refresh_docs(docs_path, bodies)
-    return tables
+    return bodies
 
 
 def _refresh_docs(docs_path: Path, bodies: dict[str, str]) -> list[str]:

@@ -1,0 +1,126 @@
+"""Sim-to-real errors over many runs, each predictor paired with the engine's own repeat.
+
+One run of ``experiment=sim_to_real`` or ``sim_to_vllm`` cannot rank a profile against the
+engine's repeat (its second pass, the same requests served again): on a noisy machine the
+repeat's error moves from run to run as much as the profiles' do. Over many runs it can. Per
+engine (the table a run wrote), this section gives each predictor's median E2E error per slice in
+every run, and over all runs' held-out rows paired with the repeat of the same run, slice, rate
+and allocator: how often the predictor came nearer the measured run than the repeat did, with a
+two-sided sign test (ties left out). Two noisy runs lie about sqrt(2) times further apart than
+either lies from the run to expect, so a predictor as good as the machine allows is nearer in
+more than half, and a ratio of medians near 0.7 is that predictor's (docs/sim_to_real.md).
+"""
+
+from __future__ import annotations
+
+import os
+
+import pandas as pd
+from scipy.stats import binomtest
+
+from kvbench.tasks.report.markdown_table import markdown_table
+
+# Each table of per-run errors: (its file, the engine it measured, the source of its repeat).
+ENGINE_TABLES = (
+    ("sim_to_real.parquet", "kvbench's real executor", "real_repeat"),
+    ("sim_to_vllm.parquet", "real vLLM", "vllm_repeat"),
+)
+RUN_KEYS = ["run_dir", "workload", "request_rate", "allocator"]
+
+
+def slice_cells(table: pd.DataFrame) -> pd.DataFrame:
+    """Per source (rows) and run (columns, in ``run_dir`` order): each workload's median E2E
+    error, ``"a / b / c %"`` in the workloads' order of appearance; a value in parentheses is
+    the slice the profile was fitted on (not held out)."""
+    workloads = list(dict.fromkeys(table["workload"]))
+    runs = sorted(table["run_dir"].unique())
+    medians = table.groupby(["source", "run_dir", "workload"], sort=False).agg(
+        e2e=("e2e_mape_pct", "median"), held_out=("held_out", "all"))  # fmt: skip
+    cells = {}
+    for source in dict.fromkeys(table["source"]):
+        cells[source] = [_slice_cell(medians, source, run, workloads) for run in runs]
+    return pd.DataFrame.from_dict(cells, orient="index",
+                                  columns=[f"run {i + 1}" for i in range(len(runs))])  # fmt: skip
+
+
+def _slice_cell(medians: pd.DataFrame, source: str, run: str, workloads: list[str]) -> str:
+    values = []
+    for workload in workloads:
+        key = (source, run, workload)
+        if key not in medians.index:
+            values.append("–")
+            continue
+        e2e, held_out = medians.loc[key, "e2e"], medians.loc[key, "held_out"]
+        values.append(f"{e2e:.1f}" if held_out else f"({e2e:.1f})")
+    return " / ".join(values) + " %"
+
+
+def repeat_pairs(table: pd.DataFrame, repeat_source: str) -> pd.DataFrame:
+    """Per predictor (every source but the repeat), over every run's held-out rows that have a
+    repeat: ``num_pairs``, ``num_nearer`` (its E2E error below the repeat's), ``num_ties``,
+    ``sign_test_p`` (two-sided, ties left out), both medians and their ratio."""
+    repeat = table[table["source"] == repeat_source].set_index(RUN_KEYS)["e2e_mape_pct"]
+    held_out = table[(table["source"] != repeat_source) & table["held_out"]]
+    rows = []
+    for source, predicted in held_out.groupby("source", sort=False):
+        both = pd.concat([predicted.set_index(RUN_KEYS)["e2e_mape_pct"], repeat], axis=1,
+                         keys=["profile", "repeat"], join="inner").dropna()  # fmt: skip
+        if both.empty:
+            continue
+        nearer = int((both["profile"] < both["repeat"]).sum())
+        ties = int((both["profile"] == both["repeat"]).sum())
+        untied = len(both) - ties
+        rows.append({
+            "source": source, "num_runs": predicted["run_dir"].nunique(), "num_pairs": len(both),
+            "num_nearer": nearer, "num_ties": ties,
+            "sign_test_p": binomtest(nearer, untied).pvalue if untied else float("nan"),
+            "median_profile_pct": both["profile"].median(),
+            "median_repeat_pct": both["repeat"].median(),
+        })  # fmt: skip
+    pairs = pd.DataFrame(rows)
+    if not pairs.empty:
+        pairs["median_ratio"] = pairs["median_profile_pct"] / pairs["median_repeat_pct"]
+    return pairs
+
+
+def sim_to_real_runs_section(tables: dict[str, pd.DataFrame]) -> str:
+    """The section over the runs of each engine table in ``tables`` (keyed by file name, rows of
+    every run with ``run_dir``); "" without any."""
+    parts = []
+    for name, engine, repeat_source in ENGINE_TABLES:
+        table = tables.get(name, pd.DataFrame())
+        if table.empty:
+            continue
+        runs = sorted(table["run_dir"].unique())
+        workloads = " / ".join(dict.fromkeys(table["workload"]))
+        cells = slice_cells(table)
+        rows = [[source, *row] for source, row in cells.iterrows()]
+        parts.append(f"### {engine}: `{name}`, {len(runs)} runs\n\n"
+                     f"Median \\|E2E error\\| per request, the median over each slice's rates "
+                     f"and allocators in each run ({workloads}); in parentheses the slice a "
+                     "profile was fitted on.\n\n"
+                     + markdown_table(["predictor", *cells.columns], rows))  # fmt: skip
+        pairs = repeat_pairs(table, repeat_source)
+        if not pairs.empty:
+            parts.append(f"Held out, paired with `{repeat_source}` (the same run served again) "
+                         "over all runs:\n\n" + _pairs_table(pairs))  # fmt: skip
+        parts.append("Runs: " + ", ".join(f"{i + 1} `{name}`"
+                                          for i, name in enumerate(run_names(runs))))  # fmt: skip
+    return "\n\n".join(parts)
+
+
+def run_names(run_dirs: list[str]) -> list[str]:
+    """Each of ``run_dirs`` relative to the folder holding them all (their folder names when
+    they are siblings)."""
+    common = os.path.commonpath([os.path.dirname(run) for run in run_dirs])
+    return [os.path.relpath(run, common) for run in run_dirs]
+
+
+def _pairs_table(pairs: pd.DataFrame) -> str:
+    rows = [[row.source, f"{row.num_nearer} of {row.num_pairs}"
+             + (f" ({row.num_ties} tied)" if row.num_ties else ""),
+             f"{row.sign_test_p:.2g}", f"{row.median_profile_pct:.1f} %",
+             f"{row.median_repeat_pct:.1f} %", f"{row.median_ratio:.2f}"]
+            for row in pairs.itertuples()]  # fmt: skip
+    return markdown_table(["predictor", "nearer than the repeat", "sign test p",
+                           "median E2E error", "the repeat's", "ratio"], rows)  # fmt: skip

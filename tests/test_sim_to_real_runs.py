@@ -1,0 +1,97 @@
+"""`python -m kvbench.tasks.report` over sim_to_real / sim_to_vllm runs: errors across runs, each
+predictor paired with the engine's own repeat."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from scipy.stats import binomtest
+
+from kvbench.tasks.report import write_report
+from kvbench.tasks.report.sim_to_real_runs import repeat_pairs, run_names, slice_cells
+
+
+def _rows(run: str, errors: dict[tuple[str, str, float], float]) -> pd.DataFrame:
+    """One run's table: ``errors`` keyed by (source, workload, rate); the fit slice is alpaca."""
+    return pd.DataFrame([
+        {"run_dir": run, "source": source, "workload": workload, "request_rate": rate,
+         "allocator": "paged", "held_out": source == "real_repeat" or workload != "alpaca",
+         "e2e_mape_pct": error}
+        for (source, workload, rate), error in errors.items()
+    ])  # fmt: skip
+
+
+def _two_runs() -> pd.DataFrame:
+    # Run 1: the grid nearer than the repeat on both held-out rows; run 2: on one of two.
+    one = _rows("/r/run1", {("interleaved_grid", "alpaca", 1.0): 2.0,
+                            ("interleaved_grid", "sharegpt", 1.0): 5.0,
+                            ("interleaved_grid", "sharegpt", 4.0): 7.0,
+                            ("real_repeat", "sharegpt", 1.0): 10.0,
+                            ("real_repeat", "sharegpt", 4.0): 9.0})  # fmt: skip
+    two = _rows("/r/run2", {("interleaved_grid", "alpaca", 1.0): 4.0,
+                            ("interleaved_grid", "sharegpt", 1.0): 20.0,
+                            ("interleaved_grid", "sharegpt", 4.0): 6.0,
+                            ("real_repeat", "sharegpt", 1.0): 3.0,
+                            ("real_repeat", "sharegpt", 4.0): 6.0})  # fmt: skip
+    return pd.concat([one, two], ignore_index=True)
+
+
+def test_each_run_s_slices_are_its_median_errors_the_fit_slice_in_parentheses():
+    cells = slice_cells(_two_runs())
+    assert list(cells.columns) == ["run 1", "run 2"]
+    assert cells.loc["interleaved_grid"].tolist() == ["(2.0) / 6.0 %", "(4.0) / 13.0 %"]
+    assert cells.loc["real_repeat"].tolist() == ["– / 9.5 %", "– / 4.5 %"]
+
+
+def test_a_predictor_is_paired_with_the_repeat_of_its_own_run_only():
+    pairs = repeat_pairs(_two_runs(), "real_repeat").set_index("source")
+    grid = pairs.loc["interleaved_grid"]
+    # 4 held-out rows (the alpaca fit slice is not); nearer in run 1's two, a tie in run 2.
+    assert (grid.num_pairs, grid.num_nearer, grid.num_ties, grid.num_runs) == (4, 2, 1, 2)
+    assert grid.sign_test_p == pytest.approx(binomtest(2, 3).pvalue)
+    assert (grid.median_profile_pct, grid.median_repeat_pct) == (6.5, 7.5)
+    assert grid.median_ratio == pytest.approx(6.5 / 7.5)
+    assert "real_repeat" not in pairs.index
+
+
+def test_runs_are_named_from_the_folder_holding_them():
+    assert run_names(["/a/b/run1", "/a/b/run2"]) == ["run1", "run2"]
+    assert run_names(["/a/x/run", "/a/y/run"]) == ["x/run", "y/run"]
+    assert run_names(["/a/b/run1"]) == ["run1"]
+
+
+def test_the_report_over_sim_to_real_runs_alone_writes_their_section(tmp_path):
+    table = _two_runs()
+    for run, rows in table.groupby("run_dir"):
+        folder = tmp_path / "runs" / run.rsplit("/", 1)[1]
+        folder.mkdir(parents=True)
+        rows.drop(columns="run_dir").to_parquet(folder / "sim_to_real.parquet")
+    tables = write_report([tmp_path / "runs"], tmp_path / "out")
+    assert tables.summary.empty and not tables.empty
+    text = (tmp_path / "out" / "sim_to_real_runs.md").read_text()
+    assert "kvbench's real executor: `sim_to_real.parquet`, 2 runs" in text
+    assert "| interleaved_grid | 2 of 4 (1 tied) |" in text and "Runs: 1 `run1`, 2 `run2`" in text
+    assert not (tmp_path / "out" / "reproduction.md").exists()  # no summary: no paper figures
+    command = [sys.executable, "-m", "kvbench.tasks.report", str(tmp_path / "runs"), "--out",
+               str(tmp_path / "cli")]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert "2 sim-to-real runs" in done.stdout
+
+
+def test_the_docs_block_is_what_the_report_makes_of_the_committed_runs():
+    """docs/sim_to_real.md's table across runs = the report on the committed AMD EPYC runs."""
+    from test_report import _block_body
+
+    from kvbench.tasks.report.aggregate import load_tables
+    from kvbench.tasks.report.sim_to_real_runs import ENGINE_TABLES, sim_to_real_runs_section
+
+    root = Path(__file__).resolve().parents[1]
+    runs = root / "results" / "reference" / "sim_to_real_runs" / "amd-epyc-2026-12-03"
+    tables = {name: load_tables([runs], name) for name, _, _ in ENGINE_TABLES}
+    assert [tables[name]["run_dir"].nunique() for name, _, _ in ENGINE_TABLES] == [3, 3]
+    expected = sim_to_real_runs_section(tables)
+    text = (root / "docs" / "sim_to_real.md").read_text()
+    assert _block_body(text, "sim_to_real_runs") == expected.strip()
