@@ -14,11 +14,12 @@ from kvbench.tasks.report.sim_to_real_runs import repeat_pairs, run_names, slice
 
 
 def _rows(run: str, errors: dict[tuple[str, str, float], float]) -> pd.DataFrame:
-    """One run's table: ``errors`` keyed by (source, workload, rate); the fit slice is alpaca."""
+    """One run's table: E2E ``errors`` keyed by (source, workload, rate), TTFT twice and TPOT
+    half of each; the fit slice is alpaca."""
     return pd.DataFrame([
         {"run_dir": run, "source": source, "workload": workload, "request_rate": rate,
          "allocator": "paged", "held_out": source == "real_repeat" or workload != "alpaca",
-         "e2e_mape_pct": error}
+         "e2e_mape_pct": error, "ttft_mape_pct": 2 * error, "tpot_mape_pct": error / 2}
         for (source, workload, rate), error in errors.items()
     ])  # fmt: skip
 
@@ -53,6 +54,9 @@ def test_a_predictor_is_paired_with_the_repeat_of_its_own_run_only():
     assert grid.sign_test_p == pytest.approx(binomtest(2, 3).pvalue)
     assert (grid.median_profile_pct, grid.median_repeat_pct) == (6.5, 7.5)
     assert grid.median_ratio == pytest.approx(6.5 / 7.5)
+    # TTFT and TPOT over the same rows (here 2x and half of each E2E error).
+    assert (grid.median_ttft_pct, grid.median_ttft_repeat_pct) == (13.0, 15.0)
+    assert (grid.median_tpot_pct, grid.median_tpot_repeat_pct) == (3.25, 3.75)
     assert "real_repeat" not in pairs.index
 
 
@@ -73,6 +77,7 @@ def test_the_report_over_sim_to_real_runs_alone_writes_their_section(tmp_path):
     text = (tmp_path / "out" / "sim_to_real_runs.md").read_text()
     assert "kvbench's real executor: `sim_to_real.parquet`, 2 runs" in text
     assert "| interleaved_grid | 2 of 4 (1 tied) |" in text and "Runs: 1 `run1`, 2 `run2`" in text
+    assert "| 0.87 | 13.0 % (15.0 %) | 3.2 % (3.8 %) |" in text
     assert not (tmp_path / "out" / "reproduction.md").exists()  # no summary: no paper figures
     command = [sys.executable, "-m", "kvbench.tasks.report", str(tmp_path / "runs"), "--out",
                str(tmp_path / "cli")]  # fmt: skip

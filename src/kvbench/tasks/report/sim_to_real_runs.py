@@ -6,9 +6,10 @@ repeat's error moves from run to run as much as the profiles' do. Over many runs
 engine (the table a run wrote), this section gives each predictor's median E2E error per slice in
 every run, and over all runs' held-out rows paired with the repeat of the same run, slice, rate
 and allocator: how often the predictor came nearer the measured run than the repeat did, with a
-two-sided sign test (ties left out). Two noisy runs lie about sqrt(2) times further apart than
-either lies from the run to expect, so a predictor as good as the machine allows is nearer in
-more than half, and a ratio of medians near 0.7 is that predictor's (docs/sim_to_real.md).
+two-sided sign test (ties left out), and the TTFT and TPOT errors over the same rows. Two noisy
+runs lie about sqrt(2) times further apart than either lies from the run to expect, so a
+predictor as good as the machine allows is nearer in more than half, and a ratio of medians near
+0.7 is that predictor's (docs/sim_to_real.md).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import pandas as pd
 from scipy.stats import binomtest
 
 from kvbench.tasks.report.markdown_table import markdown_table
+from kvbench.tasks.sim_to_real.table import LATENCIES
 
 # Each table of per-run errors: (its file, the engine it measured, the source of its repeat).
 ENGINE_TABLES = (
@@ -26,6 +28,7 @@ ENGINE_TABLES = (
     ("sim_to_vllm.parquet", "real vLLM", "vllm_repeat"),
 )
 RUN_KEYS = ["run_dir", "workload", "request_rate", "allocator"]
+LATENCY_NAMES = tuple(name for name, _ in LATENCIES)  # each row's *_mape_pct columns
 
 
 def slice_cells(table: pd.DataFrame) -> pd.DataFrame:
@@ -58,25 +61,30 @@ def _slice_cell(medians: pd.DataFrame, source: str, run: str, workloads: list[st
 def repeat_pairs(table: pd.DataFrame, repeat_source: str) -> pd.DataFrame:
     """Per predictor (every source but the repeat), over every run's held-out rows that have a
     repeat: ``num_pairs``, ``num_nearer`` (its E2E error below the repeat's), ``num_ties``,
-    ``sign_test_p`` (two-sided, ties left out), both medians and their ratio."""
-    repeat = table[table["source"] == repeat_source].set_index(RUN_KEYS)["e2e_mape_pct"]
+    ``sign_test_p`` (two-sided, ties left out), both E2E medians and their ratio, and both
+    medians of the TTFT and TPOT errors over the same rows."""
+    columns = [f"{latency}_mape_pct" for latency in LATENCY_NAMES]
+    repeat = table[table["source"] == repeat_source].set_index(RUN_KEYS)[columns]
     held_out = table[(table["source"] != repeat_source) & table["held_out"]]
     rows = []
     for source, predicted in held_out.groupby("source", sort=False):
-        both = pd.concat([predicted.set_index(RUN_KEYS)["e2e_mape_pct"], repeat], axis=1,
-                         keys=["profile", "repeat"], join="inner").dropna()  # fmt: skip
+        both = pd.merge(predicted.set_index(RUN_KEYS)[columns], repeat, how="inner",
+                        left_index=True, right_index=True, suffixes=("", "_repeat"))  # fmt: skip
+        both = both.dropna(subset=["e2e_mape_pct", "e2e_mape_pct_repeat"])
         if both.empty:
             continue
-        nearer = int((both["profile"] < both["repeat"]).sum())
-        ties = int((both["profile"] == both["repeat"]).sum())
+        profile, again = both["e2e_mape_pct"], both["e2e_mape_pct_repeat"]
+        nearer, ties = int((profile < again).sum()), int((profile == again).sum())
         untied = len(both) - ties
-        rows.append({
-            "source": source, "num_runs": predicted["run_dir"].nunique(), "num_pairs": len(both),
-            "num_nearer": nearer, "num_ties": ties,
-            "sign_test_p": binomtest(nearer, untied).pvalue if untied else float("nan"),
-            "median_profile_pct": both["profile"].median(),
-            "median_repeat_pct": both["repeat"].median(),
-        })  # fmt: skip
+        row = {"source": source, "num_runs": predicted["run_dir"].nunique(),
+               "num_pairs": len(both), "num_nearer": nearer, "num_ties": ties,
+               "sign_test_p": binomtest(nearer, untied).pvalue if untied else float("nan"),
+               "median_profile_pct": profile.median(),
+               "median_repeat_pct": again.median()}  # fmt: skip
+        for latency in LATENCY_NAMES[1:]:  # TTFT, TPOT
+            row[f"median_{latency}_pct"] = both[f"{latency}_mape_pct"].median()
+            row[f"median_{latency}_repeat_pct"] = both[f"{latency}_mape_pct_repeat"].median()
+        rows.append(row)
     pairs = pd.DataFrame(rows)
     if not pairs.empty:
         pairs["median_ratio"] = pairs["median_profile_pct"] / pairs["median_repeat_pct"]
@@ -120,7 +128,10 @@ def _pairs_table(pairs: pd.DataFrame) -> str:
     rows = [[row.source, f"{row.num_nearer} of {row.num_pairs}"
              + (f" ({row.num_ties} tied)" if row.num_ties else ""),
              f"{row.sign_test_p:.2g}", f"{row.median_profile_pct:.1f} %",
-             f"{row.median_repeat_pct:.1f} %", f"{row.median_ratio:.2f}"]
+             f"{row.median_repeat_pct:.1f} %", f"{row.median_ratio:.2f}",
+             f"{row.median_ttft_pct:.1f} % ({row.median_ttft_repeat_pct:.1f} %)",
+             f"{row.median_tpot_pct:.1f} % ({row.median_tpot_repeat_pct:.1f} %)"]
             for row in pairs.itertuples()]  # fmt: skip
     return markdown_table(["predictor", "nearer than the repeat", "sign test p",
-                           "median E2E error", "the repeat's", "ratio"], rows)  # fmt: skip
+                           "median E2E error", "the repeat's", "ratio",
+                           "TTFT (the repeat's)", "TPOT (the repeat's)"], rows)  # fmt: skip
