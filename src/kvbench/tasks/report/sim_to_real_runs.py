@@ -112,8 +112,8 @@ def sim_to_real_runs_section(tables: dict[str, pd.DataFrame]) -> str:
         if not pairs.empty:
             parts.append(f"Held out, paired with `{repeat_source}` (the same run served again) "
                          "over all runs:\n\n" + _pairs_table(pairs))  # fmt: skip
-        parts.append("Runs: " + ", ".join(f"{i + 1} `{name}`"
-                                          for i, name in enumerate(run_names(runs))))  # fmt: skip
+        names = run_names(runs)
+        parts.append("Runs: " + ", ".join(f"{i + 1} `{run}`" for i, run in enumerate(names)))
     return "\n\n".join(parts)
 
 
