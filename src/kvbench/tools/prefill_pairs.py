@@ -20,15 +20,19 @@ import random
 import statistics
 import sys
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from kvbench.engine.cost_model import IterationShape
 from kvbench.engine.profiled import ProfiledCostModel
 from kvbench.executors.names import DECODE_BACKENDS
+from kvbench.tasks.equivalence.models import load_model
 from kvbench.tasks.equivalence.names import MODEL_NAMES, SMOLLM2
 from kvbench.tasks.profile.grid import IterationPoint
+from kvbench.tasks.profile.measure import time_iteration
 from kvbench.tasks.profile.profile_file import device_name, read_profile
+from kvbench.workloads.schema import TokenizerUnavailableError
 
 BLOCK_SIZE = 16  # the paged allocators' (a prefill's attention runs on its prompt alone)
 
@@ -42,8 +46,7 @@ class PairPrice:
         difference_ms: the median over rounds of single - split.
         difference_iqr_ms: its first and third quartiles.
         num_single_slower: rounds in which the single prompt took longer.
-        pair_s: ``difference_ms`` / the extra pairs, in seconds.
-        pair_iqr_s: the quartiles of the difference over the extra pairs.
+        extra_pairs: the attention pairs the single prompt computes beyond the split ones.
     """
 
     single_ms: float
@@ -51,8 +54,18 @@ class PairPrice:
     difference_ms: float
     difference_iqr_ms: tuple[float, float]
     num_single_slower: int
-    pair_s: float
-    pair_iqr_s: tuple[float, float]
+    extra_pairs: int
+
+    @property
+    def pair_s(self) -> float:
+        """Seconds a pair costs: the median difference over the extra pairs."""
+        return self.difference_ms / 1e3 / self.extra_pairs
+
+    @property
+    def pair_iqr_s(self) -> tuple[float, float]:
+        """The difference's quartiles over the extra pairs, in seconds."""
+        low, high = self.difference_iqr_ms
+        return low / 1e3 / self.extra_pairs, high / 1e3 / self.extra_pairs
 
 
 def prompts(num_tokens: int, split: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -80,9 +93,7 @@ def pair_price(single_ms: list[float], split_ms: list[float], extra_pairs: int) 
     return PairPrice(
         single_ms=statistics.median(single_ms), split_ms=statistics.median(split_ms),
         difference_ms=difference_ms, difference_iqr_ms=(first, third),
-        num_single_slower=sum(d > 0 for d in differences),
-        pair_s=difference_ms / 1e3 / extra_pairs,
-        pair_iqr_s=(first / 1e3 / extra_pairs, third / 1e3 / extra_pairs),
+        num_single_slower=sum(d > 0 for d in differences), extra_pairs=extra_pairs,
     )  # fmt: skip
 
 
@@ -91,8 +102,6 @@ def time_rounds(model: object, shapes: tuple[tuple[int, ...], ...], rounds: int,
     """Per shape (prompt tokens of one prefill), its milliseconds in each of ``rounds`` rounds
     (the median of ``repeats`` timed runs, ``measure.time_iteration``), the shapes in a shuffled
     order each round."""
-    from kvbench.tasks.profile.measure import time_iteration
-
     order = random.Random(seed)
     times_ms: list[list[float]] = [[] for _ in shapes]
     for _ in range(rounds):
@@ -103,9 +112,10 @@ def time_rounds(model: object, shapes: tuple[tuple[int, ...], ...], rounds: int,
     return times_ms
 
 
-def profile_line(path: str, price: PairPrice, shapes: tuple[tuple[int, ...], ...]) -> str:
-    """What the profile at ``path`` prices a pair and each prefill at, beside the measured."""
-    document = read_profile(path)
+def profile_line(path: str, document: dict[str, Any], price: PairPrice,
+                 shapes: tuple[tuple[int, ...], ...]) -> str:  # fmt: skip
+    """What the profile ``document`` (read from ``path``) prices a pair and each prefill at,
+    beside the measured."""
     coefficients = {name: float(value) for name, value in document["coefficients"].items()}
     model = ProfiledCostModel(coefficients, BLOCK_SIZE)
     pair_s = coefficients["per_prefill_pair_s"]
@@ -144,13 +154,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.rounds < 2 or args.repeats < 1:
             raise ValueError(f"--rounds={args.rounds} --repeats={args.repeats}: needs at least 2 "
                              "rounds of at least 1 timed run")  # fmt: skip
-        for path in args.profile:
-            read_profile(path)  # a bad file is refused before minutes of timing
+        # Read first: a bad file is refused before minutes of timing.
+        profiles = [(path, read_profile(path)) for path in args.profile]
     except (ValueError, OSError) as error:
         parser.error(str(error))
-    from kvbench.tasks.equivalence.models import load_model
-    from kvbench.workloads.schema import TokenizerUnavailableError
-
     try:
         model = load_model(args.model)
     except TokenizerUnavailableError as error:  # SmolLM2's offline weights are not installed
@@ -171,8 +178,8 @@ def main(argv: list[str] | None = None) -> int:
     low_us, high_us = (value * 1e6 for value in price.pair_iqr_s)
     print(f"price of a pair: {price.pair_s * 1e6:.3f} us (quartiles {low_us:.3f} to "
           f"{high_us:.3f})")  # fmt: skip
-    for path in args.profile:
-        print(profile_line(path, price, shapes))
+    for path, document in profiles:
+        print(profile_line(path, document, price, shapes))
     return 0
 
 

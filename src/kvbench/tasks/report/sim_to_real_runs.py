@@ -17,18 +17,17 @@ from __future__ import annotations
 import os
 
 import pandas as pd
-from scipy.stats import binomtest
 
 from kvbench.tasks.report.markdown_table import markdown_table
-from kvbench.tasks.sim_to_real.table import LATENCIES
+from kvbench.tasks.sim_to_real.table import RUN_KEYS, repeat_pairs
 
 # Each table of per-run errors: (its file, the engine it measured, the source of its repeat).
 ENGINE_TABLES = (
     ("sim_to_real.parquet", "kvbench's real executor", "real_repeat"),
     ("sim_to_vllm.parquet", "real vLLM", "vllm_repeat"),
 )
-RUN_KEYS = ["run_dir", "workload", "request_rate", "allocator"]
-LATENCY_NAMES = tuple(name for name, _ in LATENCIES)  # each row's *_mape_pct columns
+# One run of the tables of many: its folder, then the run within it.
+RUN_DIR_KEYS = ("run_dir", *RUN_KEYS)
 
 
 def slice_cells(table: pd.DataFrame) -> pd.DataFrame:
@@ -58,39 +57,6 @@ def _slice_cell(medians: pd.DataFrame, source: str, run: str, workloads: list[st
     return " / ".join(values) + " %"
 
 
-def repeat_pairs(table: pd.DataFrame, repeat_source: str) -> pd.DataFrame:
-    """Per predictor (every source but the repeat), over every run's held-out rows that have a
-    repeat: ``num_pairs``, ``num_nearer`` (its E2E error below the repeat's), ``num_ties``,
-    ``sign_test_p`` (two-sided, ties left out), both E2E medians and their ratio, and both
-    medians of the TTFT and TPOT errors over the same rows."""
-    columns = [f"{latency}_mape_pct" for latency in LATENCY_NAMES]
-    repeat = table[table["source"] == repeat_source].set_index(RUN_KEYS)[columns]
-    held_out = table[(table["source"] != repeat_source) & table["held_out"]]
-    rows = []
-    for source, predicted in held_out.groupby("source", sort=False):
-        both = pd.merge(predicted.set_index(RUN_KEYS)[columns], repeat, how="inner",
-                        left_index=True, right_index=True, suffixes=("", "_repeat"))  # fmt: skip
-        both = both.dropna(subset=["e2e_mape_pct", "e2e_mape_pct_repeat"])
-        if both.empty:
-            continue
-        profile, again = both["e2e_mape_pct"], both["e2e_mape_pct_repeat"]
-        nearer, ties = int((profile < again).sum()), int((profile == again).sum())
-        untied = len(both) - ties
-        row = {"source": source, "num_runs": predicted["run_dir"].nunique(),
-               "num_pairs": len(both), "num_nearer": nearer, "num_ties": ties,
-               "sign_test_p": binomtest(nearer, untied).pvalue if untied else float("nan"),
-               "median_profile_pct": profile.median(),
-               "median_repeat_pct": again.median()}  # fmt: skip
-        for latency in LATENCY_NAMES[1:]:  # TTFT, TPOT
-            row[f"median_{latency}_pct"] = both[f"{latency}_mape_pct"].median()
-            row[f"median_{latency}_repeat_pct"] = both[f"{latency}_mape_pct_repeat"].median()
-        rows.append(row)
-    pairs = pd.DataFrame(rows)
-    if not pairs.empty:
-        pairs["median_ratio"] = pairs["median_profile_pct"] / pairs["median_repeat_pct"]
-    return pairs
-
-
 def sim_to_real_runs_section(tables: dict[str, pd.DataFrame]) -> str:
     """The section over the runs of each engine table in ``tables`` (keyed by file name, rows of
     every run with ``run_dir``); "" without any."""
@@ -108,7 +74,7 @@ def sim_to_real_runs_section(tables: dict[str, pd.DataFrame]) -> str:
                      f"and allocators in each run ({workloads}); in parentheses the slice a "
                      "profile was fitted on.\n\n"
                      + markdown_table(["predictor", *cells.columns], rows))  # fmt: skip
-        pairs = repeat_pairs(table, repeat_source)
+        pairs = repeat_pairs(table, repeat_source, RUN_DIR_KEYS)
         if not pairs.empty:
             parts.append(f"Held out, paired with `{repeat_source}` (the same run served again) "
                          "over all runs:\n\n" + _pairs_table(pairs))  # fmt: skip

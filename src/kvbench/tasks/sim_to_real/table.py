@@ -12,11 +12,14 @@ from collections.abc import Hashable, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
+from scipy.stats import binomtest
 
 from kvbench.engine.cost_model import IterationShape
 from kvbench.engine.records import SimulationResult
 
 LATENCIES = (("e2e", "e2e_latency_s"), ("ttft", "ttft_s"), ("tpot", "tpot_s"))
+# What names one run of a table: its slice, rate and allocator.
+RUN_KEYS = ("workload", "request_rate", "allocator")
 # The shape features a profile prices (engine.profiled): a step above every fitted step in one
 # of them is priced by extrapolation.
 RANGE_FEATURES = ("num_prefill_tokens", "prefill_attention_pairs", "num_decode_tokens",
@@ -78,24 +81,47 @@ def drift_lines(steps: pd.DataFrame) -> list[str]:
             f"{row.ratio:.3f}" for name, row in grouped.iterrows()]  # fmt: skip
 
 
+def repeat_pairs(table: pd.DataFrame, repeat_source: str,
+                 run_keys: Sequence[str] = RUN_KEYS) -> pd.DataFrame:  # fmt: skip
+    """Per predictor (every source but the repeat), over its held-out rows paired with the
+    ``repeat_source`` row of the same ``run_keys`` (the same run served again): ``num_pairs``,
+    ``num_nearer`` (its E2E error below the repeat's), ``num_ties``, ``sign_test_p`` (two-sided,
+    ties left out), both E2E medians and their ratio, and both medians of the TTFT and TPOT errors
+    over the same rows. Empty without pairs."""
+    columns = [f"{name}_mape_pct" for name, _ in LATENCIES]
+    repeat = table[table["source"] == repeat_source].set_index(list(run_keys))[columns]
+    held_out = table[(table["source"] != repeat_source) & table["held_out"]]
+    rows = []
+    for source, predicted in held_out.groupby("source", sort=False):
+        both = pd.merge(predicted.set_index(list(run_keys))[columns], repeat, how="inner",
+                        left_index=True, right_index=True, suffixes=("", "_repeat"))  # fmt: skip
+        both = both.dropna(subset=["e2e_mape_pct", "e2e_mape_pct_repeat"])
+        if both.empty:
+            continue
+        profile, again = both["e2e_mape_pct"], both["e2e_mape_pct_repeat"]
+        nearer, ties = int((profile < again).sum()), int((profile == again).sum())
+        untied = len(both) - ties
+        row = {"source": source, "num_pairs": len(both), "num_nearer": nearer, "num_ties": ties,
+               "sign_test_p": binomtest(nearer, untied).pvalue if untied else float("nan"),
+               "median_profile_pct": profile.median(),
+               "median_repeat_pct": again.median()}  # fmt: skip
+        for name, _ in LATENCIES[1:]:  # TTFT, TPOT
+            row[f"median_{name}_pct"] = both[f"{name}_mape_pct"].median()
+            row[f"median_{name}_repeat_pct"] = both[f"{name}_mape_pct_repeat"].median()
+        rows.append(row)
+    pairs = pd.DataFrame(rows)
+    if not pairs.empty:
+        pairs["median_ratio"] = pairs["median_profile_pct"] / pairs["median_repeat_pct"]
+    return pairs
+
+
 def floor_lines(table: pd.DataFrame, repeat_source: str) -> list[str]:
     """Per profile, over the runs it held out: in how many its E2E error was below the engine's
-    own repeat's (``repeat_source`` rows: the same run served again), with both medians. Empty
-    without repeat rows."""
-    keys = ["workload", "request_rate", "allocator"]
-    floor = table[table["source"] == repeat_source].set_index(keys)["e2e_mape_pct"]
-    if floor.empty:
-        return []
-    lines = []
-    held_out = table[(table["source"] != repeat_source) & table["held_out"]]
-    for source, rows in held_out.groupby("source", sort=False):
-        both = pd.concat([rows.set_index(keys)["e2e_mape_pct"], floor], axis=1,
-                         keys=["profile", "repeat"], join="inner").dropna()  # fmt: skip
-        nearer = int((both["profile"] < both["repeat"]).sum())
-        lines.append(f"- {source}: nearer the measured run than the repeat in {nearer} of "
-                     f"{len(both)} held-out runs (median E2E error {both['profile'].median():.1f} "
-                     f"% against the repeat's {both['repeat'].median():.1f} %)")  # fmt: skip
-    return lines
+    own repeat's (``repeat_pairs``), with both medians. Empty without repeat rows."""
+    return [f"- {row.source}: nearer the measured run than the repeat in {row.num_nearer} of "
+            f"{row.num_pairs} held-out runs (median E2E error {row.median_profile_pct:.1f} % "
+            f"against the repeat's {row.median_repeat_pct:.1f} %)"
+            for row in repeat_pairs(table, repeat_source).itertuples()]  # fmt: skip
 
 
 def extrapolated_steps_pct(shapes: list[IterationShape],
