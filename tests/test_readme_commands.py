@@ -67,6 +67,10 @@ SKIP: dict[str, str] = {
     "python -m kvbench.tools.prefill_pairs --profile FILE":
         "a timed measurement of this machine (2 min) and a template (FILE); "
         "tests/test_prefill_pairs_tool.py runs it small with a profile",
+    "python -m kvbench task=profile_check hardware=cpu model=smollm2-135m model.dtype=fp32 "
+    "executor.num_threads=2 executor.profile=FILE":
+        "a timed measurement of this machine (about a minute) and a template (FILE); "
+        "tests/test_profile_check.py runs it on a tiny grid's profile",
 }
 # The README's trace example reads my_trace.csv from the folder it runs in.
 MY_TRACE_ROWS = 60

@@ -84,6 +84,10 @@ def _task(name: str) -> Callable[..., object]:
         from kvbench.tasks.profile.run import run_profile
 
         return run_profile
+    if name == "profile_check":
+        from kvbench.tasks.profile.check import run_profile_check
+
+        return run_profile_check
     if name == "sim_to_real":
         from kvbench.tasks.sim_to_real.run import run_sim_to_real
 

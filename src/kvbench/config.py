@@ -33,8 +33,8 @@ MAX_BLOCK_SIZE = 256  # the largest block size the vLLM paper swept (Fig. 18b)
 EXECUTOR_KINDS = ("roofline", "profiled", "real")
 PREFIX_CACHING_ALLOCATORS = ("paged_prefix", "radix")  # what a CPU tier offloads for
 TASKS = (
-    "simulate", "kernel_overhead", "logit_equivalence", "profile", "sim_to_real", "sim_to_vllm",
-    "paper_executed",
+    "simulate", "kernel_overhead", "logit_equivalence", "profile", "profile_check", "sim_to_real",
+    "sim_to_vllm", "paper_executed",
 )  # fmt: skip
 SCHEDULER_NAMES = ("vllm_v0", "vllm_v1")
 # What vllm_v1 runs each allocator as (docs/scheduling.md): paged without and paged_prefix with
@@ -283,6 +283,15 @@ class PaperExecutedConfig:
 
 
 @dataclass
+class ProfileCheckConfig:
+    """``task=profile_check``: a profile file's grid timed again, in part, on this machine
+    (``tasks/profile/check.py``, docs/sim_to_real.md)."""
+
+    # Points timed of each kind (decode, prefill, mixed), drawn from the profile's grid.
+    points_per_kind: int = MISSING
+
+
+@dataclass
 class ProfileGridConfig:
     """``profile_grid=NAME``: the iterations and swaps ``task=profile`` times
     (``tasks/profile/grid.py``), sized for a device class: ``cpu`` (a small model on a few
@@ -369,6 +378,7 @@ class KvbenchConfig:
     sim_to_vllm: SimToVllmConfig = field(default_factory=SimToVllmConfig)
     paper_executed: PaperExecutedConfig = field(default_factory=PaperExecutedConfig)
     profile_grid: ProfileGridConfig = field(default_factory=ProfileGridConfig)
+    profile_check: ProfileCheckConfig = field(default_factory=ProfileCheckConfig)
 
 
 def validate_config(cfg: DictConfig | dict[str, Any]) -> tuple[KvbenchConfig, Deployment]:
@@ -528,6 +538,8 @@ def _check_values(cfg: KvbenchConfig) -> None:
     _check_paper_executed(cfg)
     if cfg.task == "profile":
         _check_profile_grid(cfg)
+    if cfg.task == "profile_check":
+        _check_profile_check(cfg)
     _require(
         cfg.model.dtype in DTYPE_BYTES,
         f"model.dtype={cfg.model.dtype!r}: allowed dtypes are {', '.join(DTYPE_BYTES)}",
@@ -881,8 +893,8 @@ def _check_sim_to_vllm(cfg: KvbenchConfig) -> None:
 def _check_real_executor(cfg: KvbenchConfig) -> None:
     """executor=real and task=profile run a real model: one they can load on the device named
     (``_check_real_weights``), one sequence per request (no forks), in a dtype torch computes."""
-    runs_model = cfg.executor.kind == "real" or cfg.task in ("profile", "sim_to_real",
-                                                             "sim_to_vllm", "paper_executed")
+    runs_model = cfg.executor.kind == "real" or cfg.task in (
+        "profile", "profile_check", "sim_to_real", "sim_to_vllm", "paper_executed")
     if not runs_model:
         return
     what = f"task={cfg.task}" if cfg.task != "simulate" else "executor=real"
@@ -976,6 +988,19 @@ def _check_paper_executed(cfg: KvbenchConfig) -> None:
             "executor.profile=FILE (a `python -m kvbench task=profile` file, e.g. the committed "
             "kernels/baselines/profile_cpu_smollm2-135m_*.json)",
         )
+
+
+def _check_profile_check(cfg: KvbenchConfig) -> None:
+    """task=profile_check: the profile to check, and at least one point of each kind."""
+    _require(
+        bool(cfg.executor.profile),
+        "task=profile_check times a profile's grid again: set executor.profile=FILE (a "
+        "`python -m kvbench task=profile` file)",
+    )
+    _require(
+        cfg.profile_check.points_per_kind >= 1,
+        f"profile_check.points_per_kind={cfg.profile_check.points_per_kind}: must be >= 1",
+    )
 
 
 def _check_profile_grid(cfg: KvbenchConfig) -> None:

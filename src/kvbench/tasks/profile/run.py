@@ -11,6 +11,7 @@ from __future__ import annotations
 import statistics
 import time
 from dataclasses import asdict
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -93,6 +94,7 @@ def run_profile(cfg: Any, deployment: Any, raw_cfg: Any, output_dir: Path) -> pd
                 "max_abs_pct_error": float(iteration_errors.max()),
                 "median_spread": float(statistics.median(table["spread"]))},
         "profile_wall_s": time.perf_counter() - started_s,
+        "written_utc": datetime.now(UTC).isoformat(timespec="seconds"),
     }  # fmt: skip
     name = profile_file_name(deployment.hardware.name, cfg.model.name, cfg.model.dtype, versions)
     write_profile(output_dir / name, profile)
