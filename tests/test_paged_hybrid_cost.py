@@ -84,6 +84,18 @@ def test_windowed_prefill_pairs_by_hand() -> None:
     assert iteration_shape(seqs, 0, 0).prefill_spans == ((6, 2), (3, 0))  # type: ignore[arg-type]
 
 
+def test_a_prompt_cached_whole_still_computes_its_last_token() -> None:
+    # 32 tokens, two full blocks of 16 both cached: its last token is fed for its logits and
+    # attends to all 32, as the real executor runs it; alone, the iteration is not free.
+    whole = SimpleNamespace(num_kv_tokens=32, num_cached_tokens=32)
+    shape = iteration_shape([whole], 0, 0)  # type: ignore[list-item]
+    assert (shape.num_prefill_tokens, shape.prefill_attention_pairs) == (1, 32)
+    assert shape.prefill_spans == ((32, 31),)
+    assert _model("llama-2-13b").iteration_time_s(shape) > 0
+    partial = SimpleNamespace(num_kv_tokens=40, num_cached_tokens=32)
+    assert iteration_shape([partial], 0, 0).num_prefill_tokens == 8  # type: ignore[list-item]
+
+
 def test_full_attention_models_keep_the_formula_float_for_float() -> None:
     cost_model = _model("llama-2-13b")
     assert cost_model.terms.window_tokens is None

@@ -4,6 +4,7 @@ and the simulations on a tiny random Llama under a binding pool (seconds); the c
 
 import dataclasses
 import math
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -174,6 +175,47 @@ def test_paper_executed_needs_a_profile():
         compose_config("experiment=paper_executed", "executor.profile=null")
     with pytest.raises(ConfigError, match=r"paper_executed\.rounds=0"):
         compose_config("experiment=paper_executed", "paper_executed.rounds=0")
+
+
+def test_paper_executed_serves_one_workload_at_the_rates_given_for_it():
+    from omegaconf import OmegaConf, open_dict
+
+    from kvbench.config import validate_config
+    from kvbench.tasks.paper_executed.run import served_rates
+
+    cfg, _, raw = compose_config("experiment=paper_executed")
+    workload = cfg.workload
+    assert served_rates(cfg, workload.name, workload) == [8.0]  # request_rates
+    cfg, _, _ = compose_config("experiment=paper_executed",
+                               f"+workload_request_rates.{workload.name}=[2,4]")  # fmt: skip
+    assert served_rates(cfg, workload.name, workload) == [2.0, 4.0]
+    cfg, _, _ = compose_config("experiment=paper_executed", "request_rates=[]",
+                               "workload.request_rate=3")  # fmt: skip
+    assert served_rates(cfg, workload.name, cfg.workload) == [3.0]  # the workload's own
+    untimed = dataclasses.replace(cfg.workload, request_rate=None)
+    assert served_rates(cfg, workload.name, untimed) == [0.0]  # the trace's own times
+    two = OmegaConf.create(OmegaConf.to_container(raw))
+    with open_dict(two):
+        two.workloads = {"first": OmegaConf.to_container(raw.workload),
+                         "second": OmegaConf.to_container(raw.workload)}  # fmt: skip
+    with pytest.raises(ConfigError, match="serves one workload, this run has first, second"):
+        validate_config(two)
+
+
+def test_the_amd_figures_the_docs_quote_are_the_committed_run_s():
+    root = Path(__file__).resolve().parents[1]
+    table = pd.read_parquet(root / "results/reference/paper_executed/amd-epyc-2026-12-03"
+                            / "paper_executed.parquet").set_index(["source", "allocator"])
+    measured = "measured " + " / ".join(
+        f"{table.loc[('measured', name), 'output_token_throughput']:.1f}"
+        for name in ("naive_max", "naive_oracle", "paged"))  # fmt: skip
+    paged, profiled = table.loc[("measured", "paged")], table.loc[("profiled", "paged")]
+    docs = " ".join((root / "docs" / "paper_executed.md").read_text().split())
+    assert measured + " tokens/s" in docs
+    assert (f"paged {paged.paged_over_naive_max:.2f}x `naive_max` and "
+            f"{paged.paged_over_naive_oracle:.2f}x `naive_oracle` (profiled: "
+            f"{profiled.paged_over_naive_max:.2f}x and {profiled.paged_over_naive_oracle:.2f}x)"
+            in docs)  # fmt: skip
 
 
 def test_chart_draws_each_source_and_the_papers_range(tmp_path, monkeypatch):

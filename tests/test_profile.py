@@ -182,6 +182,31 @@ def test_profile_file_round_trips_and_names_its_model(tmp_path):
         load_profiled_cost_model(path, 16, deployment)
 
 
+@pytest.mark.parametrize(("text", "message"), [
+    ("{not json", r"not a profile file \(invalid JSON"),
+    ("[1, 2]", r"not a profile file \(no mapping of coefficients\)"),
+    ('{"coefficients": null}', r"not a profile file \(no mapping of coefficients\)"),
+    (json.dumps({"coefficients": {**COEFFICIENTS, "fixed_s": None}}),
+     r"profile coefficient fixed_s is None, not seconds"),
+    (json.dumps({"coefficients": {**COEFFICIENTS, "per_seq_s": "4e-4"}}),
+     r"profile coefficient per_seq_s is '4e-4', not seconds"),
+    (json.dumps({"coefficients": {k: v for k, v in COEFFICIENTS.items() if k != "fixed_s"}}),
+     r"profile has no coefficient fixed_s"),
+    (json.dumps({"coefficients": {**COEFFICIENTS, "wake_s": 0.01}}),
+     r"profile has coefficient wake_s, which this kvbench does not price"),
+])  # fmt: skip
+def test_a_file_that_is_not_a_profile_is_refused_in_one_line(tmp_path, text, message):
+    from kvbench.tasks.profile.profile_file import read_profile
+
+    path = tmp_path / "profile.json"
+    path.write_text(text)
+    with pytest.raises(ValueError, match=message) as refused:
+        read_profile(path)
+    assert "\n" not in str(refused.value) and "python -m kvbench task=profile" in str(refused.value)
+    path.write_text(json.dumps({"coefficients": COEFFICIENTS}))
+    assert read_profile(path)["coefficients"] == COEFFICIENTS
+
+
 def test_a_profile_says_what_it_was_measured_on_that_differs_from_here():
     document = {"device": "AMD EPYC", "num_threads": 2, "decode_backend": None}
     present = {"device": "Intel Xeon", "num_threads": 2, "decode_backend": "sdpa"}
@@ -249,6 +274,16 @@ def test_executor_profiled_needs_a_profile():
 def test_real_executor_refuses_a_model_it_cannot_run():
     with pytest.raises(ConfigError, match="this machine has weights for smollm2-135m only"):
         compose_config("executor=real", "model=opt-13b", "hardware=a100-40gb")
+
+
+def test_real_executor_refuses_a_cpu_tier_it_has_no_memory_for():
+    # A CPU-tier hit would load a prefix into fresh blocks the executor never wrote.
+    real = ("executor=real", "model=smollm2-135m", "hardware=cpu", "allocators=[paged_prefix]")
+    with pytest.raises(ConfigError, match=r"allocator\.cpu_cache_gib=0\.5: executor=real keeps "
+                                          r"K/V in the device's pool only"):  # fmt: skip
+        compose_config(*real, "allocator.cpu_cache_gib=0.5")
+    cfg, _, _ = compose_config(*real[1:], "allocator.cpu_cache_gib=0.5")  # simulated: a tier
+    assert cfg.allocator.cpu_cache_gib == 0.5
 
 
 def test_the_decode_backend_is_one_the_kernels_have():
@@ -360,6 +395,15 @@ def test_a_grid_the_model_cannot_hold_is_refused_with_the_fix():
     with pytest.raises(ConfigError, match=r"profile_grid.decode_batches=\[\]"):
         compose_config("task=profile", "model=smollm2-135m", "hardware=cpu",
                        "profile_grid.decode_batches=[]")
+    # Contexts spread from half their mean, each a token before its new one: 4 is the least.
+    with pytest.raises(ConfigError, match=r"profile_grid\.decode_mean_contexts=\[64, 3\]: a "
+                                          r"mean context must be >= 4 tokens"):  # fmt: skip
+        compose_config("task=profile", "model=smollm2-135m", "hardware=cpu",
+                       "profile_grid.decode_mean_contexts=[64,3]")
+    with pytest.raises(ConfigError, match=r"profile_grid\.mixed_mean_context=2: a mean"):
+        compose_config("task=profile", "model=smollm2-135m", "hardware=cpu",
+                       "profile_grid.mixed_mean_context=2")
+    assert min(spread_contexts(8, 4)) == 2
 
 
 TINY_GRID = (

@@ -11,6 +11,7 @@ from scipy.stats import binomtest
 from test_profile import TINY_GRID
 
 from kvbench.config import ConfigError
+from kvbench.engine.profiled import PROFILE_TERMS, SWAP_TERMS
 from kvbench.tasks.profile.check import (
     check_lines,
     compare,
@@ -20,6 +21,7 @@ from kvbench.tasks.profile.check import (
     sample_points,
 )
 from kvbench.tasks.profile.grid import iteration_grid
+from kvbench.tasks.profile.profile_file import write_profile
 from kvbench.tasks.profile.run import run_profile
 
 SMOLLM2 = ("model=smollm2-135m", "model.dtype=fp32", "hardware=cpu", "executor.weights=random",
@@ -153,6 +155,34 @@ def test_the_report_says_a_profile_s_age_and_which_grid_was_timed():
                         differences=[], now=now)  # fmt: skip
     assert "written 2026-12-03T10:00:00+00:00 (2.5 h ago)" in lines[0]
     assert "9 points of its grid (3 decode" in lines[1] and len(lines) == 3
+    # A time written by hand without a zone is taken as UTC.
+    naive = {**document, "written_utc": "2026-12-03T11:00:00"}
+    lines = check_lines("hand.json", naive, check, points, 3, grid_recorded=True,
+                        differences=[], now=now)  # fmt: skip
+    assert "(1.5 h ago)" in lines[0]
+
+
+@pytest.mark.parametrize(("profile", "message"), [
+    ({"model": "llama-3-8b"}, r"measured on model llama-3-8b, this run is model=smollm2-135m"),
+    ({"model": "smollm2-135m", "dtype": "fp32"}, r"records no fit\.median_abs_pct_error"),
+])  # fmt: skip
+def test_a_profile_it_cannot_check_is_refused_before_the_model_loads(tmp_path, monkeypatch,
+                                                                      profile, message):
+    from kvbench.tasks.profile import check
+
+    coefficients = dict.fromkeys((*PROFILE_TERMS, *SWAP_TERMS), 1e-3)
+    path = tmp_path / "profile.json"
+    write_profile(path, {**profile, "coefficients": coefficients})
+    cfg, deployment, raw = compose_config("task=profile_check", f"executor.profile={path}",
+                                          *SMOLLM2)  # fmt: skip
+
+    def never(cfg):
+        raise AssertionError("the model was loaded before the profile was checked")
+
+    monkeypatch.setattr(check, "load_real_model", never)
+    with pytest.raises(ValueError, match=message):
+        check.run_profile_check(cfg, deployment, raw, tmp_path / "run")
+    assert not (tmp_path / "run").exists()
 
 
 def test_task_profile_check_needs_a_profile_and_points():

@@ -108,11 +108,27 @@ def test_a_points_requests_and_slots():
 
 
 def test_a_busy_iteration_starts_where_the_last_ended():
-    assert _iteration_start_s(1.0004, 1.0, float("inf")) == 1.0  # back to back
-    assert _iteration_start_s(1.0004, None, float("inf")) == 1.0004  # after an idle wait
+    assert _iteration_start_s(1.0004, 1.0, float("-inf")) == 1.0  # back to back
+    assert _iteration_start_s(1.0004, None, 0.5) == 1.0004  # after an idle wait
     # A request that arrived in between: the iteration cannot have started before it.
     assert _iteration_start_s(1.0004, 1.0, 1.0002) == 1.0004
     assert _iteration_start_s(1.0004, 1.0, 0.9) == 1.0  # it arrived during the last iteration
+
+
+def test_the_latest_arrival_queued_is_the_one_an_iteration_waits_for():
+    # One request arrived during the last iteration, one after it ended: the earliest of the
+    # two would let the iteration start before the second arrived.
+    from kvbench.engine.arrival_queue import Arrivals
+    from kvbench.engine.samples import SampleGroups
+    from kvbench.engine.scheduler import SchedulerLimits
+
+    requests = [Request(0, 0.040, 8, 2), Request(1, 0.0501, 8, 2), Request(2, 0.3, 8, 2)]
+    arrivals = Arrivals(requests)
+    assert arrivals.latest_arrival_s == float("-inf")
+    arrivals.admit_until(0.0504, Scheduler(SchedulerLimits(max_model_len=64)),
+                         SampleGroups(next_seq_id=arrivals.first_free_seq_id))  # fmt: skip
+    assert arrivals.latest_arrival_s == 0.0501
+    assert _iteration_start_s(0.0504, 0.050, arrivals.latest_arrival_s) == 0.0504
 
 
 JOBS = [ReplayJob("a", 0.5, []), ReplayJob("a", 4.0, []), ReplayJob("b", 0.5, [])]

@@ -59,6 +59,21 @@ def test_a_predictor_is_paired_with_the_repeat_of_its_own_run_only():
     assert (grid.median_ttft_pct, grid.median_ttft_repeat_pct) == (13.0, 15.0)
     assert (grid.median_tpot_pct, grid.median_tpot_repeat_pct) == (3.25, 3.75)
     assert "real_repeat" not in pairs.index
+    assert "num_clusters" not in pairs.columns  # no clusters asked for
+
+
+def test_whole_runs_are_compared_by_their_medians():
+    pairs = repeat_pairs(_two_runs(), "real_repeat", RUN_DIR_KEYS, cluster_keys=("run_dir",))
+    grid = pairs.set_index("source").loc["interleaved_grid"]
+    # Run 1: medians 6.0 against 9.5, nearer; run 2: 13.0 against 4.5, not.
+    assert (grid.num_clusters, grid.num_clusters_nearer, grid.num_clusters_tied) == (2, 1, 0)
+    assert grid.clusters_sign_test_p == pytest.approx(binomtest(1, 2).pvalue)
+    assert grid.num_pairs == 4  # the pairs' own figures unchanged
+    # Within one run the clusters can be its jobs (a slice at a rate): both of run 1's nearer.
+    jobs = repeat_pairs(_two_runs(), "real_repeat", RUN_DIR_KEYS,
+                        cluster_keys=("run_dir", "workload", "request_rate"))  # fmt: skip
+    assert (jobs.num_clusters[0], jobs.num_clusters_nearer[0], jobs.num_clusters_tied[0]) \
+        == (4, 2, 1)
 
 
 def test_runs_are_named_from_the_folder_holding_them():

@@ -899,6 +899,14 @@ def _check_real_executor(cfg: KvbenchConfig) -> None:
         return
     what = f"task={cfg.task}" if cfg.task != "simulate" else "executor=real"
     _check_real_weights(cfg, what)
+    # The real executor's K/V live in the device pool only: a block the allocator loads from
+    # its CPU tier would be a fresh block holding nothing, read as if it held the prefix.
+    _require(
+        cfg.allocator.cpu_cache_gib == 0,
+        f"allocator.cpu_cache_gib={cfg.allocator.cpu_cache_gib}: {what} keeps K/V in the "
+        "device's pool only, with no CPU tier to load evicted prefix blocks from; set "
+        "allocator.cpu_cache_gib=0 (the CPU tier is simulated by executor=roofline or profiled)",
+    )
     _require(
         cfg.model.dtype in ("fp32", "bf16", "fp16"),
         f"model.dtype={cfg.model.dtype!r}: {what} computes in fp32, bf16 or fp16",
@@ -988,6 +996,12 @@ def _check_paper_executed(cfg: KvbenchConfig) -> None:
             "executor.profile=FILE (a `python -m kvbench task=profile` file, e.g. the committed "
             "kernels/baselines/profile_cpu_smollm2-135m_*.json)",
         )
+        labels = list(run_workloads(cfg))
+        _require(
+            len(labels) == 1,
+            f"task=paper_executed serves one workload, this run has {', '.join(labels)}: run "
+            "each as its own (workload=NAME)",
+        )
 
 
 def _check_profile_check(cfg: KvbenchConfig) -> None:
@@ -1017,6 +1031,14 @@ def _check_profile_grid(cfg: KvbenchConfig) -> None:
     for name in ("mixed_decodes", "mixed_mean_context", "repeats"):
         value = getattr(grid, name)
         _require(value >= 1, f"profile_grid.{name}={value}: must be >= 1")
+    # A decode point's contexts start at half their mean, and each holds a token before its new
+    # one: a mean context under 4 would give a sequence of no prompt.
+    for setting, smallest in ((f"decode_mean_contexts={list(grid.decode_mean_contexts)}",
+                               min(grid.decode_mean_contexts)),
+                              (f"mixed_mean_context={grid.mixed_mean_context}",
+                               grid.mixed_mean_context)):  # fmt: skip
+        _require(smallest >= 4, f"profile_grid.{setting}: a mean context must be >= 4 tokens (a "
+                 "batch's contexts spread from half of it)")
     _require(all(wait > 0 for wait in grid.wake_waits_s),
              f"profile_grid.wake_waits_s={list(grid.wake_waits_s)}: waits are seconds > 0")
     _require(grid.max_pool_gib is None or grid.max_pool_gib > 0,

@@ -43,6 +43,13 @@ class Arrivals:
         """Requests still to arrive."""
         return len(self._pending) - self._num_arrived
 
+    @property
+    def latest_arrival_s(self) -> float:
+        """When the latest request queued so far arrived (-inf before any)."""
+        if self._num_arrived:
+            return self._pending[self._num_arrived - 1].arrival_s
+        return float("-inf")
+
     def next_arrival_s(self) -> float:
         """When the next request arrives (inf when none is left)."""
         if self._num_arrived < len(self._pending):

@@ -93,7 +93,9 @@ def iteration_shape(
     for seq in prefill:
         num_prefill_seqs += 1
         length = seq.num_kv_tokens
-        cached = seq.num_cached_tokens
+        # A prompt cached whole still computes its last token, whose logits give the next one
+        # (vLLM never reports the whole prompt cached; the real executor feeds that token).
+        cached = min(seq.num_cached_tokens, length - 1)
         prefill_spans.append((length, cached))
         num_prefill_tokens += length - cached
         # Causal attention: token i sees i tokens; cached tokens are not recomputed.

@@ -46,8 +46,9 @@ class Sequence:
 
     @property
     def num_prefill_tokens(self) -> int:
-        """Tokens a (re)admission must compute: everything it holds but the cached prefix."""
-        return self.num_kv_tokens - self.num_cached_tokens
+        """Tokens a (re)admission must compute: everything it holds but the cached prefix, and
+        at least its last token (a prompt cached whole computes that one for its logits)."""
+        return self.num_kv_tokens - min(self.num_cached_tokens, self.num_kv_tokens - 1)
 
     @property
     def is_done(self) -> bool:

@@ -239,7 +239,7 @@ def run_real(
             seq.record.mark_rejected(EXCEEDS_POOL)
         num_ended += len(rejected)
         if batch.sequences:
-            now_s = _iteration_start_s(now_s, last_end_s, next_arrival_s)
+            now_s = _iteration_start_s(now_s, last_end_s, arrivals.latest_arrival_s)
             idle_before_s.append(idle.end(now_s))
             executor.run(batch, scheduler)
             end_s = last_end_s = clock() - start_s
@@ -264,13 +264,15 @@ def run_real(
                    executor.num_forwards, shapes, idle_before_s)  # fmt: skip
 
 
-def _iteration_start_s(now_s: float, last_end_s: float | None, next_arrival_s: float) -> float:
+def _iteration_start_s(now_s: float, last_end_s: float | None,
+                       latest_arrival_s: float) -> float:  # fmt: skip
     """When a busy loop's iteration starts: at the end of the one before, as the engine's clock
     has it (back to back), so the previous iteration's bookkeeping after its forward (finishing
     sequences, sampling memory: about 0.4 ms a step on a CPU) is priced in this one's duration
-    instead of falling between steps unseen. At ``now_s`` after an idle wait, or when a request
-    arrived between the two (its iteration cannot have started before it arrived)."""
-    if last_end_s is None or last_end_s < next_arrival_s <= now_s:
+    instead of falling between steps unseen. At ``now_s`` after an idle wait, or when the latest
+    request queued (``latest_arrival_s``) arrived after the last iteration ended: an iteration
+    that may admit it cannot have started before it arrived."""
+    if last_end_s is None or latest_arrival_s > last_end_s:
         return now_s
     return last_end_s
 
@@ -282,8 +284,11 @@ def resident_bytes() -> int:
             return int(statm.read().split()[1]) * _page_bytes()
     except OSError:
         import resource
+        import sys
 
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        # ru_maxrss is in KiB on Linux, in bytes on macOS.
+        unit_bytes = 1 if sys.platform == "darwin" else 1024
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * unit_bytes
 
 
 def _page_bytes() -> int:

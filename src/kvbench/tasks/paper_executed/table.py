@@ -34,7 +34,8 @@ FIGURES = (
     "num_finished",
 )
 # A measured run's machine probes: a decode step's measured time over the profile's price of it,
-# timed just before the run (``run.PROBES``: 4 sequences of 128-384 tokens, 16 of 32-96).
+# the mean of the probes timed just before and just after the run (``run.PROBES``: 4 sequences
+# of 128-384 tokens, 16 of 32-96).
 PROBE_COLUMNS = ("probe_4_seqs_over_profile", "probe_16_seqs_over_profile")
 # A table row's labels: (request_rate, source, allocator).
 RowKey = tuple[float, str, str]

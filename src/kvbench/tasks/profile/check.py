@@ -134,6 +134,10 @@ def run_profile_check(cfg: Any, deployment: Any, raw_cfg: Any, output_dir: Path)
     backend = cfg.executor.decode_backend
     document, differences = checked_profile(path, deployment, backend,
                                             cfg.executor.linear_backend)  # fmt: skip
+    fit_error_pct = document.get("fit", {}).get("median_abs_pct_error")
+    if fit_error_pct is None:  # coefficients written by hand: no fit to measure a shift against
+        raise ValueError(f"{path}: profile records no fit.median_abs_pct_error (not written by "
+                         "task=profile); write it with `python -m kvbench task=profile`")
     recorded = document.get("grid")  # None in a profile written before grids were recorded
     grid = recorded_grid(recorded, cfg.profile_grid)
     repeats = int(document.get("repeats", grid.repeats))
@@ -149,7 +153,7 @@ def run_profile_check(cfg: Any, deployment: Any, raw_cfg: Any, output_dir: Path)
                       ProfiledCostModel(coefficients, point.block_size))
         for point, (shape, timing) in zip(points, timings, strict=True)
     ])  # fmt: skip
-    check = compare(table, float(document["fit"]["median_abs_pct_error"]))
+    check = compare(table, float(fit_error_pct))
     write_table(table, output_dir / "profile_check.parquet", provenance(raw_cfg))
     if cfg.plots:
         plot_predicted_vs_measured(table, output_dir / "plots", "profile_check",
@@ -209,5 +213,7 @@ def _age(document: dict[str, Any], now: datetime | None) -> str:
     written = document.get("written_utc")
     if not written:
         return "its time not recorded"
-    hours = ((now or datetime.now(UTC)) - datetime.fromisoformat(written)).total_seconds() / 3600
+    when = datetime.fromisoformat(written)
+    when = when if when.tzinfo else when.replace(tzinfo=UTC)  # written by hand, without a zone
+    hours = ((now or datetime.now(UTC)) - when).total_seconds() / 3600
     return f"written {written} ({hours:.1f} h ago)"

@@ -39,7 +39,16 @@ def read_profile(path: str | Path) -> dict[str, Any]:
     except json.JSONDecodeError as error:
         raise ValueError(f"{path}: not a profile file (invalid JSON: {error.msg}); write one "
                          "with `python -m kvbench task=profile`") from None  # fmt: skip
-    coefficients = document.get("coefficients", {})
+    coefficients = document.get("coefficients") if isinstance(document, dict) else None
+    if not isinstance(coefficients, dict):
+        raise ValueError(f"{path}: not a profile file (no mapping of coefficients); write one "
+                         "with `python -m kvbench task=profile`")  # fmt: skip
+    not_numbers = [name for name, value in coefficients.items()
+                   if isinstance(value, bool) or not isinstance(value, int | float)]  # fmt: skip
+    if not_numbers:
+        raise ValueError(f"{path}: profile coefficient {not_numbers[0]} is "
+                         f"{coefficients[not_numbers[0]]!r}, not seconds; write it again with "
+                         "`python -m kvbench task=profile`")  # fmt: skip
     missing = missing_terms(coefficients)
     if missing:
         raise ValueError(f"{path}: profile has no coefficient {missing[0]}; write it again with "

@@ -74,7 +74,7 @@ def sim_to_real_runs_section(tables: dict[str, pd.DataFrame]) -> str:
                      f"and allocators in each run ({workloads}); in parentheses the slice a "
                      "profile was fitted on.\n\n"
                      + markdown_table(["predictor", *cells.columns], rows))  # fmt: skip
-        pairs = repeat_pairs(table, repeat_source, RUN_DIR_KEYS)
+        pairs = repeat_pairs(table, repeat_source, RUN_DIR_KEYS, cluster_keys=("run_dir",))
         if not pairs.empty:
             parts.append(f"Held out, paired with `{repeat_source}` (the same run served again) "
                          "over all runs:\n\n" + _pairs_table(pairs))  # fmt: skip
@@ -93,11 +93,16 @@ def run_names(run_dirs: list[str]) -> list[str]:
 def _pairs_table(pairs: pd.DataFrame) -> str:
     rows = [[row.source, f"{row.num_nearer} of {row.num_pairs}"
              + (f" ({row.num_ties} tied)" if row.num_ties else ""),
-             f"{row.sign_test_p:.2g}", f"{row.median_profile_pct:.1f} %",
+             f"{row.sign_test_p:.2g}",
+             f"{row.num_clusters_nearer} of {row.num_clusters}"
+             + (f" ({row.num_clusters_tied} tied)" if row.num_clusters_tied else "")
+             + f" (p {row.clusters_sign_test_p:.2g})",
+             f"{row.median_profile_pct:.1f} %",
              f"{row.median_repeat_pct:.1f} %", f"{row.median_ratio:.2f}",
              f"{row.median_ttft_pct:.1f} % ({row.median_ttft_repeat_pct:.1f} %)",
              f"{row.median_tpot_pct:.1f} % ({row.median_tpot_repeat_pct:.1f} %)"]
             for row in pairs.itertuples()]  # fmt: skip
     return markdown_table(["predictor", "nearer than the repeat", "sign test p",
-                           "median E2E error", "the repeat's", "ratio",
-                           "TTFT (the repeat's)", "TPOT (the repeat's)"], rows)  # fmt: skip
+                           "runs nearer (their medians)", "median E2E error", "the repeat's",
+                           "ratio", "TTFT (the repeat's)", "TPOT (the repeat's)"],
+                          rows)  # fmt: skip

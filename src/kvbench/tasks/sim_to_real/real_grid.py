@@ -4,7 +4,7 @@
 that: an iteration lasts from the end of the one before (scheduling, the previous iteration's
 bookkeeping) to the end of its forward. So this grid is served through ``run_real`` itself, as
 closed batches whose iterations take the shapes wanted (as ``vllm_grid`` does for vLLM), and every
-step is timed exactly as a replay's. Three kinds of point, each under kernel block size 1 (a
+step is timed exactly as a replay's. Four kinds of point, each under kernel block size 1 (a
 contiguous arena, ``naive_oracle``) and 16 (``paged``):
 
 - prefills: ``count`` prompts of one length, each computing its prompt and one token (one step);

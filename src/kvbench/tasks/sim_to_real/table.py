@@ -81,13 +81,19 @@ def drift_lines(steps: pd.DataFrame) -> list[str]:
             f"{row.ratio:.3f}" for name, row in grouped.iterrows()]  # fmt: skip
 
 
-def repeat_pairs(table: pd.DataFrame, repeat_source: str,
-                 run_keys: Sequence[str] = RUN_KEYS) -> pd.DataFrame:  # fmt: skip
+def repeat_pairs(table: pd.DataFrame, repeat_source: str, run_keys: Sequence[str] = RUN_KEYS,
+                 cluster_keys: Sequence[str] = ()) -> pd.DataFrame:  # fmt: skip
     """Per predictor (every source but the repeat), over its held-out rows paired with the
     ``repeat_source`` row of the same ``run_keys`` (the same run served again): ``num_pairs``,
     ``num_nearer`` (its E2E error below the repeat's), ``num_ties``, ``sign_test_p`` (two-sided,
     ties left out), both E2E medians and their ratio, and both medians of the TTFT and TPOT errors
-    over the same rows. Empty without pairs."""
+    over the same rows. Empty without pairs.
+
+    The pairs are not independent trials: a run's repeats are all served in its second pass, so
+    one drift of the machine between the passes moves all of them alike. With ``cluster_keys``
+    (e.g. ``run_dir``: whole runs), the same comparison over clusters, each its pairs' medians:
+    ``num_clusters``, ``num_clusters_nearer``, ``num_clusters_tied`` and
+    ``clusters_sign_test_p``."""
     columns = [f"{name}_mape_pct" for name, _ in LATENCIES]
     repeat = table[table["source"] == repeat_source].set_index(list(run_keys))[columns]
     held_out = table[(table["source"] != repeat_source) & table["held_out"]]
@@ -99,12 +105,17 @@ def repeat_pairs(table: pd.DataFrame, repeat_source: str,
         if both.empty:
             continue
         profile, again = both["e2e_mape_pct"], both["e2e_mape_pct_repeat"]
-        nearer, ties = int((profile < again).sum()), int((profile == again).sum())
-        untied = len(both) - ties
+        nearer, ties, p = _sign_test(profile, again)
         row = {"source": source, "num_pairs": len(both), "num_nearer": nearer, "num_ties": ties,
-               "sign_test_p": binomtest(nearer, untied).pvalue if untied else float("nan"),
-               "median_profile_pct": profile.median(),
+               "sign_test_p": p, "median_profile_pct": profile.median(),
                "median_repeat_pct": again.median()}  # fmt: skip
+        if cluster_keys:
+            clusters = both.groupby(list(cluster_keys))[["e2e_mape_pct",
+                                                         "e2e_mape_pct_repeat"]].median()
+            nearer, ties, p = _sign_test(clusters["e2e_mape_pct"],
+                                         clusters["e2e_mape_pct_repeat"])  # fmt: skip
+            row.update(num_clusters=len(clusters), num_clusters_nearer=nearer,
+                       num_clusters_tied=ties, clusters_sign_test_p=p)  # fmt: skip
         for name, _ in LATENCIES[1:]:  # TTFT, TPOT
             row[f"median_{name}_pct"] = both[f"{name}_mape_pct"].median()
             row[f"median_{name}_repeat_pct"] = both[f"{name}_mape_pct_repeat"].median()
@@ -113,6 +124,14 @@ def repeat_pairs(table: pd.DataFrame, repeat_source: str,
     if not pairs.empty:
         pairs["median_ratio"] = pairs["median_profile_pct"] / pairs["median_repeat_pct"]
     return pairs
+
+
+def _sign_test(errors: pd.Series, repeat_errors: pd.Series) -> tuple[int, int, float]:
+    """How many of ``errors`` lie below ``repeat_errors`` (paired), how many tie, and the
+    two-sided sign test's p (ties left out; NaN when all tie)."""
+    nearer, ties = int((errors < repeat_errors).sum()), int((errors == repeat_errors).sum())
+    untied = len(errors) - ties
+    return nearer, ties, binomtest(nearer, untied).pvalue if untied else float("nan")
 
 
 def floor_lines(table: pd.DataFrame, repeat_source: str) -> list[str]:

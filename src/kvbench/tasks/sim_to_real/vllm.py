@@ -11,9 +11,9 @@ replays. kvbench's ``scheduler=vllm_v1`` model simulates every replay's requests
 With ``sim_to_vllm.repeat_replays`` every replay is served again after the first pass, and that
 second replay is scored as a prediction of the first (``vllm_repeat``): vLLM against itself, the
 noise under every profile's error. Errors per request (E2E, TTFT, TPOT) and per run (throughput,
-mean batch, peak blocks in use) go to ``sim_to_vllm.parquet`` and ``sim_to_vllm_requests.parquet``,
-every vLLM step (with its wall-clock time) to ``vllm_steps.parquet``, beside ``plots/sim_to_vllm``
-and both profiles.
+mean batch, peak KV slots in use) go to ``sim_to_vllm.parquet`` and
+``sim_to_vllm_requests.parquet``, every vLLM step (with its wall-clock time) to
+``vllm_steps.parquet``, beside ``plots/sim_to_vllm`` and both profiles.
 
 Then the fair-instrument check (``fair_instrument``): one closed batch served by vLLM and by
 kvbench's own real executor, output tokens/s of each, and both profiled.

@@ -7,7 +7,9 @@ whose steps take the shapes wanted (``referee.vllm_engine.run_waves``). Three ki
 - prefills: ``count`` prompts of one length, each computing its prompt and one token (prompts
   beyond the step's token budget are chunked, as real traffic's are);
 - decodes: ``decode_seqs`` requests of one prompt length, decoding ``decode_steps`` tokens (so
-  ``decode_steps`` decode-only steps at contexts just past the prompt);
+  ``decode_steps`` decode-only steps at contexts just past the prompt, where the prompts fit one
+  step's token budget; where they do not, the first ones decode beside the others' chunks and
+  the decode-only steps after them shrink as those finish);
 - mixed: decodes as above, joined once they decode by prompts computed beside them.
 
 Every step the engine runs is recorded with its shape exactly as a replay's (``chunks_shape``),
@@ -88,7 +90,8 @@ def mixed_decode_steps(num_decodes: int, prefill_prompts: tuple[int, ...],
                        max_num_batched_tokens: int) -> int:  # fmt: skip
     """Decode tokens the decoding requests of a mixed point need to outlast the joining prompts'
     chunks (each step gives the prompts the budget the decodes leave), and two decode-only steps
-    after them."""
+    after them: where the decoders start together (their prompts fit one step's budget; where
+    they do not, the steps run other shapes, each recorded as it ran)."""
     per_step = max_num_batched_tokens - num_decodes
     return -(-sum(prefill_prompts) // per_step) + 2
 
