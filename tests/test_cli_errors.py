@@ -14,6 +14,8 @@ import pandas as pd
 import pytest
 from conftest import compose_config
 
+from kvbench.config import ConfigError
+
 ROOT = Path(__file__).resolve().parents[1]
 SMALL_RUN = ["model=opt-13b", "hardware=a100-40gb", "allocators=[paged]", "plots=false",
              "progress=false"]  # fmt: skip
@@ -246,6 +248,26 @@ def test_untimed_trace_replays_at_each_rate_of_the_sweep_announced_once(untimed_
         assert len(run) == 20
         # 20 Poisson arrivals: the mean gap is 1/rate within a factor of 2.
         assert 0.5 / rate < run["arrival_s"].max() / 19 < 2 / rate
+
+
+def test_each_run_is_labelled_with_the_rate_it_replayed(untimed_trace, tmp_path):
+    # No rate (null): the untimed trace replays at workload.untimed_request_rate, its label.
+    done = run_kvbench("workload=trace", f"workload.path={untimed_trace}", *SMALL_RUN,
+                       "workload.request_rate=null", "progress=true",
+                       f"hydra.run.dir={tmp_path / 'untimed'}")  # fmt: skip
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    summary = pd.read_parquet(tmp_path / "untimed" / "summary.parquet")
+    assert summary["request_rate"].tolist() == [2.0]
+    # A burst arrives all at t = 0: labelled inf, whatever rate it was given.
+    done = run_kvbench("workload=system_prompt", "workload.num_users=4", *SMALL_RUN,
+                       "workload.request_rate=3", f"hydra.run.dir={tmp_path / 'burst'}")
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = pd.read_parquet(tmp_path / "burst" / "summary.parquet")
+    assert summary["request_rate"].tolist() == [float("inf")]
+    # Several rates would replay a burst the same under each label: refused.
+    with pytest.raises(ConfigError, match=r"request_rates=\[1\.0, 4\.0\]: workload "
+                                          r"system_prompt arrives all at t = 0"):  # fmt: skip
+        compose_config("workload=system_prompt", "workload.num_users=4", "request_rates=[1,4]")
 
 
 def test_poisson_without_any_rate_is_one_error_naming_every_key(untimed_trace, tmp_path):

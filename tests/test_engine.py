@@ -141,6 +141,48 @@ def test_batch_respects_max_num_seqs_and_token_budget():
     assert all(record.status == "finished" for record in result.requests)
 
 
+def test_a_request_s_samples_take_their_seats_at_admission():
+    # 4 seats: a request of 3 samples and two plain ones arrive together. As vLLM v0 counts a
+    # sequence group's samples when it admits it, the first plain one joins the 3 and the
+    # second waits (admitted one by one, the 3 samples forked beside both would make 5).
+    requests = [Request(0, 0.0, 16, 5, num_samples=3), Request(1, 0.0, 16, 5),
+                Request(2, 0.0, 16, 5)]  # fmt: skip
+    result = _run("paged", requests, max_num_seqs=4)
+    steps = result.steps.columns
+    assert steps["num_prefill_seqs"][0] == 2 and max(steps["batch_size"]) == 4
+    assert all(record.status == "finished" for record in result.requests)
+
+
+def test_swapped_in_sequences_count_against_the_token_budget():
+    # Two sequences wait swapped out and a 63-token prompt waits; the budget is 64. Both swap
+    # back in and decode a token each, so the prompt no longer fits beside them (2 + 63 > 64).
+    from kvbench.engine.records import RequestRecord
+    from kvbench.engine.sequence import Sequence
+
+    def sequence(seq_id, prompt_tokens, num_generated):
+        request = Request(seq_id, 0.0, prompt_tokens, 10)
+        record = RequestRecord(seq_id, 0.0, prompt_tokens, 10, 10)
+        return Sequence(request=request, record=record, seq_id=seq_id, num_generated=num_generated)
+
+    scheduler = Scheduler(SchedulerLimits(max_model_len=256, max_num_batched_tokens=64,
+                                          preemption="swap", swap_capacity_tokens=1000))
+    for swapped in (sequence(0, 8, 2), sequence(1, 8, 2)):  # as swap-out leaves them
+        scheduler._swapped.append(swapped)
+        scheduler.num_swapped_tokens += swapped.num_kv_tokens
+    scheduler.add(sequence(2, 63, 0))
+    batch, _ = scheduler.schedule(make_allocator("paged", 1024, 16, 256))
+    assert len(batch.swapped_in) == 2 and not batch.prefill
+
+
+def test_a_sequence_preempted_past_the_token_budget_is_an_error_not_a_hang():
+    # Recomputed whole, 16 + up to 200 tokens cannot fit a budget of 100: vLLM v0 refuses a
+    # budget under max_model_len (so does kvbench's config); the engine says so.
+    requests = _requests([(16, 200)] * 2, gap_s=0)
+    with pytest.raises(ValueError, match=r"preempted holding \d+ tokens, more than "
+                                         r"max_num_batched_tokens=100 can recompute"):  # fmt: skip
+        _run("paged", requests, num_slots=320, max_num_batched_tokens=100)
+
+
 def test_naive_max_fits_seven_opt13b_requests():
     requests = _requests([(10, 500)] * 20, gap_s=0)
     result = _run("naive_max", requests)

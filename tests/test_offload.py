@@ -31,6 +31,21 @@ def _radix(num_pages: int, cpu_pages: int) -> RadixAllocator:
     return RadixAllocator(num_pages * 4, 1000, page_tokens=4, cpu_cache_pages=cpu_pages)
 
 
+def test_radix_counts_the_pages_it_loads_out_of_the_tier_before_it_evicts_into_it() -> None:
+    # A's 2 pages go to the CPU tier (3 pages) when B needs the pool; C loads A's first page
+    # back, and its allocation evicts B's 3 pages into the tier. Counted without the page C
+    # loads, the tier holds 1 + 3 = 4 > 3 and drops A's other page only: B stays cached.
+    radix = RadixAllocator(3, 64, page_tokens=1, cpu_cache_pages=3)
+    assert radix.admit(0, Request(0, 0.0, 2, 4, prefix_group=1, prefix_tokens=2), 2)
+    radix.free(0)
+    b = Request(1, 0.0, 3, 4, prefix_group=2, prefix_tokens=3)
+    assert radix.admit(1, b, 3)
+    radix.free(1)
+    assert radix.admit(2, Request(2, 0.0, 1, 4, prefix_group=1, prefix_tokens=1), 1)
+    assert radix.match_tokens(b, 3) == 3
+    assert radix.cpu_cached_tokens() == 3  # B's 3 pages; A's lower page dropped
+
+
 @pytest.mark.parametrize("make", [_paged, _radix])
 def test_an_evicted_prefix_comes_back_from_the_cpu_tier(make) -> None:
     allocator = make(4, 8)  # 4 GPU blocks of 4 tokens, 8 in the CPU tier

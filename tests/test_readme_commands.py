@@ -142,6 +142,7 @@ def test_readme_kvbench_command_runs(command, tmp_path):
             "to choose"
         ]
         assert summary["num_finished"].tolist() == [MY_TRACE_ROWS] * len(summary)
+        assert set(summary["request_rate"]) == {2.0}  # the rate it replayed, as announced
 
 
 def test_readme_report_command_runs_on_the_readmes_reference_run(tmp_path):

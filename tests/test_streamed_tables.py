@@ -34,3 +34,17 @@ def test_streamed_tables_equal_the_kept_tables(tmp_path, monkeypatch):
     metadata = read_metadata(tmp_path / "streamed" / "steps" / "run-0003.parquet")
     assert "git_commit" in metadata
     assert (tmp_path / "streamed" / "plots" / "memory_over_time.png").is_file()
+
+
+def test_a_folder_rerun_with_fewer_runs_holds_only_the_new_runs_files(tmp_path):
+    out = tmp_path / "run"
+    _run(out, "engine.stream_tables=true", "workload.num_requests=20")  # 4 runs
+    summary = _run(out, "engine.stream_tables=true", "workload.num_requests=20",
+                   "allocators=[paged]", "request_rates=[3]")  # fmt: skip
+    assert len(summary) == 1
+    for table in ("steps", "requests"):
+        assert [p.name for p in (out / table).iterdir()] == ["run-0000.parquet"]
+        assert set(pd.read_parquet(out / table)["allocator"]) == {"paged"}
+    # Kept tables in the same folder: the streamed files go too.
+    _run(out, "workload.num_requests=20", "allocators=[paged]", "request_rates=[3]")
+    assert not list((out / "steps").glob("run-*.parquet"))

@@ -566,6 +566,16 @@ def _as_first_run(cfg: KvbenchConfig, label: str, workload: WorkloadConfig) -> W
 
 def _check_workload_request_rates(cfg: KvbenchConfig) -> None:
     labels = list(cfg.workloads) or [cfg.workload.name]
+    for label, workload in run_workloads(cfg).items():
+        rates = cfg.workload_request_rates.get(label) or cfg.request_rates
+        key = (f"workload_request_rates.{label}" if label in cfg.workload_request_rates
+               else "request_rates")  # fmt: skip
+        _require(
+            workload.arrival != "burst" or len(rates) <= 1,
+            f"{key}={list(rates)}: workload {label} arrives all at t = 0 (arrival=burst), so "
+            f"each rate would replay it the same; drop {key} (a burst is labelled inf) or set "
+            "workload.arrival=poisson",
+        )
     for label, rates in cfg.workload_request_rates.items():
         _require(
             label in labels,
@@ -812,6 +822,14 @@ def _check_schedulers(cfg: KvbenchConfig) -> None:
         _check_scheduler(scheduler)
         if scheduler.name == "vllm_v1":
             _check_v1_run(replace(cfg, scheduler=scheduler))
+        batched = scheduler.max_num_batched_tokens
+        # v0 prefills whole: a sequence preempted near max_model_len is recomputed in one step.
+        _require(
+            scheduler.name != "vllm_v0" or batched is None or batched >= cfg.model.max_model_len,
+            f"scheduler.max_num_batched_tokens={batched}: vllm_v0 prefills a prompt (and a "
+            f"preempted sequence) in one step, so it must be >= model.max_model_len="
+            f"{cfg.model.max_model_len}, as vLLM v0 requires (or null: max(context, 2,048))",
+        )
 
 
 def _check_v1_run(cfg: KvbenchConfig) -> None:

@@ -264,6 +264,9 @@ class RadixAllocator:
         for cpu_node in cpu_nodes:  # nor drop the CPU nodes it loads
             self._reference(cpu_node)
             cpu_node.last_access = now
+            # They leave the tier now: the leaves the allocation evicts into it count without
+            # them (as PrefixCache takes loaded blocks out before the pool allocates).
+            self._num_cpu_pages -= cpu_node.num_tokens // self.block_size
         pages = self._allocate_pages(num_new_pages)
         num_loaded_pages = self._load_from_cpu(cpu_nodes, pages)
         if cpu_nodes:
@@ -582,7 +585,6 @@ class RadixAllocator:
             node.pages = pages[num_taken : num_taken + num_pages]
             node.on_cpu = False
             num_taken += num_pages
-            self._num_cpu_pages -= num_pages
             self._num_held_tree_pages += num_pages  # referenced by the admission
         return num_taken
 

@@ -126,7 +126,8 @@ class VAttentionAllocator(PagedAllocator):
             num_reused = min(span_pages, self._blocks_for(num_tokens))
             # Pages beyond the request's need are unmapped (vAttention leaves them for it to grow
             # into: kvbench holds less, never more).
-        assert super().admit(seq_id, request, num_tokens)
+        if not super().admit(seq_id, request, num_tokens):  # can_admit said it fits
+            raise RuntimeError(f"sequence {seq_id}: admission failed after can_admit allowed it")
         self.num_pages_mapped -= num_reused  # taken over mapped, not mapped anew
         return True
 

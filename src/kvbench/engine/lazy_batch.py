@@ -27,7 +27,7 @@ from kvbench.engine.cost_model import CostModel, DecodeTimeFn
 from kvbench.engine.iteration import IdleWait, end_iteration, finish_sequence, record_step
 from kvbench.engine.records import EXCEEDS_POOL, StepRecords
 from kvbench.engine.samples import SampleGroups
-from kvbench.engine.scheduler import FCFS, Scheduler
+from kvbench.engine.scheduler import FCFS, Scheduler, group_seats
 from kvbench.engine.sequence import Sequence
 
 
@@ -307,9 +307,9 @@ def _head_blocked(scheduler: Scheduler, allocator: Allocator) -> bool | None:
         return False
     limits = scheduler.limits
     num_running = len(scheduler.running)
-    if num_running >= limits.max_num_seqs:
-        return False
     head = scheduler.waiting[0]
+    if num_running + group_seats(head, limits.max_num_seqs) > limits.max_num_seqs:
+        return False
     if head.num_kv_tokens > limits.max_num_batched_tokens - num_running:
         return False
     if allocator.can_admit(head.request, head.num_kv_tokens + 1):

@@ -94,6 +94,16 @@ def _cached_prefix_tokens(allocator: Allocator, seq_id: int) -> int:
     return prefix_cache.cached_prefix_tokens(seq_id) if prefix_cache is not None else 0
 
 
+def group_seats(seq: Sequence, max_num_seqs: int) -> int:
+    """Seats a waiting sequence takes in the batch: a request not started yet takes one for
+    each sample or beam it forks into after its first token (vLLM v0 counts a sequence group's
+    most running sequences at admission), at most ``max_num_seqs`` (a group wider than the batch
+    still runs, alone); a sequence that has generated (preempted, or a fork waiting) one."""
+    if seq.num_generated:
+        return 1
+    return min(max(seq.request.num_samples, seq.request.beam_width), max_num_seqs)
+
+
 def rejection_reason(request: Request, limits: SchedulerLimits) -> str:
     """Why ``request`` can never run under ``limits`` (one of ``records.REJECT_REASONS``), or ''
     if it can: the checks made when it arrives. The pool's limit (``EXCEEDS_POOL``) is found at
@@ -275,13 +285,28 @@ class Scheduler:
         ``swapped_in`` are set, and nothing swapped out waits); returns the ones rejected for
         good. The admitted ones join the running sequences with ``run_admitted``."""
         rejected: list[Sequence] = []
-        token_budget = self.limits.max_num_batched_tokens - len(batch.decode)
+        # Every running sequence decodes a token this iteration, swapped-in ones included.
+        token_budget = (self.limits.max_num_batched_tokens - len(batch.decode)
+                        - len(batch.swapped_in))  # fmt: skip
         if self.limits.policy == LPM and len(self._waiting) > 1:
             self._sort_by_prefix_match(allocator)
-        while self._waiting and self._has_seat(batch):
+        max_num_seqs = self.limits.max_num_seqs
+        num_seats = (len(self._running) + len(batch.swapped_in)
+                     + sum(group_seats(seq, max_num_seqs) for seq in batch.prefill))  # fmt: skip
+        while self._waiting:
             seq = self._waiting[0]
+            seats = group_seats(seq, max_num_seqs)
+            if num_seats + seats > max_num_seqs:
+                break
             num_prefill_tokens = seq.num_kv_tokens  # prompt, plus generated tokens on recompute
             if num_prefill_tokens > token_budget:
+                if num_prefill_tokens > self.limits.max_num_batched_tokens:
+                    # Preempted past the budget: it would block the queue forever.
+                    raise ValueError(
+                        f"request {seq.request.request_id} was preempted holding "
+                        f"{num_prefill_tokens} tokens, more than max_num_batched_tokens="
+                        f"{self.limits.max_num_batched_tokens} can recompute; set it >= "
+                        f"max_model_len={self.limits.max_model_len}, as vLLM v0 requires")
                 break
             # Prefill writes the prompt's KV and produces the first token, which takes a slot.
             if allocator.admit(seq.seq_id, seq.request, num_prefill_tokens + 1):
@@ -292,6 +317,7 @@ class Scheduler:
                     batch.num_cpu_load_tokens += num_loaded
                     seq.record.mark_cpu_hit(num_loaded)
                 token_budget -= num_prefill_tokens
+                num_seats += seats
                 batch.prefill.append(seq)
                 continue
             if not self._running and not batch.prefill and not batch.swapped_in:

@@ -204,15 +204,29 @@ def workload_rows(cfg: WorkloadConfig | Any, max_model_len: int) -> pd.DataFrame
     return rows
 
 
+def _replayed_rate(cfg: WorkloadConfig, rows: pd.DataFrame) -> float:
+    """The mean arrival rate (req/s) ``_arrival_times`` gives ``rows``, as a run is labelled
+    (docs/metrics.md, ``request_rate``): inf for a burst (all at t = 0), the Poisson rate of a
+    trace without timestamps, 0 for a trace's own timestamps, else ``cfg.request_rate``."""
+    if cfg.arrival == "burst":
+        return math.inf
+    if cfg.arrival == "trace":
+        if rows[ARRIVAL_S].isna().all():
+            return untimed_arrival_rate(cfg)
+        return float(cfg.request_rate or 0.0)
+    return float(cfg.request_rate or 0.0)  # poisson and gamma: validated > 0
+
+
 def with_arrivals(rows: pd.DataFrame, cfg: WorkloadConfig | Any) -> pd.DataFrame:
     """``workload_rows``' rows with ``cfg``'s arrivals (at its ``request_rate``), sorted by
     arrival with ``request_id`` 0..N-1, and the samples and beam columns; ``rows`` is left as
-    it is."""
+    it is. Its ``attrs["request_rate"]`` is the rate replayed (``_replayed_rate``)."""
     cfg = as_workload_config(cfg)
     validate_workload_config(cfg)
     timed = rows.copy()
     timed[ARRIVAL_S] = _arrival_times(cfg, timed)
     workload = sort_and_renumber(timed)
+    workload.attrs["request_rate"] = _replayed_rate(cfg, rows)
     if cfg.num_samples > 1:
         workload[NUM_SAMPLES] = cfg.num_samples
     if cfg.beam_width > 1:

@@ -196,7 +196,9 @@ def _first_exchange_of_row(
 
 def from_sharegpt(raw: pd.DataFrame, locator: RowLocator, options: ReadOptions) -> pd.DataFrame:
     """ShareGPT conversations: the first human turn is the prompt, the gpt turn that follows it
-    the output (as vLLM's benchmark_serving does). Conversations without such a pair are skipped;
+    the output. (vLLM's benchmark_serving takes a conversation's first two turns whatever their
+    roles; the two differ only on conversations that do not open with a human turn answered by
+    gpt.) Conversations without such a pair are skipped;
     ``request_id`` keeps the record's position in the file and ``attrs["num_skipped"]`` counts
     the skipped ones."""
     require_columns(raw, SHAREGPT_SCHEMA, locator)

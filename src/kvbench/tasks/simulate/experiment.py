@@ -34,7 +34,7 @@ from kvbench.tables.parquet_stream import RunsTable
 from kvbench.tables.provenance import provenance
 from kvbench.tasks.profile.profile_file import load_profiled_cost_model
 from kvbench.tasks.simulate.accounting import workload_accounting
-from kvbench.tasks.simulate.per_run_files import StreamedTables
+from kvbench.tasks.simulate.per_run_files import StreamedTables, remove_run_files
 from kvbench.tasks.simulate.plot import plot_run
 from kvbench.tasks.simulate.real_runner import run_on_real_model
 from kvbench.tasks.simulate.table import requests_frame, steps_frame, summarize
@@ -219,7 +219,7 @@ def run_experiment(
             workload = with_arrivals(rows, workload_cfg)
             workload_attrs[workload_label] = dict(workload.attrs)
             requests = to_requests(workload)
-            rate = workload_cfg.request_rate
+            rate = workload.attrs["request_rate"]  # replayed: a burst's inf, an untimed trace's
             beams = load_beam_ancestry() if workload_cfg.beam_width > 1 else None
             ideal_by_design: dict[tuple[bool, int], dict[str, float]] = {}
             v1_pool_slots = num_slots if cfg.scheduler.name == "vllm_v1" else None
@@ -389,6 +389,7 @@ class _LargeTables:
     constant column of every step would cost more to build than the run's steps themselves."""
 
     def __init__(self, output_dir: Path, metadata: dict[str, str]) -> None:
+        remove_run_files(output_dir)  # a streamed experiment's, earlier in this folder
         self.steps_path = output_dir / "steps.parquet"
         self.requests_path = output_dir / "requests.parquet"
         self._metadata = metadata

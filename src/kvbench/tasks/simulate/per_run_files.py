@@ -25,10 +25,19 @@ from kvbench.tasks.simulate.table import step_table
 PLOT_BUCKETS_PER_CHUNK = CHART_BUCKETS
 
 
+def remove_run_files(output_dir: Path) -> None:
+    """Delete the per-run files an earlier experiment streamed into ``output_dir``: read as one
+    table with this experiment's, they would add runs its summary does not have."""
+    for table in ("steps", "requests"):
+        for path in (output_dir / table).glob("run-*.parquet"):
+            path.unlink()
+
+
 class StreamedTables:
     """The per-run parquet streams of one experiment's output folder."""
 
     def __init__(self, output_dir: Path, metadata: dict[str, str]) -> None:
+        remove_run_files(output_dir)
         self.output_dir = output_dir
         self.metadata = metadata
         self.plot_steps: list[pd.DataFrame] = []
