@@ -15,6 +15,7 @@ from kvbench.tasks.simulate.accounting import workload_accounting
 from kvbench.tasks.simulate.experiment import cost_model, run_experiment, scheduler_limits
 from kvbench.tasks.simulate.table import requests_frame, summarize
 from kvbench.workloads import build_workload, save_trace, to_requests
+from kvbench.workloads.config import UntimedTraceWarning
 
 LLAMA_70B_TP4 = ("model=llama-2-70b", "hardware=a100-80gb", "hardware.num_gpus=4")
 # (prompt, output) of a user's trace on a 4,096-token model: what each row must become.
@@ -136,3 +137,26 @@ def test_the_ideal_prefix_hit_rate_counts_only_the_requests_the_engine_can_serve
     served_prompt_tokens = 600 + 700 + 600 + 650 + 800 + 600
     assert summary["ideal_prefix_hit_rate"] == pytest.approx(5 * 512 / served_prompt_tokens)
     assert summary["prefix_hit_rate"] == pytest.approx(summary["ideal_prefix_hit_rate"])
+
+
+def test_sharegpt_records_without_a_pair_are_counted_in_the_accounting_line(tmp_path):
+    import json
+
+    records = [{"id": str(i), "conversations": [{"from": "human", "value": "Name a colour."},
+                                                {"from": "gpt", "value": "Blue, and green."}]}
+               for i in range(2)]  # fmt: skip
+    records += [{"id": "x", "conversations": [{"from": "gpt", "value": "I start."}]},
+                {"id": "y", "conversations": []}]
+    path = tmp_path / "sharegpt.json"
+    path.write_text(json.dumps(records))
+    cfg, _, _ = compose_config("workload=trace", f"workload.path={path}",
+                               "workload.tokenizer=null", "workload.request_rate=1")  # fmt: skip
+    with pytest.warns(UntimedTraceWarning, match="has no arrival times"):
+        workload = build_workload(cfg.workload, 4096)
+    summary = pd.DataFrame([{"workload": "w", "num_requests": 2, "num_finished": 2,
+                             "num_rejected": 0, "num_output_clipped": 0,
+                             **{f"num_rejected_{reason}": 0 for reason in REJECT_REASONS}}])
+    assert workload_accounting("w", summary, workload.attrs) == (
+        "kvbench: workload w: 2 requests from 2 rows of sharegpt.json (0 removed by its filter; "
+        "2 records without a prompt and its answer skipped before); served 2, rejected 0; "
+        "outputs clipped to the model's context 0")

@@ -246,3 +246,13 @@ def test_parquet_without_arrivals_round_trips_nan(tmp_path):
                       "output_tokens": [2]}), tmp_path / "t.parquet"))
     assert trace["arrival_s"].isna().all()
     assert "hash_block_tokens" not in trace.attrs
+
+
+def test_a_workload_s_samples_and_beams_are_not_a_trace_s_columns(tmp_path):
+    # save_trace writes only what load_trace reads back: n and beams are the workload config's.
+    workload = pd.DataFrame({"request_id": [0, 1], "arrival_s": [0.0, 0.5],
+                             "prompt_tokens": [10, 20], "output_tokens": [5, 6],
+                             "num_samples": [2, 2]})  # fmt: skip
+    loaded = load_trace(save_trace(workload, tmp_path / "w.parquet"))
+    assert "num_samples" not in loaded.columns
+    pd.testing.assert_frame_equal(loaded, workload.drop(columns="num_samples"))

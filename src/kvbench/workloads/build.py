@@ -57,6 +57,9 @@ _SAMPLING_STREAM = 0
 _ARRIVAL_STREAM = 1
 # DataFrame.attrs of a trace workload: rows read from the file, and rows its filter removed.
 NUM_READ_ROWS_ATTR = "num_read_rows"
+# Records of the file a reader skipped before any row (ShareGPT conversations without a
+# prompt-answer pair): the file held them, no request came of them.
+NUM_SKIPPED_RECORDS_ATTR = "num_skipped_records"
 NUM_FILTERED_ROWS_ATTR = "num_filtered_rows"
 # Profile sampling draws until enough requests pass the filter; give up after this many
 # draws per wanted request (a filter that nearly nothing passes is a configuration mistake).
@@ -98,10 +101,12 @@ def _trace_rows(cfg: WorkloadConfig, max_model_len: int) -> pd.DataFrame:
     N rows sampled at random (other arrivals; with replacement when N exceeds the rows)."""
     assert cfg.path is not None  # validate_workload_config requires it for traces
     loaded = load_trace(cfg.path, cfg.format, tokenizer=cfg.tokenizer)
+    num_skipped = int(loaded.attrs.get("num_skipped", 0))
     if cfg.conversations:  # before filtering: a conversation is read from consecutive rows
         loaded = conversation_prefixes(loaded)
     trace = _shape(loaded, cfg, max_model_len)
     trace.attrs[NUM_READ_ROWS_ATTR] = len(loaded)
+    trace.attrs[NUM_SKIPPED_RECORDS_ATTR] = num_skipped
     trace.attrs[NUM_FILTERED_ROWS_ATTR] = len(loaded) - len(trace)
     if trace.empty:
         raise ValueError(f"workload {cfg.name}: none of the {len(loaded)} requests of {cfg.path} "

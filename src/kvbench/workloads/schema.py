@@ -37,7 +37,8 @@ BEAM_WIDTH = "beam_width"
 REQUESTED_OUTPUT_TOKENS = "requested_output_tokens"
 
 REQUIRED_COLUMNS = (REQUEST_ID, ARRIVAL_S, PROMPT_TOKENS, OUTPUT_TOKENS)
-OPTIONAL_COLUMNS = (PREFIX_GROUP, PREFIX_TOKENS, PREFIX_BLOCK_HASHES, NUM_SAMPLES, BEAM_WIDTH)
+# The columns a trace may carry beside those (``save_trace`` writes them, ``load_trace`` reads).
+PREFIX_COLUMNS = (PREFIX_GROUP, PREFIX_TOKENS, PREFIX_BLOCK_HASHES)
 
 # DataFrame.attrs key holding the tokens covered by one entry of ``prefix_block_hashes``.
 HASH_BLOCK_TOKENS_ATTR = "hash_block_tokens"

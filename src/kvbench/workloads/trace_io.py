@@ -25,8 +25,8 @@ from kvbench.workloads.raw_reading import (
 from kvbench.workloads.schema import (
     HASH_BLOCK_TOKENS_ATTR,
     HUB,
-    OPTIONAL_COLUMNS,
     PARQUET,
+    PREFIX_COLUMNS,
     REQUIRED_COLUMNS,
     ReadOptions,
     RowLocator,
@@ -111,7 +111,8 @@ def save_trace(df: pd.DataFrame, path: str | os.PathLike[str]) -> Path:
 
     Only the canonical columns (and the optional prefix columns, when present) are written;
     ``attrs["hash_block_tokens"]`` travels in the file's metadata. ``load_trace`` reads it back
-    equal to ``df``.
+    equal to ``df``. A workload's ``num_samples`` and ``beam_width`` columns are not written: they
+    are the workload config's (``workload.num_samples``, ``workload.beam_width``), not a trace's.
 
     Returns:
         the path written.
@@ -120,7 +121,7 @@ def save_trace(df: pd.DataFrame, path: str | os.PathLike[str]) -> Path:
     if missing:
         raise ValueError(f"save_trace: missing column(s) {','.join(missing)}; expected "
                          f"{','.join(REQUIRED_COLUMNS)}")
-    columns = [*REQUIRED_COLUMNS, *(name for name in OPTIONAL_COLUMNS if name in df.columns)]
+    columns = [*REQUIRED_COLUMNS, *(name for name in PREFIX_COLUMNS if name in df.columns)]
     table = pa.Table.from_pandas(df[columns], preserve_index=False)
     metadata = {"version": _METADATA_VERSION,
                 HASH_BLOCK_TOKENS_ATTR: int(df.attrs.get(HASH_BLOCK_TOKENS_ATTR, 0))}

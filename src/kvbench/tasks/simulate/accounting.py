@@ -14,7 +14,11 @@ from typing import Any
 import pandas as pd
 
 from kvbench.engine.records import REJECT_REASONS
-from kvbench.workloads.build import NUM_FILTERED_ROWS_ATTR, NUM_READ_ROWS_ATTR
+from kvbench.workloads.build import (
+    NUM_FILTERED_ROWS_ATTR,
+    NUM_READ_ROWS_ATTR,
+    NUM_SKIPPED_RECORDS_ATTR,
+)
 
 
 def _count(values: pd.Series) -> str:
@@ -29,7 +33,11 @@ def _source(attrs: Mapping[str, Any]) -> str:
     name = Path(str(attrs.get("source", "trace"))).name
     num_filtered = int(attrs.get(NUM_FILTERED_ROWS_ATTR, 0))
     num_read = int(attrs[NUM_READ_ROWS_ATTR])
-    return f" from {num_read:,} rows of {name} ({num_filtered:,} removed by its filter)"
+    num_skipped = int(attrs.get(NUM_SKIPPED_RECORDS_ATTR, 0))
+    skipped = (f"; {num_skipped:,} records without a prompt and its answer skipped before"
+               if num_skipped else "")  # fmt: skip
+    return (f" from {num_read:,} rows of {name} ({num_filtered:,} removed by its filter"
+            f"{skipped})")  # fmt: skip
 
 
 def workload_accounting(
