@@ -79,21 +79,28 @@ def test_windowed_prefill_pairs_by_hand() -> None:
     # Shorter than the window: causal pairs, 3 x 4 / 2; and the sum over sequences.
     assert windowed_prefill_pairs(((3, 0), (6, 2)), 8) == 6 + (21 - 3)
     # The engine's shapes carry the spans.
-    seqs = [SimpleNamespace(num_kv_tokens=6, num_cached_tokens=2),
-            SimpleNamespace(num_kv_tokens=3, num_cached_tokens=0)]  # fmt: skip
+    seqs = [SimpleNamespace(num_kv_tokens=6, num_reused_tokens=2),
+            SimpleNamespace(num_kv_tokens=3, num_reused_tokens=0)]  # fmt: skip
     assert iteration_shape(seqs, 0, 0).prefill_spans == ((6, 2), (3, 0))  # type: ignore[arg-type]
 
 
 def test_a_prompt_cached_whole_still_computes_its_last_token() -> None:
     # 32 tokens, two full blocks of 16 both cached: its last token is fed for its logits and
     # attends to all 32, as the real executor runs it; alone, the iteration is not free.
-    whole = SimpleNamespace(num_kv_tokens=32, num_cached_tokens=32)
-    shape = iteration_shape([whole], 0, 0)  # type: ignore[list-item]
+    from kvbench.core.request import Request
+    from kvbench.engine.records import RequestRecord
+    from kvbench.engine.sequence import Sequence
+
+    def prompt(num_tokens: int, num_cached_tokens: int) -> Sequence:
+        record = RequestRecord(0, 0.0, num_tokens, 4, 4)
+        return Sequence(request=Request(0, 0.0, num_tokens, 4), record=record, seq_id=0,
+                        num_cached_tokens=num_cached_tokens)  # fmt: skip
+
+    shape = iteration_shape([prompt(32, 32)], 0, 0)
     assert (shape.num_prefill_tokens, shape.prefill_attention_pairs) == (1, 32)
     assert shape.prefill_spans == ((32, 31),)
     assert _model("llama-2-13b").iteration_time_s(shape) > 0
-    partial = SimpleNamespace(num_kv_tokens=40, num_cached_tokens=32)
-    assert iteration_shape([partial], 0, 0).num_prefill_tokens == 8  # type: ignore[list-item]
+    assert iteration_shape([prompt(40, 32)], 0, 0).num_prefill_tokens == 8
 
 
 def test_full_attention_models_keep_the_formula_float_for_float() -> None:

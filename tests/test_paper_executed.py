@@ -180,20 +180,19 @@ def test_paper_executed_needs_a_profile():
 def test_paper_executed_serves_one_workload_at_the_rates_given_for_it():
     from omegaconf import OmegaConf, open_dict
 
-    from kvbench.config import validate_config
-    from kvbench.tasks.paper_executed.run import served_rates
+    from kvbench.config import run_rates, validate_config
 
     cfg, _, raw = compose_config("experiment=paper_executed")
     workload = cfg.workload
-    assert served_rates(cfg, workload.name, workload) == [8.0]  # request_rates
+    assert run_rates(cfg, workload.name, workload) == [8.0]  # request_rates
     cfg, _, _ = compose_config("experiment=paper_executed",
                                f"+workload_request_rates.{workload.name}=[2,4]")  # fmt: skip
-    assert served_rates(cfg, workload.name, workload) == [2.0, 4.0]
+    assert run_rates(cfg, workload.name, workload) == [2.0, 4.0]
     cfg, _, _ = compose_config("experiment=paper_executed", "request_rates=[]",
                                "workload.request_rate=3")  # fmt: skip
-    assert served_rates(cfg, workload.name, cfg.workload) == [3.0]  # the workload's own
+    assert run_rates(cfg, workload.name, cfg.workload) == [3.0]  # the workload's own
     untimed = dataclasses.replace(cfg.workload, request_rate=None)
-    assert served_rates(cfg, workload.name, untimed) == [0.0]  # the trace's own times
+    assert run_rates(cfg, workload.name, untimed) == [0.0]  # the trace's own times
     two = OmegaConf.create(OmegaConf.to_container(raw))
     with open_dict(two):
         two.workloads = {"first": OmegaConf.to_container(raw.workload),

@@ -556,23 +556,34 @@ def _check_values(cfg: KvbenchConfig) -> None:
             raise ConfigError(str(error)) from None
 
 
+def workload_rates(cfg: KvbenchConfig, label: str) -> list[float]:
+    """The rates (req/s) the workload ``label`` is replayed at: ``workload_request_rates.LABEL``,
+    else ``request_rates``; empty: at its own ``request_rate``."""
+    return [float(rate) for rate in cfg.workload_request_rates.get(label) or cfg.request_rates]
+
+
+def run_rates(cfg: KvbenchConfig, label: str, workload: WorkloadConfig) -> list[float]:
+    """``workload_rates``, else the workload's own ``request_rate`` (0: a trace's own times)."""
+    return workload_rates(cfg, label) or [float(workload.request_rate or 0.0)]
+
+
 def _as_first_run(cfg: KvbenchConfig, label: str, workload: WorkloadConfig) -> WorkloadConfig:
-    """``workload`` as its first run replays it: a rate list (``workload_request_rates.LABEL``,
-    else ``request_rates``) replaces its own ``request_rate``, so ``workload.arrival=poisson
-    request_rates=[1,2]`` is valid without a ``workload.request_rate``."""
-    rates = cfg.workload_request_rates.get(label) or cfg.request_rates
+    """``workload`` as its first run replays it: a rate list (``workload_rates``) replaces its
+    own ``request_rate``, so ``workload.arrival=poisson request_rates=[1,2]`` is valid without
+    a ``workload.request_rate``."""
+    rates = workload_rates(cfg, label)
     return replace(workload, request_rate=float(rates[0])) if rates else workload
 
 
 def _check_workload_request_rates(cfg: KvbenchConfig) -> None:
     labels = list(cfg.workloads) or [cfg.workload.name]
     for label, workload in run_workloads(cfg).items():
-        rates = cfg.workload_request_rates.get(label) or cfg.request_rates
+        rates = workload_rates(cfg, label)
         key = (f"workload_request_rates.{label}" if label in cfg.workload_request_rates
                else "request_rates")  # fmt: skip
         _require(
             workload.arrival != "burst" or len(rates) <= 1,
-            f"{key}={list(rates)}: workload {label} arrives all at t = 0 (arrival=burst), so "
+            f"{key}={rates}: workload {label} arrives all at t = 0 (arrival=burst), so "
             f"each rate would replay it the same; drop {key} (a burst is labelled inf) or set "
             "workload.arrival=poisson",
         )

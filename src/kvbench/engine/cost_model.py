@@ -93,9 +93,7 @@ def iteration_shape(
     for seq in prefill:
         num_prefill_seqs += 1
         length = seq.num_kv_tokens
-        # A prompt cached whole still computes its last token, whose logits give the next one
-        # (vLLM never reports the whole prompt cached; the real executor feeds that token).
-        cached = min(seq.num_cached_tokens, length - 1)
+        cached = seq.num_reused_tokens
         prefill_spans.append((length, cached))
         num_prefill_tokens += length - cached
         # Causal attention: token i sees i tokens; cached tokens are not recomputed.

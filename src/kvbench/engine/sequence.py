@@ -45,10 +45,11 @@ class Sequence:
         return self.request.prompt_tokens + self.num_generated
 
     @property
-    def num_prefill_tokens(self) -> int:
-        """Tokens a (re)admission must compute: everything it holds but the cached prefix, and
-        at least its last token (a prompt cached whole computes that one for its logits)."""
-        return self.num_kv_tokens - min(self.num_cached_tokens, self.num_kv_tokens - 1)
+    def num_reused_tokens(self) -> int:
+        """Leading tokens a (re)admission does not compute: its cached prefix, less its last
+        token (a prompt cached whole computes that one, for its logits; vLLM never reports the
+        whole prompt cached)."""
+        return min(self.num_cached_tokens, self.num_kv_tokens - 1)
 
     @property
     def is_done(self) -> bool:

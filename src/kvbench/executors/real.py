@@ -145,7 +145,7 @@ class RealExecutor:
         tokens = self._tokens.get(seq.seq_id)
         if tokens is None:  # a first admission
             tokens = self._tokens[seq.seq_id] = prompt_ids(seq.request, self.vocab_size)
-        first = min(seq.num_cached_tokens, len(tokens) - 1)
+        first = seq.num_reused_tokens
         return SeqInput(tokens[first:], first, self.allocator.block_table(seq.seq_id),
                         num_unwritten=seq.num_cached_tokens - first)  # fmt: skip
 

@@ -144,11 +144,16 @@ def _check_some_request_fits(rows: pd.DataFrame, cfg: WorkloadConfig, max_model_
                          f"shorter prompts")
 
 
-def _arrival_times(cfg: WorkloadConfig, rows: pd.DataFrame) -> np.ndarray:
+def _is_untimed_trace(cfg: WorkloadConfig, rows: pd.DataFrame) -> bool:
+    """A trace replayed by its times that has none (it gets Poisson arrivals instead)."""
+    return cfg.arrival == "trace" and bool(rows[ARRIVAL_S].isna().all())
+
+
+def _arrival_times(cfg: WorkloadConfig, rows: pd.DataFrame, untimed: bool) -> np.ndarray:
     if cfg.arrival == "burst":
         return burst_arrivals(len(rows))
     rng = stream(cfg.seed, _ARRIVAL_STREAM)
-    if cfg.arrival == "trace" and rows[ARRIVAL_S].isna().all():
+    if untimed:
         # A trace without timestamps still runs, as the README's example promises: Poisson
         # arrivals at the run's rate (or the default), said in one line (the app prints it once).
         warnings.warn(untimed_trace_note(cfg), UntimedTraceWarning, stacklevel=3)
@@ -209,17 +214,13 @@ def workload_rows(cfg: WorkloadConfig | Any, max_model_len: int) -> pd.DataFrame
     return rows
 
 
-def _replayed_rate(cfg: WorkloadConfig, rows: pd.DataFrame) -> float:
-    """The mean arrival rate (req/s) ``_arrival_times`` gives ``rows``, as a run is labelled
-    (docs/metrics.md, ``request_rate``): inf for a burst (all at t = 0), the Poisson rate of a
-    trace without timestamps, 0 for a trace's own timestamps, else ``cfg.request_rate``."""
+def _replayed_rate(cfg: WorkloadConfig, untimed: bool) -> float:
+    """The mean arrival rate (req/s) ``_arrival_times`` replays at, as a run is labelled
+    (docs/metrics.md, ``request_rate``): inf for a burst (all at t = 0), the Poisson rate of an
+    ``untimed`` trace, else ``cfg.request_rate`` (0 for a trace's own timestamps)."""
     if cfg.arrival == "burst":
         return math.inf
-    if cfg.arrival == "trace":
-        if rows[ARRIVAL_S].isna().all():
-            return untimed_arrival_rate(cfg)
-        return float(cfg.request_rate or 0.0)
-    return float(cfg.request_rate or 0.0)  # poisson and gamma: validated > 0
+    return untimed_arrival_rate(cfg) if untimed else float(cfg.request_rate or 0.0)
 
 
 def with_arrivals(rows: pd.DataFrame, cfg: WorkloadConfig | Any) -> pd.DataFrame:
@@ -228,10 +229,11 @@ def with_arrivals(rows: pd.DataFrame, cfg: WorkloadConfig | Any) -> pd.DataFrame
     it is. Its ``attrs["request_rate"]`` is the rate replayed (``_replayed_rate``)."""
     cfg = as_workload_config(cfg)
     validate_workload_config(cfg)
+    untimed = _is_untimed_trace(cfg, rows)
     timed = rows.copy()
-    timed[ARRIVAL_S] = _arrival_times(cfg, timed)
+    timed[ARRIVAL_S] = _arrival_times(cfg, timed, untimed)
     workload = sort_and_renumber(timed)
-    workload.attrs["request_rate"] = _replayed_rate(cfg, rows)
+    workload.attrs["request_rate"] = _replayed_rate(cfg, untimed)
     if cfg.num_samples > 1:
         workload[NUM_SAMPLES] = cfg.num_samples
     if cfg.beam_width > 1:

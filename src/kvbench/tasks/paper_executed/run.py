@@ -23,7 +23,7 @@ from typing import Any
 import pandas as pd
 
 from kvbench.allocators import make_allocator
-from kvbench.config import KvbenchConfig, run_workloads
+from kvbench.config import KvbenchConfig, run_rates, run_workloads
 from kvbench.core.kv_capacity import pool_slots
 from kvbench.core.request import Request
 from kvbench.core.specs import Deployment
@@ -48,7 +48,7 @@ from kvbench.tasks.profile.profile_file import (
 from kvbench.tasks.simulate.experiment import cost_model, scheduler_limits
 from kvbench.tasks.simulate.real_runner import load_real_model, pin_threads
 from kvbench.tasks.simulate.run_outputs import print_files, write_task_report
-from kvbench.workloads import WorkloadConfig, to_requests, with_arrivals, workload_rows
+from kvbench.workloads import to_requests, with_arrivals, workload_rows
 
 # Prices one allocator's iterations in a simulation: (allocator name, its kernel block size).
 CostModelFor = Callable[[str, int], CostModel]
@@ -108,8 +108,7 @@ def run_paper_executed(
     label, workload_cfg = next(iter(run_workloads(cfg).items()))
     rows = workload_rows(workload_cfg, setup.max_model_len)
     runs = []
-    rates = served_rates(cfg, label, workload_cfg)
-    for rate in rates:
+    for rate in run_rates(cfg, label, workload_cfg):
         requests = to_requests(with_arrivals(rows, dataclasses.replace(workload_cfg,
                                                                        request_rate=rate)))
         served = serve_rounds(model, requests, cfg.allocators, cfg.paper_executed.rounds, setup)
@@ -147,13 +146,6 @@ def _warn_of_another_setup(profile_path: str, deployment: Deployment, decode_bac
     for difference in differences:
         print(f"paper_executed: warning: {profile_path} was fitted on {difference}: compare its "
               "ratios, not its absolute tokens/s")  # fmt: skip
-
-
-def served_rates(cfg: KvbenchConfig, label: str, workload_cfg: WorkloadConfig) -> list[float]:
-    """The rates (request/s) the workload ``label`` is served at: ``workload_request_rates.LABEL``,
-    else ``request_rates``, else the workload's own rate (0: the trace's own times)."""
-    rates = cfg.workload_request_rates.get(label) or cfg.request_rates
-    return [float(rate) for rate in rates] or [workload_cfg.request_rate or 0.0]
 
 
 def probe_machine(model: Any, setup: ServingSetup) -> dict[str, float]:

@@ -30,7 +30,7 @@ import numpy as np
 import pandas as pd
 
 from kvbench.allocators import make_allocator
-from kvbench.config import KvbenchConfig, run_workloads
+from kvbench.config import KvbenchConfig, run_rates, run_workloads
 from kvbench.core.kv_capacity import pool_slots
 from kvbench.core.request import Request
 from kvbench.core.specs import Deployment
@@ -201,8 +201,7 @@ def replay_jobs(cfg: KvbenchConfig, max_model_len: int) -> list[ReplayJob]:
     jobs = []
     for label, workload_cfg in run_workloads(cfg).items():
         rows = workload_rows(workload_cfg, max_model_len)
-        rates = cfg.workload_request_rates.get(label) or cfg.request_rates
-        for rate in rates or [workload_cfg.request_rate]:
+        for rate in run_rates(cfg, label, workload_cfg):
             arrivals = with_arrivals(rows, dataclasses.replace(workload_cfg, request_rate=rate))
             jobs.append(ReplayJob(label, float(rate), to_requests(arrivals)))
     return jobs

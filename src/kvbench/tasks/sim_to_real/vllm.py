@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from kvbench.config import KvbenchConfig, run_workloads
+from kvbench.config import KvbenchConfig
 from kvbench.core.kv_capacity import pool_slots
 from kvbench.core.request import Request
 from kvbench.core.specs import Deployment
@@ -51,7 +51,7 @@ from kvbench.tasks.profile.fit import fit_non_negative
 from kvbench.tasks.profile.plot import plot_predicted_vs_measured
 from kvbench.tasks.profile.profile_file import write_profile
 from kvbench.tasks.sim_to_real.fair_instrument import fair_instrument, fair_summary, profile_tables
-from kvbench.tasks.sim_to_real.run import error_summary
+from kvbench.tasks.sim_to_real.run import ReplayJob, error_summary, replay_jobs
 from kvbench.tasks.sim_to_real.table import (
     drift_lines,
     error_row,
@@ -64,7 +64,6 @@ from kvbench.tasks.simulate.experiment import scheduler_limits, v1_limits
 from kvbench.tasks.simulate.real_runner import pin_threads
 from kvbench.tasks.simulate.run_outputs import print_files, write_task_report
 from kvbench.tasks.simulate.table import add_request_latencies, requests_frame
-from kvbench.workloads import to_requests, with_arrivals, workload_rows
 
 # The profiles: fitted on the grid's steps, or on the first slice's replays (``SOURCES``' keys).
 GRID_PROFILE = "grid"
@@ -128,7 +127,7 @@ def run_sim_to_vllm(
     engine = start_vllm(settings)
     print(f"vllm: engine started in {engine.startup_s:.0f} s")
     runs, grid_runs, repeat_runs = measure_interleaved(
-        engine, replay_jobs(cfg, deployment), grid_points(settings),
+        engine, replay_jobs(cfg, deployment.model.max_model_len), grid_points(settings),
         cfg.sim_to_vllm.repeat_replays)  # fmt: skip
     fit_label = runs[0].workload
     block_size = cfg.allocator.block_size
@@ -190,27 +189,6 @@ def grid_points(settings: EngineSettings) -> list[VllmGridPoint]:
     """The grid the engine of ``settings`` can hold at once (its pool less the null block)."""
     return vllm_grid(settings.num_gpu_blocks - 1, settings.block_size, settings.max_num_seqs,
                      settings.max_num_batched_tokens, settings.max_model_len)  # fmt: skip
-
-
-@dataclasses.dataclass(frozen=True)
-class ReplayJob:
-    """One replay to run: a slice at a rate, its requests with their arrivals."""
-
-    workload: str
-    rate: float
-    requests: list[Request]
-
-
-def replay_jobs(cfg: KvbenchConfig, deployment: Deployment) -> list[ReplayJob]:
-    """Every workload slice x rate of ``cfg``, in order (the first slice is the fit slice)."""
-    jobs = []
-    for label, workload_cfg in run_workloads(cfg).items():
-        rows = workload_rows(workload_cfg, deployment.model.max_model_len)
-        rates = cfg.workload_request_rates.get(label) or cfg.request_rates
-        for rate in rates or [workload_cfg.request_rate]:
-            arrivals = with_arrivals(rows, dataclasses.replace(workload_cfg, request_rate=rate))
-            jobs.append(ReplayJob(label, float(rate), to_requests(arrivals)))
-    return jobs
 
 
 def measure_interleaved(engine: VllmEngine, jobs: list[ReplayJob], points: list[VllmGridPoint],
