@@ -9,23 +9,19 @@ import torch
 from .decode_attention import BACKENDS
 
 
-def _as_mapping(
-    block_mapping: torch.Tensor | Sequence[tuple[int, int]], device: torch.device
-) -> torch.Tensor:
-    """(src, dst) pairs as int64 [num_pairs, 2] on ``device``."""
+def _host_pairs(block_mapping: torch.Tensor | Sequence[tuple[int, int]]) -> list[list[int]]:
+    """(src, dst) pairs as Python lists: checked on the host, so a list given on a GPU is never
+    read back from the device (a tensor is: one sync)."""
     if isinstance(block_mapping, torch.Tensor):
-        mapping = block_mapping.to(device=device, dtype=torch.int64)
-    else:
-        mapping = torch.tensor(list(block_mapping), dtype=torch.int64, device=device)
-    return mapping.reshape(-1, 2).contiguous()
+        return block_mapping.reshape(-1, 2).tolist()
+    return [[int(src), int(dst)] for src, dst in block_mapping]
 
 
-def _check(key_cache: torch.Tensor, value_cache: torch.Tensor, mapping: torch.Tensor) -> None:
+def _check(key_cache: torch.Tensor, value_cache: torch.Tensor, pairs: list[list[int]]) -> None:
     if key_cache.shape != value_cache.shape or key_cache.dim() != 4:
         raise ValueError("key_cache and value_cache: equal [num_blocks, block_size, heads, dim]")
     if not (key_cache.is_contiguous() and value_cache.is_contiguous()):
         raise ValueError("key_cache and value_cache must be contiguous (blocks are copied whole)")
-    pairs = mapping.tolist()
     sources = {src for src, _ in pairs}
     destinations = [dst for _, dst in pairs]
     num_blocks = key_cache.shape[0]
@@ -52,8 +48,10 @@ def copy_blocks(
     """
     if backend not in BACKENDS:
         raise ValueError(f"backend={backend!r}: allowed are {', '.join(BACKENDS)}")
-    mapping = _as_mapping(block_mapping, key_cache.device)  # [num_pairs, 2]
-    _check(key_cache, value_cache, mapping)
+    pairs = _host_pairs(block_mapping)
+    _check(key_cache, value_cache, pairs)
+    # [num_pairs, 2] int64 on the pools' device
+    mapping = torch.tensor(pairs, dtype=torch.int64).reshape(-1, 2).to(key_cache.device)
     if backend == "triton":
         from .block_copy_triton import triton_copy_blocks  # triton imported lazily
 

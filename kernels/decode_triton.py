@@ -215,10 +215,13 @@ def triton_decode(
     head_dim] (paged) or [num_seqs, max_len, num_kv_heads, head_dim]; returns
     [num_seqs, num_q_heads, head_dim] in the query's dtype.
     """
+    # The kernel steps the query's, the output's and the tables' last dims with stride 1.
+    query = query.contiguous()
+    block_tables = None if block_tables is None else block_tables.contiguous()
     num_seqs, num_q_heads, head_dim = query.shape
     num_kv_heads = key.shape[2]
     group_size = num_q_heads // num_kv_heads
-    out = torch.empty_like(query)  # [num_seqs, num_q_heads, head_dim]
+    out = torch.empty_like(query)  # [num_seqs, num_q_heads, head_dim], contiguous
     if plan.num_splits == 1:
         # One split: the kernel writes the final output directly (no merge, no fp32 partials).
         partial = out.unsqueeze(2)  # [num_seqs, num_q_heads, 1, head_dim]

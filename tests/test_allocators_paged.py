@@ -54,6 +54,23 @@ def test_bulk_allocate_and_release_match_single_calls(revivable: bool) -> None:
         bulk.allocate_many(1)
 
 
+@pytest.mark.parametrize("revivable", [False, True])
+@pytest.mark.parametrize("shared", [False, True])
+def test_a_refused_release_leaves_the_pool_as_it_was(revivable: bool, shared: bool) -> None:
+    pool = BlockPool(4, revivable=revivable)
+    held = pool.allocate_many(3)
+    if shared:
+        pool.incref(held[0])  # the general path, with a shared block
+    before = (list(pool.ref_counts), pool.free_queue(), pool.num_free_blocks,
+              pool.num_shared_blocks)
+    with pytest.raises(ValueError, match="already free"):
+        pool.release([held[0], held[1], 3])  # block 3 was never allocated
+    with pytest.raises(ValueError, match="already free"):
+        pool.release([held[1], held[1]])  # the same block twice
+    assert (list(pool.ref_counts), pool.free_queue(), pool.num_free_blocks,
+            pool.num_shared_blocks) == before
+
+
 def test_the_100_plus_47_request_holds_ten_16_token_blocks_at_its_end() -> None:
     allocator = PagedAllocator(15_728, 16, 2048)
     assert isinstance(allocator, Allocator)

@@ -6,6 +6,7 @@ import pandas as pd
 import pytest
 
 from kvbench.analysis.capacity import fleet_frame, replicas_needed, with_fleet_memory
+from kvbench.tasks.simulate.run import MAX_EXTRA_REPLICAS, replicas_meeting_bound
 
 KEYS = {"experiment": "e", "workload": "w", "model": "m", "hardware": "h", "num_gpus": 4,
         "block_size": 16, "preemption": "recompute"}  # fmt: skip
@@ -63,3 +64,25 @@ def test_fleet_memory_is_per_replica_memory_times_replicas():
     assert merged.loc["naive_max", "kv_held_over_used"] == pytest.approx(10.0)
     assert merged.loc["paged", "kv_pool_gb_fleet"] == pytest.approx(200.0)
     assert merged.loc["paged", "operating_latency_s_per_token"] == 0.04
+
+
+def _latency_by_replicas(latencies: dict[int, float], measured: list[int]):
+    def measure(count: int) -> pd.DataFrame:
+        measured.append(count)
+        return pd.DataFrame({"normalized_latency_s_per_token": [latencies[count]]})
+
+    return measure
+
+
+def test_replicas_are_added_until_the_measured_latency_meets_the_bound():
+    measured: list[int] = []
+    count, row = replicas_meeting_bound(_latency_by_replicas({3: 0.2, 4: 0.09}, measured), 3, 0.1)
+    assert (count, measured, row["normalized_latency_s_per_token"].iloc[0]) == (4, [3, 4], 0.09)
+
+
+def test_a_fleet_that_never_meets_the_bound_keeps_the_last_count_it_measured():
+    measured: list[int] = []
+    latencies = dict.fromkeys(range(3, 3 + MAX_EXTRA_REPLICAS + 1), 0.5)
+    count, row = replicas_meeting_bound(_latency_by_replicas(latencies, measured), 3, 0.1)
+    assert count == measured[-1] == 3 + MAX_EXTRA_REPLICAS  # not one more than was run
+    assert row["normalized_latency_s_per_token"].iloc[0] > 0.1

@@ -200,9 +200,10 @@ def test_head_layouts(num_q_heads, num_kv_heads, head_dim):
 def test_split_context_merges_to_the_same_result(dtype):
     # Four splits of 64 tokens over contexts of 40-250: some splits are empty.
     batch = make_batch([40, 250, 129], 16, dtype)
-    split = paged(batch, "triton", num_splits=4)
+    plan = {"num_splits": 4, "max_context_len": batch.max_context_len}  # one plan for both
+    split = paged(batch, "triton", **plan)
     assert_close_to_reference(split, batch)
-    assert torch.equal(split, contiguous(batch, "triton", num_splits=4))
+    assert torch.equal(split, contiguous(batch, "triton", **plan))
 
 
 def test_block_size_256_and_a_large_scale():
@@ -238,5 +239,20 @@ def test_bad_inputs_raise_one_clear_error():
 def test_gpu_compiled_kernels_at_model_shape(dtype, block_size):
     # Llama-3-8B's heads (32 query, 8 KV, dim 128), contexts past one split and off blocks.
     batch = make_batch([1, 777, 2048, 4001], block_size, dtype, 32, 8, 128)
-    assert_close_to_reference(paged(batch, "triton"), batch)
-    assert torch.equal(paged(batch, "triton"), contiguous(batch, "triton"))
+    # One planning bound for both layouts: the table's capacity (4,096 at block 128) would plan
+    # other splits than the contiguous 4,001 on a GPU that wants several per sequence.
+    plan = {"max_context_len": batch.max_context_len}
+    out = paged(batch, "triton", **plan)
+    assert_close_to_reference(out, batch)
+    assert torch.equal(out, contiguous(batch, "triton", **plan))
+
+
+def test_a_non_contiguous_query_and_table_give_the_contiguous_result():
+    batch = make_batch([5, 40, 17], 8, torch.float32)
+    # Same values, other strides: [num_seqs, heads, dim] and [num_seqs, blocks] as views.
+    query = batch.query.transpose(0, 1).contiguous().transpose(0, 1)
+    tables = batch.layout.block_tables.t().contiguous().t()
+    assert not (query.is_contiguous() or tables.is_contiguous())
+    out = paged_decode_attention(query, batch.key_cache, batch.value_cache, tables,
+                                 batch.layout.context_lens, backend="triton")  # fmt: skip
+    assert torch.equal(out, paged(batch, "triton"))

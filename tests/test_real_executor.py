@@ -8,6 +8,7 @@ import torch
 from kvbench.allocators import make_allocator
 from kvbench.core.request import Request
 from kvbench.engine.scheduler import Scheduler, SchedulerLimits
+from kvbench.executors.attention import batch_attention
 from kvbench.executors.real import RealExecutor, run_real
 from kvbench.executors.token_ids import prompt_ids
 from kvbench.tasks.equivalence.models import load_model
@@ -174,3 +175,13 @@ def test_each_step_records_the_idle_wait_before_it(model):
     assert run.idle_before_s[0] == starts[0] == pytest.approx(1.0, abs=0.01)
     assert run.idle_before_s[last] == pytest.approx(10.0 - ends[last - 1])
     assert [i for i, idle_s in enumerate(run.idle_before_s) if idle_s] == [0, last]
+
+
+@pytest.mark.parametrize("kwarg", ["sliding_window", "softcap", "s_aux"])
+def test_attention_variants_the_kernels_do_not_compute_are_refused(kwarg):
+    module = torch.nn.Module()
+    module.layer_idx = 3
+    query = torch.zeros(1, 4, 2, 8)  # [1, num_q_heads, num_tokens, head_dim]
+    key = torch.zeros(1, 2, 2, 8)  # [1, num_kv_heads, num_tokens, head_dim]
+    with pytest.raises(NotImplementedError, match=f"layer 3 asks for {kwarg}"):
+        batch_attention(module, query, key, key, None, kvbench_batch=object(), **{kwarg: 4096})

@@ -136,7 +136,7 @@ def test_fig15_reads_the_saving_at_the_trace_rate_and_the_knee_ratio():
     knees = pd.DataFrame([
         {"experiment": "beam_search", "workload": "alpaca_k6", "block_size": 16,
          "allocator": allocator, "knee_rate": knee, "knee_censored": False, "min_rate": 5.0,
-         "knee_ratio": ratio, "knee_ratio_censored": False}
+         "knee_ratio": ratio, "knee_ratio_bound": "exact"}
         for allocator, knee, ratio in (("paged", 22.5, 1.0), ("naive_oracle", 8.3, 2.71))
     ])  # fmt: skip
     body = sections.fig15_section(pd.DataFrame(rows), knees)

@@ -41,7 +41,22 @@ def test_ratio_is_paged_knee_over_each_allocator_and_censoring_propagates():
     assert knees.loc["paged", "knee_ratio"] == 1.0
     assert knees.loc["naive_max", "knee_ratio"] == pytest.approx(3 / knees.loc["naive_max",
                                                                              "knee_rate"])
-    assert knees.loc["naive_max", "knee_ratio_censored"]
+    assert knees.loc["naive_max", "knee_ratio_bound"] == "lower"  # paged's knee is beyond 3
+    assert knees.loc["paged", "knee_ratio_bound"] == "exact"
+
+
+def test_a_ratio_bound_says_which_knee_is_censored():
+    summary = _summary({
+        "naive_max": [(1, 0.02), (2, 0.02), (3, 0.02)],  # never crosses
+        "naive_oracle": [(1, 0.02), (2, 0.02), (3, 1.0)],
+        "paged": [(1, 0.02), (2, 1.0), (3, 1.0)],
+    })  # fmt: skip
+    bounds = knee_ratios(knees_frame(summary, 4)).set_index("allocator")["knee_ratio_bound"]
+    assert bounds["naive_max"] == "upper"  # its knee is beyond 3: paged / it is at most this
+    assert bounds["naive_oracle"] == "exact"
+    both = _summary({"naive_max": [(1, 0.02), (2, 0.02)], "paged": [(1, 0.02), (2, 0.02)]})
+    ratios = knee_ratios(knees_frame(both, 4)).set_index("allocator")
+    assert ratios.loc["naive_max", "knee_ratio_bound"] == "unknown"
 
 
 def test_curves_of_different_deployments_get_their_own_bound_and_reference():

@@ -143,31 +143,42 @@ class BlockPool:
         self._ref_counts[block_id] = num_refs + 1
 
     def release(self, block_ids: list[int]) -> None:
-        """``decref`` every block of ``block_ids``, in order."""
+        """``decref`` every block of ``block_ids``, in order; a block already free (ValueError)
+        leaves the pool as it was before the call."""
         ref_counts = self._ref_counts
         if not self.num_shared_blocks:
             # Every held block has one reference: all of them become free (runs for every
             # finished sequence, so without the general case's branches).
-            for block_id in block_ids:
+            for position, block_id in enumerate(block_ids):
                 if ref_counts[block_id] != 1:
+                    for freed_id in block_ids[:position]:
+                        ref_counts[freed_id] = 1
                     raise ValueError(f"block {block_id} is already free")
                 ref_counts[block_id] = 0
             self._free_queue.push_tail(block_ids)
             self.num_free_blocks += len(block_ids)
             return
         freed = []
-        for block_id in block_ids:
+        for position, block_id in enumerate(block_ids):
             num_refs = ref_counts[block_id]
-            if num_refs == 1:
-                ref_counts[block_id] = 0
-                freed.append(block_id)
-            elif num_refs == 0:
+            if num_refs == 0:
+                self._undo_decrefs(block_ids[:position])
                 raise ValueError(f"block {block_id} is already free")
+            ref_counts[block_id] = num_refs - 1
+            if num_refs == 1:
+                freed.append(block_id)
             else:
-                ref_counts[block_id] = num_refs - 1
                 self.num_shared_blocks -= num_refs == 2
         self._free_queue.push_tail(freed)
         self.num_free_blocks += len(freed)
+
+    def _undo_decrefs(self, block_ids: list[int]) -> None:
+        """Give back the references ``release`` took from ``block_ids`` before it refused."""
+        ref_counts = self._ref_counts
+        for block_id in block_ids:
+            num_refs = ref_counts[block_id] + 1
+            ref_counts[block_id] = num_refs
+            self.num_shared_blocks += num_refs == 2
 
     def decref(self, block_id: int) -> bool:
         """Drop a reference; True if the block became free (it joins the tail of the queue)."""

@@ -2,23 +2,26 @@
 
 Works on summary tables (one row per workload x rate x allocator x setting, as runs write them,
 one run or many aggregated): rows that differ only in ``request_rate`` form one curve. Every
-allocator of a group (same experiment, scheduler, workload, deployment, block size, preemption
-mode) is held
-to the same latency bound, so knee ratios compare throughput at equal latency. Column
+allocator of a group (same experiment, scheduler, workload, deployment and pool, block size,
+preemption mode, KV dtype, queue policy, CPU tier, samples and beams) is held to the same latency
+bound, so knee ratios compare throughput at equal latency. Column
 definitions: ``docs/metrics.md``. Pure: pandas in, pandas out.
 """
 
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 
 from kvbench.analysis.knee import find_knee, latency_bound
 
 LATENCY = "normalized_latency_s_per_token"
-# A curve's identity, less its allocator; older tables without a column are grouped without it.
+# A curve's identity, less its allocator: every label a run sets for all its allocators alike
+# (a sweep of any of them beside the rates is several curves); older tables without a column
+# are grouped without it.
 CURVE_KEYS = (
-    "experiment", "scheduler", "workload", "model", "hardware", "num_gpus", "block_size",
-    "preemption", "kv_dtype",
+    "experiment", "scheduler", "workload", "model", "hardware", "num_gpus", "num_kv_slots",
+    "block_size", "preemption", "kv_dtype", "policy", "cpu_cache_gib", "n", "beam_width",
 )  # fmt: skip
 REFERENCE_ALLOCATOR = "paged"
 MIN_RATES = 2
@@ -66,8 +69,10 @@ def knee_ratios(knees: pd.DataFrame, reference: str = REFERENCE_ALLOCATOR) -> pd
     """``knees`` with ``knee_ratio``: the reference allocator's knee over this row's, per curve.
 
     A ratio of 2 means the reference (paged) sustains twice this allocator's request rate at the
-    same latency bound. NaN where either knee is unknown; ``knee_ratio_censored`` is True when
-    either knee is censored (the ratio is then a bound, not a measurement).
+    same latency bound. NaN where either knee is unknown. ``knee_ratio_bound`` says what a
+    censored knee (beyond the sampled rates) makes of the ratio: "exact"; "lower" (the
+    reference's knee is censored: the ratio is at least this); "upper" (this row's is: at most
+    this); "unknown" (both are: the ratio says nothing); "" where the ratio is NaN.
     """
     if knees.empty:
         return knees
@@ -77,9 +82,16 @@ def knee_ratios(knees: pd.DataFrame, reference: str = REFERENCE_ALLOCATOR) -> pd
     ].rename(columns={"knee_rate": "_ref_rate", "knee_censored": "_ref_censored"})
     merged = knees.merge(reference_knees, on=keys, how="left")
     ratio = merged["_ref_rate"] / merged["knee_rate"].where(merged["knee_rate"] > 0)
-    censored = merged["_ref_censored"].fillna(False).astype(bool) | merged["knee_censored"]
+    other = merged["allocator"] != reference  # the reference's own ratio is exactly 1
+    reference_censored = merged["_ref_censored"].fillna(False).astype(bool) & other
+    own_censored = merged["knee_censored"].astype(bool) & other
+    bound = np.select(
+        [ratio.isna(), reference_censored & own_censored, reference_censored, own_censored],
+        ["", "unknown", "lower", "upper"],
+        default="exact",
+    )
     return merged.drop(columns=["_ref_rate", "_ref_censored"]).assign(
-        knee_ratio=ratio, knee_ratio_censored=censored & ratio.notna()
+        knee_ratio=ratio, knee_ratio_bound=bound
     )
 
 

@@ -25,6 +25,9 @@ from kvbench.executors.kv_memory import KVMemory
 from kvbench.kernels import paged_decode_attention
 
 ATTENTION_NAME = "kvbench_batch"
+# transformers' attention kwargs of variants kvbench's kernels do not compute (Mistral's and
+# Gemma's sliding windows, Gemma 2's soft-capping, gpt-oss's sinks).
+UNSUPPORTED_KWARGS = ("sliding_window", "softcap", "s_aux")
 
 
 @dataclass(frozen=True)
@@ -88,6 +91,15 @@ def batch_attention(
     """
     if kvbench_batch is None:
         raise ValueError(f"attention {ATTENTION_NAME!r} needs the kvbench_batch=BatchLayout kwarg")
+    # Attention variants the paged kernels do not compute: running them as full attention would
+    # give other tokens without a word.
+    unsupported = [name for name in UNSUPPORTED_KWARGS if kwargs.get(name) is not None]
+    if unsupported:
+        raise NotImplementedError(
+            f"layer {module.layer_idx} asks for {', '.join(unsupported)}: executor=real computes "
+            "plain full attention only; use a model without sliding windows, logit soft-capping "
+            "or attention sinks (Llama, SmolLM2, Qwen2 without sliding_window)"
+        )
     layout = kvbench_batch
     # transformers' attention modules carry their index as an int (torch types it Tensor|Module).
     layer = cast(int, module.layer_idx)

@@ -51,6 +51,9 @@ class KVMemory:
         self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.device = torch.device(device)
+        # On a GPU, Triton's cache kernels: torch's index a boolean mask and read a mapping back
+        # to the host, a device sync per layer that stops the host queueing work ahead.
+        self._cache_backend = "triton" if self.device.type == "cuda" else "torch"
         self.block_size = block_size
         self._swap_space: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
@@ -74,7 +77,7 @@ class KVMemory:
             slots: int64 [num_tokens] on the pools' device, pool slots; -1 leaves a token
                 unwritten (its K/V are in a shared prefix block already).
         """
-        write_kv(key, value, self.keys[layer], self.values[layer], slots, "torch")
+        write_kv(key, value, self.keys[layer], self.values[layer], slots, self._cache_backend)
 
     def gather(
         self, layer: int, slots: torch.Tensor
@@ -96,7 +99,7 @@ class KVMemory:
         if not pairs:
             return
         for key_cache, value_cache in zip(self.keys, self.values, strict=True):
-            copy_blocks(key_cache, value_cache, list(pairs), backend="torch")
+            copy_blocks(key_cache, value_cache, list(pairs), backend=self._cache_backend)
 
     def swap_out(self, seq_id: int, slots: torch.Tensor) -> None:
         """Copy a preempted sequence's K/V (its tokens' ``slots``, int64 [num_tokens]) out of

@@ -15,25 +15,24 @@ from matplotlib.artist import Artist
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
-from kvbench.analysis.curves import LATENCY
+from kvbench.analysis.curves import LATENCY, curve_keys
 from kvbench.analysis.paper import FIG12_KNEES_APPROX
 from kvbench.plots.figure import allocator_color, allocator_linestyle, figure_size, save_figure
 
 RATE_MARKERS = ("o", "s", "^", "D", "v")
-PANEL_KEYS = (
-    "experiment", "scheduler", "workload", "model", "hardware", "num_gpus", "block_size",
-    "preemption",
-)  # fmt: skip
 
 
 def _panel_title(labels: dict) -> str:
     gpus = f"{labels.get('num_gpus', 1)}x {labels.get('hardware', '')}"
     title = f"{labels.get('workload')}: {labels.get('model')} on {gpus}"
-    return title if "scheduler" not in labels else f"{title}, {labels['scheduler']}"
+    if "scheduler" in labels:
+        title += f", {labels['scheduler']}"
+    return title + (f", KV {labels['kv_dtype']}" if pd.notna(labels.get("kv_dtype")) else "")
 
 
 def _panels(frame: pd.DataFrame) -> list[tuple[dict, pd.DataFrame]]:
-    keys = [key for key in PANEL_KEYS if key in frame.columns]
+    """One panel per curve group (``CURVE_KEYS``): the rows one knee bound holds."""
+    keys = curve_keys(frame)
     return [
         (dict(zip(keys, values, strict=True)), group)
         for values, group in frame.groupby(keys, sort=False, dropna=False)
@@ -63,7 +62,9 @@ def plot_latency_vs_rate(
         panel_knees = knees
         for key, value in labels.items():
             if key in knees.columns:
-                panel_knees = panel_knees[panel_knees[key] == value]
+                column = panel_knees[key]
+                same = column.isna() if pd.isna(value) else column == value
+                panel_knees = panel_knees[same]
         for allocator, curve in group.groupby("allocator", sort=False):
             curve = curve.sort_values("request_rate")
             color = allocator_color(str(allocator))

@@ -12,7 +12,7 @@ from kvbench.plots.kv_designs_chart import kv_designs_rows, plot_kv_designs
 from kvbench.plots.prefix_tiers import cpu_tier_chart, page_size_chart
 from kvbench.plots.run_charts import plot_batch_sizes, plot_breakdown
 from kvbench.plots.sweep_charts import plot_latency_vs_block_size, plot_latency_vs_rate
-from kvbench.tasks.report.sections import block_sweep_rows, radix_offload_rows
+from kvbench.tasks.report.sections import block_sweep_rows, paper_point_rows, radix_offload_rows
 
 
 def curves_with_knees(summary: pd.DataFrame, knees: pd.DataFrame) -> pd.DataFrame:
@@ -21,20 +21,6 @@ def curves_with_knees(summary: pd.DataFrame, knees: pd.DataFrame) -> pd.DataFram
         return summary.iloc[0:0]
     keys = [*curve_keys(knees), "allocator"]
     return summary.merge(knees[keys].drop_duplicates(), on=keys, how="inner")
-
-
-def paper_comparison_rows(summary: pd.DataFrame) -> pd.DataFrame:
-    """OPT-13B runs at the paper's Fig. 2/13 points (ShareGPT 2 req/s, Alpaca 30 req/s)."""
-    if summary.empty:
-        return summary
-    at_points = (
-        (summary["model"] == "opt-13b") & (summary["num_gpus"] == 1)
-        & (summary["block_size"] == 16)
-        & (((summary["workload"] == "sharegpt") & (summary["request_rate"] == 2.0))
-           | ((summary["workload"] == "alpaca") & (summary["request_rate"] == 30.0)))
-    )  # fmt: skip
-    rows = summary[at_points]
-    return rows.drop_duplicates(["workload", "allocator"], keep="last")
 
 
 def draw_report_figures(
@@ -66,7 +52,7 @@ def draw_report_figures(
                             out_dir, f"designs_{experiment}",
                             f"{experiment}: {first['model']} on {first['num_gpus']}x "
                             f"{first['hardware']}")  # fmt: skip
-    fig2 = paper_comparison_rows(summary)
+    fig2 = paper_point_rows(summary)
     if not fig2.empty:
         plot_breakdown(fig2[fig2["workload"] == "sharegpt"], out_dir, with_paper=True)
         plot_batch_sizes(fig2, out_dir, with_paper=True)

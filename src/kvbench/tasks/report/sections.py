@@ -50,6 +50,20 @@ def _opt13b(summary: pd.DataFrame) -> pd.DataFrame:
     return summary[(summary["model"] == "opt-13b") & (summary["num_gpus"] == 1)]
 
 
+def _basic_opt13b(summary: pd.DataFrame) -> pd.DataFrame:
+    """OPT-13B rows in the paper's basic setting: block 16, recompute, one sample per prompt."""
+    rows = _opt13b(summary)
+    if rows.empty:
+        return rows
+    basic = rows["block_size"] == 16
+    if "preemption" in rows.columns:
+        basic &= rows["preemption"] == "recompute"
+    for sharing in ("n", "beam_width"):
+        if sharing in rows.columns:
+            basic &= rows[sharing] == 1
+    return rows[basic]
+
+
 def table1_section() -> str:
     """Table 1 from the catalog: KV capacity of the paper's three deployments."""
     rows = []
@@ -65,13 +79,26 @@ def table1_section() -> str:
     )
 
 
-def _fig2_rows(summary: pd.DataFrame) -> pd.DataFrame:
-    rows = _opt13b(summary)
+def paper_point_rows(summary: pd.DataFrame) -> pd.DataFrame:
+    """OPT-13B runs at the paper's Fig. 2/13 points (ShareGPT 2 req/s, Alpaca 30 req/s; block
+    16, recompute, one sample per prompt), one row per (workload, allocator): the run that
+    replayed the most requests (the steadiest estimate; ``vllm_fig2``'s, beside a rate sweep's
+    shorter one), whatever order the runs were loaded in."""
+    rows = _basic_opt13b(summary)
     if rows.empty:
         return rows
-    rows = rows[(rows["workload"] == "sharegpt") & (rows["request_rate"] == 2.0)
-                & (rows["block_size"] == 16)]  # fmt: skip
-    return rows.drop_duplicates("allocator", keep="last")
+    at_points = pd.Series(False, index=rows.index)
+    for workload, rate in PAPER_FIG13_RATES.items():
+        at_points |= (rows["workload"] == workload) & (rows["request_rate"] == rate)
+    rows = rows[at_points]
+    if "num_requests" in rows.columns:
+        rows = rows.sort_values("num_requests", kind="stable")
+    return rows.drop_duplicates(["workload", "allocator"], keep="last").sort_index()
+
+
+def _fig2_rows(summary: pd.DataFrame) -> pd.DataFrame:
+    rows = paper_point_rows(summary)
+    return rows[rows["workload"] == "sharegpt"] if not rows.empty else rows
 
 
 def fig2_section(summary: pd.DataFrame) -> str:
@@ -82,35 +109,42 @@ def fig2_section(summary: pd.DataFrame) -> str:
     table = []
     for row in rows.itertuples(index=False):
         paper = FIG2_BREAKDOWN_PCT.get(row.allocator, {})
+        # The paper's bars are shares of memory not free. Its saturated naive engines leave
+        # almost nothing free, so their bars read as % of the pool too; paged at 2 req/s leaves
+        # half of it free, so its bar (96.3 token states, an unlabeled 3.7 rest) compares with
+        # the share of used memory only.
+        of_pool = paper if row.allocator in NAIVE else {}
         cells = [row.allocator]
         for category in ("token_states", "reservation", "internal_frag", "external_frag"):
-            value = getattr(row, f"{category}_pct")
-            reference = paper.get(category)
-            cells.append(f"{value:.1f}" + (f" ({reference:g})" if reference is not None else ""))
-        cells += [f"{row.free_pct:.1f}", f"{row.token_states_pct_of_used:.1f}"]
+            cells.append(_with_paper(getattr(row, f"{category}_pct"), of_pool.get(category)))
+        cells += [f"{row.free_pct:.1f}",
+                  _with_paper(row.token_states_pct_of_used, paper.get("token_states"))]  # fmt: skip
         table.append(cells)
     header = ["allocator", "token states", "reservation", "internal", "external", "free",
               "token states of used"]  # fmt: skip
     return (
         "## Fig. 2: KV cache usage breakdown (ShareGPT, 2 req/s, OPT-13B)\n\n"
-        "% of the KV pool, time-weighted; the paper's value in brackets (its bars have no free "
-        "category: compare paged's *token states of used* with its 96.3).\n\n"
+        "% of the KV pool, time-weighted; the paper's value in brackets. Its bars have no free "
+        "category: they are shares of the memory not free, which *token states of used* is "
+        "(the naive engines, saturated, leave almost nothing free; paged leaves half).\n\n"
         + markdown_table(header, table)
         + "\n\nWhy the numbers differ: `docs/reproduction.md`, *Fig. 2 and Fig. 13* (kvbench's "
         "ShareGPT prompts are shorter than the paper's; paged is not memory-bound at 2 req/s).\n"
     )
 
 
+def _with_paper(value: float, paper: float | None) -> str:
+    return f"{value:.1f}" + (f" ({paper:g})" if paper is not None else "")
+
+
 def fig13_section(summary: pd.DataFrame) -> str:
     """Fig. 13: mean batched requests on ShareGPT at 2 req/s and Alpaca at 30 req/s."""
-    rows = _opt13b(summary)
+    rows = paper_point_rows(summary)
     if rows.empty:
         return ""
     table = []
     for workload, rate in PAPER_FIG13_RATES.items():
-        selected = (rows["workload"] == workload) & (rows["request_rate"] == rate)
-        at_rate = rows[selected & (rows["block_size"] == 16)]
-        for row in at_rate.drop_duplicates("allocator", keep="last").itertuples(index=False):
+        for row in rows[rows["workload"] == workload].itertuples(index=False):
             paper = FIG13_MEAN_BATCH_SIZE[workload].get(row.allocator, math.nan)
             change = row.mean_batch_size / paper - 1
             table.append([f"{workload} @ {rate:g}/s", row.allocator, paper, row.mean_batch_size,
@@ -149,7 +183,8 @@ def fig12_section(summary: pd.DataFrame, knees: pd.DataFrame, sensitivity: pd.Da
         "the bound: 4x the unloaded latency (the lowest any allocator of the curve reaches), "
         "interpolated between the sampled rates (`docs/metrics.md`). *ratio* = paged's knee over "
         "this allocator's: how many times the request rate paged sustains at the same latency. "
-        "A `>` marks a knee beyond the sampled rates (a lower bound).\n",
+        "A `>` marks a knee beyond the sampled rates (a lower bound), so a ratio is then a bound "
+        "too (`≥`, `≤`), or nothing (`–`) when both knees are beyond them.\n",
     ]
     for values, group in knees.groupby(keys, sort=False, dropna=False):
         labels = dict(zip(keys, values, strict=True))
@@ -174,11 +209,13 @@ def _without_sharing(summary: pd.DataFrame, frame: pd.DataFrame) -> pd.DataFrame
 def _fig12_curve_table(labels: dict, group: pd.DataFrame) -> str:
     workload, model = labels.get("workload"), labels.get("model")
     paper_knees = FIG12_KNEES_APPROX.get(str(workload), {}) if model == "opt-13b" else {}
-    paper_ratios = FIG12_SHAREGPT_KNEE_RATIO_RANGE if workload == "sharegpt" else {}
+    # The paper's ratio ranges are its OPT models' (13B, 66B, 175B) on ShareGPT.
+    is_paper_curve = workload == "sharegpt" and str(model).startswith("opt-")
+    paper_ratios = FIG12_SHAREGPT_KNEE_RATIO_RANGE if is_paper_curve else {}
     rows = []
     for row in group.itertuples(index=False):
         knee = ("> " if row.knee_censored else "") + cell(row.knee_rate)
-        ratio = ("≥ " if row.knee_ratio_censored else "") + cell(row.knee_ratio)
+        ratio = ratio_cell(row.knee_ratio, row.knee_ratio_bound)
         paper_range = paper_ratios.get(row.allocator)
         rows.append([row.allocator, knee, cell(paper_knees.get(row.allocator, math.nan)), ratio,
                      f"{paper_range[0]:g}-{paper_range[1]:g}" if paper_range else "–"])  # fmt: skip
@@ -192,29 +229,56 @@ def _fig12_curve_table(labels: dict, group: pd.DataFrame) -> str:
     return title + "\n\n" + markdown_table(header, rows) + "\n"
 
 
+def ratio_cell(ratio: float, bound: str, suffix: str = "") -> str:
+    """A knee ratio as the report prints it (``knee_ratio_bound``, docs/metrics.md): "≥ 2.50"
+    (a lower bound), "≤ 2.50" (an upper bound), "–" where both knees are censored or the ratio
+    is NaN."""
+    if bound in ("", "unknown") or pd.isna(ratio):
+        return "–"
+    return {"lower": "≥ ", "upper": "≤ "}.get(bound, "") + f"{ratio:.2f}{suffix}"
+
+
 def _sensitivity_table(sensitivity: pd.DataFrame) -> str:
     if sensitivity.empty:
         return ""
     naive = sensitivity[sensitivity["allocator"].isin(NAIVE)]
-    pivot = naive.pivot_table(index=[*curve_keys(naive), "allocator"],
-                              columns="latency_multiple", values="knee_ratio")  # fmt: skip
-    multiples = list(pivot.columns)
-    ratios = pivot.to_numpy().tolist()
-    rows = [[f"{index[0]} / {index[1]} / {index[2]}", index[-1], *values]
-            for index, values in zip(pivot.index, ratios, strict=True)]  # fmt: skip
+    keys = [*curve_keys(naive), "allocator"]
+    multiples = sorted(naive["latency_multiple"].unique())
+    rows = []
+    for values, curve in naive.groupby(keys, sort=False, dropna=False):
+        labels = dict(zip(keys, values, strict=True))
+        by_multiple = curve.set_index("latency_multiple")
+        rows.append([
+            f"{labels.get('experiment')} / {labels.get('workload')} / {labels.get('model')}",
+            labels["allocator"],
+            *[ratio_cell(by_multiple.at[m, "knee_ratio"], by_multiple.at[m, "knee_ratio_bound"])
+              if m in by_multiple.index else "–" for m in multiples],
+        ])  # fmt: skip
     header = ["experiment / workload / model", "allocator",
               *[f"ratio at {m:g}x" for m in multiples]]  # fmt: skip
     return (
         "How much the choice of bound matters: paged's knee ratio at 2x, 4x and 10x the unloaded "
-        "latency.\n\n" + markdown_table(header, rows) + "\n"
+        "latency (`≥`: paged's knee lies beyond the sampled rates, so the ratio is a lower bound; "
+        "`–`: both knees do).\n\n" + markdown_table(header, rows) + "\n"
     )
+
+
+def _fig12_curve(summary: pd.DataFrame, workload: str) -> pd.DataFrame:
+    """The OPT-13B Fig. 12 curve of ``workload``: block 16, recompute, one sample per prompt,
+    from the experiment that sampled the most rates (not a block-size or preemption sweep's
+    rows at the same model and trace)."""
+    rows = _basic_opt13b(summary)
+    rows = rows[rows["workload"] == workload] if not rows.empty else rows
+    if rows.empty:
+        return rows
+    experiment = rows.groupby("experiment")["request_rate"].nunique().idxmax()
+    return rows[rows["experiment"] == experiment]
 
 
 def _fig12_gap(summary: pd.DataFrame) -> str:
     lines = ["**Why kvbench's knees lie right of the paper's, and its ratios agree.**"]
     for workload in ("sharegpt", "alpaca"):
-        curve = _opt13b(summary)
-        curve = curve[curve["workload"] == workload] if not curve.empty else curve
+        curve = _fig12_curve(summary, workload)
         if curve.empty or curve["request_rate"].nunique() < 2:
             continue
         paper_ms = _implied_iteration_ms(workload)
@@ -264,14 +328,15 @@ def fig18b_section(summary: pd.DataFrame) -> str:
     rows = block_sweep_rows(summary, compares_preemption=False)
     if rows.empty:
         return ""
-    pivot = rows.pivot_table(index="block_size", columns=["workload", "request_rate"],
-                             values=LATENCY)  # fmt: skip
-    header = ["block size", *[f"{w} @ {r:g}/s (s/token)" for w, r in pivot.columns]]
+    # One column per curve: runs of other experiments or models at a trace and rate stay apart.
+    curve = ["experiment", "model", "workload", "request_rate"]
+    pivot = rows.pivot_table(index="block_size", columns=curve, values=LATENCY)
+    header = ["block size", *[f"{e}: {m}, {w} @ {r:g}/s (s/token)" for e, m, w, r in pivot.columns]]
     table = [[int(size), *values] for size, values in zip(pivot.index, pivot.to_numpy().tolist(),
                                                            strict=True)]  # fmt: skip
-    best = [f"{w} @ {r:g}/s: {int(pivot[(w, r)].idxmin())} (paper: "
+    best = [f"{m}, {w} @ {r:g}/s: {int(pivot[(e, m, w, r)].idxmin())} (paper: "
             f"{'-'.join(map(str, FIG18B_BEST_BLOCK_SIZES.get(w, ('?', '?'))))})"
-            for w, r in pivot.columns]  # fmt: skip
+            for e, m, w, r in pivot.columns]  # fmt: skip
     return (
         "## Fig. 18b: latency vs block size (paged)\n\n"
         + markdown_table(header, table, digits=3)
@@ -285,6 +350,11 @@ def fig18b_section(summary: pd.DataFrame) -> str:
         "cannot see: kernel times measured per block size (the kernels work, "
         "`docs/kernels.md`) are what would bend it up.\n"
     )
+
+
+def _count(value: float) -> int | float:
+    """A count from a pivot: NaN (no run of that setting) stays NaN, printed as "–"."""
+    return value if math.isnan(value) else int(value)
 
 
 def fig19_section(summary: pd.DataFrame) -> str:
@@ -304,8 +374,8 @@ def fig19_section(summary: pd.DataFrame) -> str:
         recompute = pivot.loc[size, (LATENCY, "recompute")]
         swap = pivot.loc[size, (LATENCY, "swap")]
         table.append([int(size), recompute, swap, recompute / swap,
-                      int(pivot.loc[size, ("num_preemptions", "recompute")]),
-                      int(pivot.loc[size, ("num_preemptions", "swap")])])  # fmt: skip
+                      _count(pivot.loc[size, ("num_preemptions", "recompute")]),
+                      _count(pivot.loc[size, ("num_preemptions", "swap")])])  # fmt: skip
     header = ["block size", "recompute (s/token)", "swap (s/token)", "recompute / swap",
               "preemptions (recompute)", "preemptions (swap)"]  # fmt: skip
     workload = ", ".join(sorted(rows["workload"].unique()))
@@ -389,7 +459,7 @@ def _knee_cells(knees: pd.DataFrame, row: pd.Series) -> tuple[str, str]:
     if math.isnan(oracle["knee_rate"]):
         ratio = f"> {paged['knee_rate'] / oracle['min_rate']:.2f}x"
     else:
-        ratio = ("≥ " if oracle["knee_ratio_censored"] else "") + f"{oracle['knee_ratio']:.2f}x"
+        ratio = ratio_cell(oracle["knee_ratio"], oracle["knee_ratio_bound"], suffix="x")
     return f"{knee(paged)} / {knee(oracle)}", ratio
 
 

@@ -16,6 +16,7 @@ needs several settings or several rates:
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -269,12 +270,11 @@ def _measured_fleet(
     for position, row in enumerate(fleet.itertuples(index=False)):
         if row.replicas != row.replicas:  # NaN: the allocator cannot meet the bound at all
             continue
-        count = row.replicas
-        for _ in range(MAX_EXTRA_REPLICAS + 1):
-            measured = _run_operating_point(cfg, deployment, raw, row, target / count, output_dir)
-            if measured["normalized_latency_s_per_token"].iloc[0] <= row.latency_bound_s_per_token:
-                break
-            count += 1
+        def measure(count: int, row: object = row) -> pd.DataFrame:
+            return _run_operating_point(cfg, deployment, raw, row, target / count, output_dir)
+
+        count, measured = replicas_meeting_bound(measure, int(row.replicas),
+                                                 row.latency_bound_s_per_token)  # fmt: skip
         replicas[position] = count
         operating.append(measured)
     fleet = fleet_frame(knees, target, price, replicas)
@@ -284,6 +284,21 @@ def _measured_fleet(
                             operating_latency_s_per_token=nan, kv_held_over_used=nan)  # fmt: skip
     measured = pd.concat(operating, ignore_index=True).assign(experiment=cfg.experiment_name)
     return with_fleet_memory(fleet, measured)
+
+
+def replicas_meeting_bound(
+    measure: Callable[[int], pd.DataFrame], replicas: int, bound_s_per_token: float
+) -> tuple[int, pd.DataFrame]:
+    """The fewest replicas from ``replicas`` up (at most ``MAX_EXTRA_REPLICAS`` added) whose
+    measured operating point (``measure(count)``, a summary row) is within the bound, and that
+    measurement. If none is, the last count measured and its row (latency over the bound): the
+    fleet row then says so, never a count that was not run."""
+    for extra in range(MAX_EXTRA_REPLICAS + 1):
+        count = replicas + extra
+        measured = measure(count)
+        if measured["normalized_latency_s_per_token"].iloc[0] <= bound_s_per_token:
+            break
+    return count, measured
 
 
 def _label_of(cfg: KvbenchConfig, scheduler_name: str) -> str:
