@@ -1,12 +1,12 @@
 """``paged_hybrid_prefix``: a prefix hit only where every KV-cache group hits (vLLM's hybrid
-coordinator), on cases worked out by hand and against vLLM's own manager (``peer``).
+coordinator), with vLLM 0.32's sparse retention in the sliding groups, on cases worked out by hand
+and against vLLM's own manager (``peer``).
 
-The hand cases share one request A: an 8,000-token prompt whose tokens are all a known prefix,
-then 100 decoded tokens, still running. A's first append (8,000 tokens computed) frees, in each
-sliding group of window ``w``, the blocks wholly behind the window, ``(8,000 - w + 1) // 16`` of
-them, pushed onto the free queue newest first; later appends free one block at a time. A request
-C without a prefix then takes the never-used blocks and the first ``N`` of those freed ones
-(evicting them), and B asks for A's first 6,000 tokens (375 blocks).
+The hand cases share one request A: an 8,000-token prompt whose tokens are all a known prefix
+(group 1), then 100 decoded tokens, still running. A's replay boundary is 7,999 tokens, block
+499: a full group caches all 500 prompt blocks; a sliding group of window ``w`` only the
+``ceil((w - 1) / 16)`` blocks before block 499. A's first append frees, in each sliding group,
+the blocks wholly behind the window, ``(8,000 - w + 1) // 16`` of them.
 """
 
 from __future__ import annotations
@@ -25,6 +25,8 @@ from kvbench.core.request import Request
 BLOCK = 16
 A = Request(0, 0.0, 8000, 100, prefix_group=1, prefix_tokens=8000)
 B = Request(2, 0.0, 6000, 10, prefix_group=1, prefix_tokens=6000)
+# A longer sibling of A: its 8,000 tokens, then 500 of its own.
+A_LONGER = Request(3, 0.0, 8500, 10, prefix_group=1, prefix_tokens=8000)
 
 
 def _hybrid_prefix(model: str, num_blocks: int) -> PagedHybridAllocator:
@@ -34,65 +36,91 @@ def _hybrid_prefix(model: str, num_blocks: int) -> PagedHybridAllocator:
                                 enable_prefix_caching=True)  # fmt: skip
 
 
-def _run_a_then_evict(allocator: PagedHybridAllocator, num_c_blocks: int) -> None:
-    """A admitted and decoded (still running); C, without a prefix, takes ``num_c_blocks``
-    blocks per group."""
+def _run_a(allocator: PagedHybridAllocator) -> None:
+    """A admitted and decoded, still running."""
     assert allocator.admit(0, A, A.prompt_tokens)
     for _ in range(A.output_tokens):
         assert allocator.append(0, 1)
-    assert allocator.prefix_cache is not None
-    assert allocator.prefix_cache.match_tokens(B, B.prompt_tokens) == 6000  # all of it, before C
-    c = Request(1, 0.0, num_c_blocks * BLOCK, 10)
-    assert allocator.admit(1, c, c.prompt_tokens)
 
 
-def test_mistral_shaped_a_prefix_shorter_than_the_window_hits_only_its_leading_cached_run() -> (
-    None
-):
+def test_mistral_shaped_hits_only_at_a_prompts_replay_boundary() -> None:
     # One group, every layer sliding over 4,096 tokens: a hit needs the ceil(4,095 / 16) = 256
-    # blocks before it. A frees blocks 0-243 at its first append, 244-249 later; it holds
-    # 250-506. Pool: A's 507 blocks and 4 never used. C takes those 4 and the first N = 100
-    # freed ones: blocks 243..144 of A's table. B's 375 blocks: 374-250 held and 249-244 cached
-    # (131 contiguous), 243 evicted; below it 143-0, 144 < 256 blocks, a run from the prompt's
-    # start, which vLLM counts as a hit: 144 blocks, where the evicted blocks begin.
+    # blocks before it. A keeps blocks 243-498 cached (blocks 243-249 freed behind the window,
+    # cached free; 250-498 held). Pool: A's 507 blocks and 4 never used.
     allocator = _hybrid_prefix("mistral-7b-v0.1", 507 + 4)
-    _run_a_then_evict(allocator, 4 + 100)
-    assert allocator.prefix_cache is not None
-    assert allocator.prefix_cache.match_tokens(B, B.prompt_tokens) == 144 * BLOCK == 2304
-    allocator.free(1)  # room for B; their blocks stay cached, B's hit is the same
-    allocator.free(0)
-    assert allocator.admit(2, B, B.prompt_tokens)
-    assert allocator.prefix_cache.cached_prefix_tokens(2) == 2304
-    [table] = allocator.group_tables(2)
-    # The hit is shorter than the window: every hit block is referenced, none is null.
-    assert None not in table and len(table) == 375
-    assert all(allocator.ref_count(block) == 1 for block in table[:144])
+    _run_a(allocator)
+    cache = allocator.prefix_cache
+    assert cache is not None
+    # B's 6,000 tokens (a hit of at most 374 blocks, a token short) end inside A's prompt:
+    # 243-373 is a run of 131 < 256 blocks, and block 0 is not cached (no run from the start): a
+    # miss, where every block of A cached (dense retention) would give 5,984 tokens.
+    assert cache.match_tokens(B, B.prompt_tokens) == 0
+    # A longer sibling resumes at A's boundary: 256 blocks end at block 499.
+    assert cache.match_tokens(A_LONGER, A_LONGER.prompt_tokens) == 499 * BLOCK == 7984
+    # Evict the tail's first block (freed behind the window, a hashed block: at the free queue's
+    # tail, after the unhashed ones): 244-498 is 255 blocks, and the hit is gone.
+    queue = allocator.free_blocks()
+    c = Request(1, 0.0, (queue.index(243) + 1) * BLOCK, 10)
+    assert all(block not in queue[: queue.index(243)] for block in range(244, 250))
+    assert allocator.admit(1, c, c.prompt_tokens)
+    assert cache.match_tokens(A_LONGER, A_LONGER.prompt_tokens) == 0
 
 
-def test_gemma_3_hits_only_where_the_sliding_groups_window_blocks_survive() -> None:
+def test_gemma_3_a_shared_prefix_misses_once_then_hits_at_its_pinned_junction() -> None:
     # Gemma-3-27B: sliding groups 0-5 (window 1,024: a hit needs 64 blocks) and full group 6.
-    # A's first append frees blocks 0-435 of each sliding group (group 0's first, newest first).
-    # Pool: A's 7 x 507 blocks and 5 never used; C takes 15 blocks in each of 7 groups, 105: the
-    # 5 and group 0's blocks 435..336. B: the full group holds all 375 of its blocks (A runs),
-    # but group 0 lost 374-336, so the sliding groups' 64 contiguous blocks end at 336 (272-335):
-    # 336 blocks, 5,376 tokens, where the full group alone would give 6,000.
-    allocator = _hybrid_prefix("gemma-3-27b", 7 * 507 + 5)
-    _run_a_then_evict(allocator, 15)
+    allocator = _hybrid_prefix("gemma-3-27b", 7 * 507 + 2 * 7 * 440)
+    _run_a(allocator)
+    cache = allocator.prefix_cache
+    assert cache is not None
+    # B1 shares A's first 6,000 tokens (375 blocks) and adds 8: the full group serves all 375,
+    # the sliding groups none (A keeps 435-498 only): no hit, and a junction at block 375.
+    b1 = Request(4, 0.0, 6008, 10, prefix_group=1, prefix_tokens=6000)
+    hit = cache.lookup(b1, b1.prompt_tokens)
+    assert (hit.num_blocks, hit.junction_blocks) == (0, 375)
+    assert allocator.admit(4, b1, b1.prompt_tokens)
+    assert cache.cached_prefix_tokens(4) == 0
+    # B1 keeps its sliding blocks 311-374 (before the junction, and before its own replay
+    # boundary, 6,007 tokens: block 375): B2, sharing the same 6,000 tokens, hits all of them.
+    b2 = Request(5, 0.0, 7000, 10, prefix_group=1, prefix_tokens=6000)
+    assert allocator.admit(5, b2, b2.prompt_tokens)
+    assert cache.cached_prefix_tokens(5) == 6000
+    b1_tables, b2_tables = allocator.group_tables(4), allocator.group_tables(5)
+    for group in range(6):  # null before the window's 64 blocks, B1's blocks after
+        assert b2_tables[group][:311] == (None,) * 311
+        assert b2_tables[group][311:375] == b1_tables[group][311:375]
+    a_full = allocator.group_tables(0)[6]
+    assert b2_tables[6][:375] == a_full[:375]  # the full group: A's blocks, the first cached
+
+
+def test_a_hit_is_capped_one_token_short_of_the_prompt() -> None:
+    # A resend of a whole-block prompt recomputes its last token, so its last block: 7 blocks of
+    # 128 tokens hit 6 (vLLM's max_cache_hit_length = num_tokens - 1).
+    layout = kv_group_layout([None])
+    allocator = PagedHybridAllocator(64 * BLOCK, BLOCK, 4096, layout=layout, num_blocks=64,
+                                     enable_prefix_caching=True)  # fmt: skip
+    first = Request(0, 0.0, 112, 5, prefix_group=0, prefix_tokens=112)
+    resend = Request(1, 0.0, 112, 5, prefix_group=0, prefix_tokens=112)
+    assert allocator.admit(0, first, 112)
     assert allocator.prefix_cache is not None
-    assert allocator.prefix_cache.match_tokens(B, B.prompt_tokens) == 336 * BLOCK == 5376
-    assert allocator.admit(2, B, B.prompt_tokens)
-    assert allocator.prefix_cache.cached_prefix_tokens(2) == 5376
-    tables = allocator.group_tables(2)
-    for sliding in tables[:6]:  # null before the window's 64 blocks, revived from the free queue
-        assert sliding[:272] == (None,) * 272 and None not in sliding[272:]
-        assert all(allocator.ref_count(block) == 1 for block in sliding[272:336])
-    a_tables = allocator.group_tables(0)
-    assert tables[6][:336] == a_tables[6][:336]  # the full group shares A's 336 blocks
-    assert tables[6][336] != a_tables[6][336]  # and computes the rest itself
-    usage = allocator.usage()
-    # Shared (two references): the full group's 336 blocks (the sliding ones A had freed: B's
-    # alone), blocks of 16 tokens x 10 layers, in slots of the model's 62 layers.
-    assert usage.shared_slots == usage.saved_slots == 336 * BLOCK * 10 // 62
+    assert allocator.prefix_cache.match_tokens(resend, 112) == 6 * BLOCK
+    # The v0 engine admits a prompt with a slot for its first token: then all 7 blocks hit.
+    assert allocator.prefix_cache.match_tokens(resend, 113) == 7 * BLOCK
+
+
+def test_three_requests_sharing_a_prefix_hit_on_the_third() -> None:
+    # Windows (32, full), blocks of 16: a sliding hit needs 2 blocks. A (100 tokens) keeps its
+    # sliding blocks 4-5; B (90) shares 64 tokens: the full group hits 4 blocks, the sliding one
+    # none (a miss, junction at block 4, B keeps 2-3); C (80) hits 64.
+    hits = _kvbench_hit_tokens((32, None), 60, *_sharing_trio())
+    assert hits == [0, 0, 64]
+
+
+def _sharing_trio() -> tuple[list[Request], list[tuple]]:
+    requests = [Request(index, 0.0, prompt, 4, prefix_group=0, prefix_tokens=64)
+                for index, prompt in enumerate((100, 90, 80))]  # fmt: skip
+    operations = [("admit", 0), ("decode", 0, 4), ("free", 0), ("admit", 1), ("decode", 1, 4),
+                  ("free", 1), ("admit", 2)]  # fmt: skip
+    return requests, operations
 
 
 def test_without_prefix_caching_nothing_is_shared() -> None:
@@ -122,7 +150,10 @@ def test_longest_hybrid_hit_by_hand(cached: dict[int, set[int]], max_blocks: int
     def is_cached(block: int, groups: object) -> bool:
         return all(block in cached[group] for group in groups)  # type: ignore[attr-defined]
 
-    assert longest_hybrid_hit(max_blocks, specs, is_cached) == expected
+    hit, longest = longest_hybrid_hit(max_blocks, specs, is_cached)
+    assert hit == expected
+    assert longest == max(run for run in range(max_blocks + 1)
+                          if all(block in cached[0] for block in range(run)))  # fmt: skip
 
 
 # --- against vLLM's own hybrid manager ---------------------------------------------------------
@@ -135,25 +166,31 @@ WINDOW_SETS = [
 ]
 
 
-def _random_workload(seed: int) -> tuple[list[Request], list[tuple]]:
+# (prompts below, decode tokens per operation below, operations, pool blocks per group and live
+# request): a loose pool, where finished requests' cached blocks are evicted many times over,
+# and a tight one, where which free block goes first decides what is evicted (vLLM reuses the
+# blocks it holds no hash for first: a queue in freeing order misses 88 of 160 such workloads).
+POOLS = {"loose": (200, 20, 60, 90), "tight": (120, 6, 80, 14)}
+
+
+def _random_workload(seed: int, pool: str) -> tuple[list[Request], list[tuple]]:
     """Requests sharing prefixes of three groups, admitted, decoded and freed at random, at
-    most three at a time. Prompts are never whole blocks, so kvbench's hit limit (the prompt's
-    full blocks) is vLLM's (its tokens less one)."""
+    most three at a time; some prompts end on a block boundary (the hit stops a token short)."""
+    max_prompt, max_decode, num_operations, _ = POOLS[pool]
     rng = random.Random(seed)
     requests: list[Request] = []
     operations: list[tuple] = []
     live: list[int] = []
-    for _ in range(60):
+    for _ in range(num_operations):
         if len(live) < 3 and (not live or rng.random() < 0.4):
             index = len(requests)
-            prompt = rng.randrange(20, 200)
-            prompt += prompt % BLOCK == 0
+            prompt = rng.choice((rng.randrange(20, max_prompt), BLOCK * rng.randrange(2, 7)))
             requests.append(Request(index, 0.0, prompt, 60, prefix_group=rng.randrange(3),
-                                    prefix_tokens=rng.randrange(0, 200)))  # fmt: skip
+                                    prefix_tokens=rng.randrange(0, max_prompt)))  # fmt: skip
             operations.append(("admit", index))
             live.append(index)
         elif rng.random() < 0.7:
-            operations.append(("decode", rng.choice(live), rng.randrange(1, 20)))
+            operations.append(("decode", rng.choice(live), rng.randrange(1, max_decode)))
         else:
             index = live.pop(rng.randrange(len(live)))
             operations.append(("free", index))
@@ -181,16 +218,23 @@ def _kvbench_hit_tokens(windows: tuple, num_blocks: int, requests: list[Request]
 
 
 @peer
+@pytest.mark.parametrize("pool", POOLS)
 @pytest.mark.parametrize("windows", WINDOW_SETS)
 @pytest.mark.parametrize("seed", range(3))
-def test_hit_tokens_agree_with_vllms_hybrid_manager(windows: tuple, seed: int) -> None:
+def test_hit_tokens_agree_with_vllms_hybrid_manager(windows: tuple, seed: int, pool: str) -> None:
     from kvbench.referee.vllm_hybrid_prefix import vllm_hybrid_hit_tokens
 
-    requests, operations = _random_workload(seed)
-    # Three live requests of at most 199 + 60 x 20 tokens never exceed the pool; finished
-    # requests' cached blocks are evicted many times over.
-    num_blocks = 3 * len(windows) * 90
+    requests, operations = _random_workload(seed, pool)
+    # Three live requests never exceed the pool (every admission and decode fits).
+    num_blocks = 3 * len(windows) * POOLS[pool][3]
     ours = _kvbench_hit_tokens(windows, num_blocks, requests, operations)
     theirs = vllm_hybrid_hit_tokens(windows, BLOCK, num_blocks, requests, operations)
     assert ours == theirs
     assert sum(ours) > 0  # the workload does hit
+
+
+@peer
+def test_vllm_also_hits_the_shared_prefix_on_the_third_request() -> None:
+    from kvbench.referee.vllm_hybrid_prefix import vllm_hybrid_hit_tokens
+
+    assert vllm_hybrid_hit_tokens((32, None), BLOCK, 60, *_sharing_trio()) == [0, 0, 64]

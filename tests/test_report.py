@@ -184,3 +184,21 @@ def test_the_docs_blocks_are_what_the_report_makes_of_the_reference_results(name
                 else sections.prefix_caching_section(summary))  # fmt: skip
     assert expected, f"results/reference holds no {name} runs"
     assert _block_body(DOCS.read_text(), name) == expected.strip()
+
+
+def test_a_run_s_wall_time_is_counted_once_when_experiments_share_its_marker():
+    # A capacity run: its sweep and its operating points (experiment <name>_operating) are
+    # folders under one DONE marker.
+    summary = pd.DataFrame({
+        "experiment": ["capacity_cost", "capacity_cost", "capacity_cost_operating", "other"],
+        "run_dir": ["cap/a", "cap/b", "cap/operating/x", "other"],
+        "run_complete": [True] * 4,
+        "simulation_wall_s": [1.0, 2.0, 3.0, 4.0],
+    })  # fmt: skip
+    marker = ("cap/DONE", 8.9)
+    done = {"cap/a": marker, "cap/b": marker, "cap/operating/x": marker,
+            "other": ("other/DONE", 5.0)}  # fmt: skip
+    body = sections.runs_section(summary, done)
+    assert "| capacity_cost | 2 | 2 | yes | 3.0 | 8.9 |" in body
+    assert "| capacity_cost_operating | 1 | 1 | yes | 3.0 | in capacity_cost |" in body
+    assert "| other | 1 | 1 | yes | 4.0 | 5.0 |" in body

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import Protocol
 
 
@@ -15,6 +16,10 @@ class _FreeQueue(Protocol):
 
     def push_tail(self, block_ids: list[int]) -> None:
         """Queue blocks that just became free, in order."""
+        ...
+
+    def push_head(self, block_ids: list[int]) -> None:
+        """Put blocks that just became free at the head, ``block_ids[0]`` first."""
         ...
 
     def remove(self, block_id: int) -> None:
@@ -48,6 +53,9 @@ class _HeadIndexQueue:
     def push_tail(self, block_ids: list[int]) -> None:
         self._queue.extend(block_ids)
 
+    def push_head(self, block_ids: list[int]) -> None:
+        self._queue[self._head : self._head] = block_ids
+
     def remove(self, block_id: int) -> None:
         raise ValueError(f"block {block_id} is free; only a revivable pool takes it back")
 
@@ -70,6 +78,12 @@ class _RevivableQueue:
 
     def push_tail(self, block_ids: list[int]) -> None:
         self._queue.update(dict.fromkeys(block_ids))
+
+    def push_head(self, block_ids: list[int]) -> None:
+        queue = self._queue
+        for block_id in reversed(block_ids):  # the first of them ends at the head
+            queue[block_id] = None
+            queue.move_to_end(block_id, last=False)
 
     def remove(self, block_id: int) -> None:
         del self._queue[block_id]
@@ -142,9 +156,25 @@ class BlockPool:
             self.num_shared_blocks += 1
         self._ref_counts[block_id] = num_refs + 1
 
-    def release(self, block_ids: list[int]) -> None:
+    def release(
+        self, block_ids: list[int], hashed: Callable[[int], bool] | None = None
+    ) -> None:
         """``decref`` every block of ``block_ids``, in order; a block already free (ValueError)
-        leaves the pool as it was before the call."""
+        leaves the pool as it was before the call.
+
+        Blocks that become free join the tail of the queue; with ``hashed``, vLLM v1's order
+        instead (``BlockPool.free_blocks``): those ``hashed`` says carry no hash go to the head
+        (reused first, the first of them first), hashed ones to the tail (LRU)."""
+        freed = self._decref_all(block_ids)
+        if hashed is None:
+            self._free_queue.push_tail(freed)
+        else:
+            self._free_queue.push_head([block_id for block_id in freed if not hashed(block_id)])
+            self._free_queue.push_tail([block_id for block_id in freed if hashed(block_id)])
+        self.num_free_blocks += len(freed)
+
+    def _decref_all(self, block_ids: list[int]) -> list[int]:
+        """Drop one reference to each block; the blocks that became free, in order."""
         ref_counts = self._ref_counts
         if not self.num_shared_blocks:
             # Every held block has one reference: all of them become free (runs for every
@@ -155,9 +185,7 @@ class BlockPool:
                         ref_counts[freed_id] = 1
                     raise ValueError(f"block {block_id} is already free")
                 ref_counts[block_id] = 0
-            self._free_queue.push_tail(block_ids)
-            self.num_free_blocks += len(block_ids)
-            return
+            return block_ids
         freed = []
         for position, block_id in enumerate(block_ids):
             num_refs = ref_counts[block_id]
@@ -169,8 +197,7 @@ class BlockPool:
                 freed.append(block_id)
             else:
                 self.num_shared_blocks -= num_refs == 2
-        self._free_queue.push_tail(freed)
-        self.num_free_blocks += len(freed)
+        return freed
 
     def _undo_decrefs(self, block_ids: list[int]) -> None:
         """Give back the references ``release`` took from ``block_ids`` before it refused."""

@@ -16,12 +16,25 @@ longest prefix that EVERY group can serve (vLLM's
   candidate length shrinks until every spec accepts it (a fixed point; one pass when there is
   one full and one sliding spec).
 
+What a sliding group caches is vLLM 0.32's default sparse retention
+(``prefix_cache_retention_interval=0``, ``SlidingWindowManager.reachable_block_mask``): not every
+full prompt block, only the ``ceil((w - 1) / block_size)`` blocks that end at a point a later
+request can resume at. Those points are the prompt's replay boundary, ``prompt - 1`` tokens
+floored to a block (a resend of the prompt, capped at ``prompt - 1`` tokens, or a longer sibling
+of it), and the request's shared-prefix junction: when a full group found a longer hit than the
+sliding groups could serve, the request pins that point (``shared_prefix_boundary``), so that
+the next request sharing the prefix hits there. A prefix that ends elsewhere in an earlier prompt
+is a miss in the sliding groups, however long the full groups' hit. Full groups cache every full
+block.
+
 Blocks a sliding group freed behind its window keep their hash in the free queue (vLLM frees
 them into the pool like any block) until the pool hands them out again, so a prefix whose window
 blocks were evicted stops hitting at the point where they are gone, even if the full groups still
-hold it. Like vLLM (``BlockHashToBlockMap``) and unlike ``PrefixCache``, equal blocks are not
-deduplicated: a hash may name several blocks of a group (the first cached serves hits), so a
-block recomputed after a partial hit keeps the prefix alive when the older copy is evicted.
+hold it. The free queue takes them as vLLM's does (``hashed_for_reuse``): blocks vLLM holds a
+hash for at its tail, the others at its head, reused first. Like vLLM (``BlockHashToBlockMap``)
+and unlike ``PrefixCache``, equal blocks are not deduplicated: a hash may name several blocks of a
+group (the first cached serves hits), so a block recomputed after a partial hit keeps the prefix
+alive when the older copy is evicted.
 """
 
 from __future__ import annotations
@@ -42,10 +55,13 @@ class HybridHit:
         num_blocks: leading prompt blocks every group serves (hit tokens / block_size).
         group_blocks: per group, its table's first ``num_blocks`` entries: a cached pool block,
             or None (the null block) before a sliding group's window.
+        junction_blocks: the longest hit one group alone found, in blocks, where it is longer
+            than ``num_blocks`` (vLLM's ``shared_prefix_boundary`` / block_size); else 0.
     """
 
     num_blocks: int
     group_blocks: tuple[tuple[int | None, ...], ...]
+    junction_blocks: int = 0
 
 
 def blocks_needed_for_hit(window_tokens: int | None, block_size: int) -> int | None:
@@ -61,14 +77,17 @@ def longest_hybrid_hit(
     max_blocks: int,
     specs: Sequence[tuple[int | None, Sequence[int]]],
     is_cached: Callable[[int, Sequence[int]], bool],
-) -> int:
-    """Leading blocks (at most ``max_blocks``) every spec serves: vLLM's fixed point (module doc).
+) -> tuple[int, int]:
+    """Leading blocks (at most ``max_blocks``) every spec serves: vLLM's fixed point (module doc);
+    and the longest hit a spec alone found on the way (the full groups' first lookup, where there
+    are full groups), whose excess over the first is vLLM's uncached shared prefix.
 
     ``specs``: (blocks a hit needs before it, ``blocks_needed_for_hit``; the group ids sharing
     that spec), full attention (None) first. ``is_cached(block_index, group_ids)``: whether every
     one of the groups holds that prompt block.
     """
     hit_blocks = max_blocks
+    longest = 0
     full_hit: int | None = None
     one_pass = len(specs) == 2 and specs[0][0] is None
     while True:
@@ -77,14 +96,16 @@ def longest_hybrid_hit(
             if num_needed is None:
                 if full_hit is None:  # downward closed: looked up once, then only trimmed
                     full_hit = _leading_run(candidate, group_ids, is_cached)
+                    longest = max(longest, full_hit)
                 candidate = min(candidate, full_hit)
             else:
                 candidate = _sliding_hit(candidate, num_needed, group_ids, is_cached)
+                longest = max(longest, candidate)
         if candidate >= hit_blocks:
-            return hit_blocks
+            return hit_blocks, longest
         hit_blocks = candidate
         if one_pass:
-            return hit_blocks
+            return hit_blocks, longest
 
 
 def _leading_run(
@@ -146,13 +167,20 @@ class HybridPrefixCache:
         self._hash_of_block: dict[int, tuple[int, int]] = {}  # block -> (group, hash)
         self._hashes_of_seq: dict[int, tuple[int, ...]] = {}
         self._cached_tokens_of_seq: dict[int, int] = {}
+        # Per sequence: the blocks (exclusive ends) its sliding groups keep cached tails before:
+        # its replay boundary and its junction (module doc).
+        self._tail_ends_of_seq: dict[int, tuple[int, ...]] = {}
+        # Full blocks vLLM would hold a hash for that kvbench cannot match (generated tokens'
+        # blocks of full groups): they are freed to the queue's tail all the same.
+        self._hashed_unmatched: set[int] = set()
         self._recent_hashes = RecentPromptHashes(block_size, RECENT_REQUESTS)
 
     def lookup(self, request: Request, num_tokens: int) -> HybridHit:
-        """The hit an admission of ``num_tokens`` tokens of ``request`` would take now."""
+        """The hit an admission of ``num_tokens`` tokens of ``request`` would take now: at most
+        ``num_tokens - 1`` tokens (the last one is computed for its logits), as vLLM caps it."""
         hashes = self._prompt_hashes(request)
-        max_blocks = min(num_tokens // self.block_size, len(hashes))
-        if max_blocks == 0 or not self._hash_of_block:
+        max_blocks = min((num_tokens - 1) // self.block_size, len(hashes))
+        if max_blocks <= 0 or not self._hash_of_block:
             return HybridHit(0, ((),) * self._num_groups)
         blocks_of_hash = self._blocks_of_hash
 
@@ -160,7 +188,7 @@ class HybridPrefixCache:
             block_hash = hashes[block_index]
             return all(block_hash in blocks_of_hash[group] for group in group_ids)
 
-        num_blocks = longest_hybrid_hit(max_blocks, self._specs, is_cached)
+        num_blocks, longest = longest_hybrid_hit(max_blocks, self._specs, is_cached)
         group_blocks = []
         for group, num_needed in enumerate(self._needed):
             first = 0 if num_needed is None else max(0, num_blocks - num_needed)
@@ -168,7 +196,8 @@ class HybridPrefixCache:
             for block_index in range(first, num_blocks):
                 leading.append(next(iter(blocks_of_hash[group][hashes[block_index]])))
             group_blocks.append(tuple(leading))
-        return HybridHit(num_blocks, tuple(group_blocks))
+        junction = longest if longest > num_blocks else 0
+        return HybridHit(num_blocks, tuple(group_blocks), junction)
 
     def match_tokens(self, request: Request, num_tokens: int) -> int:
         """Leading tokens of a sequence of ``num_tokens`` tokens of ``request`` every group
@@ -184,13 +213,26 @@ class HybridPrefixCache:
         num_tokens: int,
     ) -> None:
         """A new sequence whose group ``tables`` start with ``hit`` and hold ``num_tokens``
-        tokens: remember its hashes and cache its full prompt blocks past the hit."""
+        tokens: remember its hashes and tails, and cache its full prompt blocks past the hit."""
         self.num_hit_blocks += sum(
             1 for blocks in hit.group_blocks for block_id in blocks if block_id is not None
         )
         self._hashes_of_seq[seq_id] = self._prompt_hashes(request)
         self._cached_tokens_of_seq[seq_id] = hit.num_blocks * self.block_size
+        replay_end = (request.prompt_tokens - 1) // self.block_size
+        self._tail_ends_of_seq[seq_id] = (replay_end, hit.junction_blocks)
         self.cache_full_blocks(seq_id, tables, hit.num_blocks, num_tokens // self.block_size)
+
+    def retains(self, seq_id: int, group: int, block_index: int) -> bool:
+        """Whether the sequence's full block ``block_index`` of ``group`` is cached (vLLM 0.32's
+        default retention): always in a full group; in a sliding one, within a tail of
+        ``ceil((w - 1) / block_size)`` blocks before the sequence's replay boundary or
+        junction."""
+        num_needed = self._needed[group]
+        if num_needed is None:
+            return True
+        return any(end - num_needed <= block_index < end
+                   for end in self._tail_ends_of_seq[seq_id] if end)  # fmt: skip
 
     def cache_full_blocks(
         self,
@@ -199,10 +241,11 @@ class HybridPrefixCache:
         first_block: int,
         end_block: int,
     ) -> None:
-        """Cache every group's blocks ``[first_block, end_block)`` (all full) that have a hash;
-        entries a sliding group already freed (None) are skipped."""
+        """Cache every group's blocks ``[first_block, end_block)`` (all full) that have a hash
+        and that the group retains (``retains``); entries a sliding group already freed (None)
+        are skipped. A full group's blocks past the known hashes (generated tokens) are only
+        marked hashed for the free queue's order."""
         hashes = self._hashes_of_seq[seq_id]
-        end_block = min(end_block, len(hashes))
         hash_of_block = self._hash_of_block
         for group, table in enumerate(tables):
             blocks_of_hash = self._blocks_of_hash[group]
@@ -210,9 +253,19 @@ class HybridPrefixCache:
                 block_id = table[block_index]
                 if block_id is None or block_id in hash_of_block:
                     continue
+                if not self.retains(seq_id, group, block_index):
+                    continue
+                if block_index >= len(hashes):
+                    self._hashed_unmatched.add(block_id)
+                    continue
                 block_hash = hashes[block_index]
                 blocks_of_hash.setdefault(block_hash, {})[block_id] = None
                 hash_of_block[block_id] = (group, block_hash)
+
+    def hashed_for_reuse(self, block_id: int) -> bool:
+        """Whether vLLM would hold a hash for the block: freed, it joins the free queue's tail
+        (LRU); a block without one joins its head (``BlockPool.free_blocks``)."""
+        return block_id in self._hash_of_block or block_id in self._hashed_unmatched
 
     @property
     def hashes_of_seq(self) -> Mapping[int, tuple[int, ...]]:
@@ -223,14 +276,18 @@ class HybridPrefixCache:
         """``child_id`` shares the parent's blocks (it found none of them in the cache)."""
         self._hashes_of_seq[child_id] = self._hashes_of_seq[parent_id]
         self._cached_tokens_of_seq[child_id] = 0
+        self._tail_ends_of_seq[child_id] = self._tail_ends_of_seq[parent_id]
 
     def freed(self, seq_id: int) -> None:
         """Forget the sequence; its hashed blocks stay cached while they wait in the free queue."""
         del self._hashes_of_seq[seq_id]
         del self._cached_tokens_of_seq[seq_id]
+        del self._tail_ends_of_seq[seq_id]
 
     def evict(self, block_ids: list[int]) -> None:
         """The pool handed these blocks out for other content: forget their hashes."""
+        if self._hashed_unmatched:
+            self._hashed_unmatched.difference_update(block_ids)
         if not self._hash_of_block:
             return
         for block_id in block_ids:

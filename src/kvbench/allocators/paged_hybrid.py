@@ -24,11 +24,13 @@ Without a layout (the registry's default), the allocator is one group of full at
 paging (``paged`` without the fast path), which the registry's property tests check.
 
 Prefix caching (``enable_prefix_caching``, the registry's ``paged_hybrid_prefix``, as
-``paged_prefix`` is ``paged`` with it): a ``HybridPrefixCache`` caches every group's full prompt
-blocks, and an admission takes the longest prefix that every group serves (vLLM's hybrid
-coordinator, ``hybrid_prefix``): a full group references its hit blocks, a sliding group only
-the last ``ceil((w - 1) / block_size)`` of them (null entries before). Blocks freed behind a
-window stay cached in the free queue until the pool reuses them. Shared blocks count in the
+``paged_prefix`` is ``paged`` with it): a ``HybridPrefixCache`` caches a full group's full prompt
+blocks and a sliding group's blocks before the points a later request can resume at (vLLM 0.32's
+sparse retention), and an admission takes the longest prefix that every group serves (vLLM's
+hybrid coordinator, ``hybrid_prefix``): a full group references its hit blocks, a sliding group
+only the last ``ceil((w - 1) / block_size)`` of them (null entries before). Blocks freed behind a
+window stay cached in the free queue until the pool reuses them; freed blocks join the queue as
+vLLM's do, those it holds no hash for at the head. Shared blocks count in the
 breakdown's ``shared_slots`` and ``saved_slots`` like forks' do.
 """
 
@@ -312,7 +314,8 @@ class PagedHybridAllocator:
         return self._pool.num_free_blocks
 
     def free_blocks(self) -> tuple[int, ...]:
-        """The free block ids in the order they will be reused (least recently freed first)."""
+        """The free block ids in the order they will be reused, head first (least recently
+        freed first; with a prefix cache, the blocks vLLM holds no hash for before the others)."""
         return self._pool.free_queue()
 
     def take_copy_on_writes(self) -> list[tuple[int, int]]:
@@ -432,9 +435,11 @@ class PagedHybridAllocator:
         self._pool.incref(block_id)
 
     def _release(self, block_ids: list[int], group: int) -> None:
-        """Drop one reference to each block (of ``group``); count those that become free."""
+        """Drop one reference to each block (of ``group``); count those that become free. With
+        a prefix cache, in vLLM's free-queue order (hashed blocks last, the others first)."""
         before = self._pool.num_free_blocks
-        self._pool.release(block_ids)
+        cache = self.prefix_cache
+        self._pool.release(block_ids, None if cache is None else cache.hashed_for_reuse)
         self._held_blocks[group] -= self._pool.num_free_blocks - before
 
     def _live_blocks(self, seq: _HybridSequence) -> list[int]:

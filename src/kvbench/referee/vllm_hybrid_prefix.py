@@ -3,9 +3,11 @@
 ``vllm_hybrid_hit_tokens`` builds vLLM's ``KVCacheManager`` over KV-cache groups of the given
 windows (a ``SlidingWindowSpec`` per sliding group, a ``FullAttentionSpec`` per full one, as
 ``kv_cache_utils`` builds them for a hybrid model), so it runs vLLM's
-``HybridKVCacheCoordinator``, and replays operations on it: an admission looks the prompt up
-(``get_computed_blocks``) and allocates the rest of it, a decode appends tokens one at a time
-(the sliding groups free the blocks behind their windows), a free ends the request. It returns
+``HybridKVCacheCoordinator``, with its serving default of sparse retention, and replays
+operations on it: an admission looks the prompt up (``get_computed_blocks``, its shared-prefix
+junction pinned on the request as the scheduler does) and allocates the rest of it, a decode
+appends tokens one at a time (the sliding groups free the blocks behind their windows), a free
+ends the request. It returns
 the tokens each admission found cached, which a test compares with kvbench's on the same
 operations. Prompt token ids come from ``token_ids``, so vLLM's block hashes mean what kvbench's
 prefix identities mean.
@@ -46,7 +48,10 @@ def vllm_hybrid_hit_tokens(
         KVCacheGroupSpec([f"layers.{group}"], _spec(vllm, window, block_size))
         for group, window in enumerate(windows)
     ]
-    config = KVCacheConfig(num_blocks=num_blocks + 1, kv_cache_tensors=[], kv_cache_groups=groups)
+    # Retention 0: vLLM 0.32's default (CacheConfig.prefix_cache_retention_interval), which
+    # KVCacheConfig's own default (None: every block, dense) is not.
+    config = KVCacheConfig(num_blocks=num_blocks + 1, kv_cache_tensors=[], kv_cache_groups=groups,
+                           prefix_cache_retention_interval=0)  # fmt: skip
     max_model_len = max(r.prompt_tokens + r.output_tokens for r in requests) + block_size
     manager = KVCacheManager(
         config, max_model_len, scheduler_block_size=block_size, hash_block_size=block_size,
@@ -67,7 +72,10 @@ def vllm_hybrid_hit_tokens(
                 arrival_time=float(index),
                 block_hasher=hasher,
             )
-            blocks, num_hit_tokens, _ = manager.get_computed_blocks(vllm_request)
+            # The scheduler pins the junction on the request, as vLLM's does at admission.
+            blocks, num_hit_tokens, vllm_request.shared_prefix_boundary = (
+                manager.get_computed_blocks(vllm_request)
+            )
             num_new_tokens = request.prompt_tokens - num_hit_tokens
             _allocate(manager, vllm_request, num_new_tokens, num_hit_tokens, blocks)
             vllm_request.num_computed_tokens = request.prompt_tokens

@@ -655,17 +655,25 @@ def runs_section(summary: pd.DataFrame, done: dict[str, tuple[str, float]]) -> s
     """What the report read: experiments, rows, completeness and wall time.
 
     ``done`` maps a run folder to its DONE marker (path, wall seconds); a study's grid points
-    share one marker, counted once.
+    share one marker, counted once, with the first experiment that has it (a capacity run's
+    operating points, experiment ``<name>_operating``, are inside its run's wall time).
     """
     if summary.empty:
         return ""
     rows = []
-    for experiment, group in summary.groupby("experiment", sort=False):
+    counted_by: dict[str, str] = {}  # marker path -> the experiment its wall time is shown with
+    # By name: a run's experiment before its operating points' (<name>_operating).
+    for experiment, group in summary.groupby("experiment", sort=True):
         markers = {done[d] for d in group["run_dir"].unique() if d in done}
-        wall = sum(wall_s for _, wall_s in markers)
+        new = {(path, wall_s) for path, wall_s in markers if path not in counted_by}
+        counted_by.update(dict.fromkeys((path for path, _ in new), str(experiment)))
+        if markers and not new:
+            wall: float | str = f"in {counted_by[next(iter(markers))[0]]}"
+        else:
+            wall = sum(wall_s for _, wall_s in new) or math.nan
         rows.append([experiment, len(group), group["run_dir"].nunique(),
                      "yes" if group["run_complete"].all() else "no",
-                     group["simulation_wall_s"].sum(), wall or math.nan])  # fmt: skip
+                     group["simulation_wall_s"].sum(), wall])  # fmt: skip
     header = ["experiment", "summary rows", "run folders", "complete", "simulation (s)",
               "run wall (s, from DONE)"]  # fmt: skip
     return "## Runs read\n\n" + markdown_table(header, rows, digits=1) + "\n"
