@@ -7,6 +7,7 @@ import tomllib
 from pathlib import Path
 
 import pandas as pd
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -92,3 +93,20 @@ def test_every_package_of_the_source_ships_in_the_wheel():
     inits = source.rglob("__init__.py")
     found = {".".join(init.parent.relative_to(source).parts) for init in inits}
     assert found - listed == set(), "add these to [tool.setuptools] packages in pyproject.toml"
+
+
+def test_run_from_the_checkout_root_kernels_is_hugging_face_s(tmp_path):
+    # transformers and vLLM import Hugging Face's ``kernels`` package; from the repository root,
+    # the checkout's kernels/ folder (kvbench.kernels' source) came first on sys.path and broke
+    # every model build ("cannot import name 'CUDAProperties' from 'kernels'").
+    probe = ("import importlib.metadata as m, kvbench, kernels, kvbench.kernels\n"
+             "print(m.distribution('kernels').locate_file('kernels/__init__.py'))\n"
+             "print(kernels.__file__, kvbench.kernels.__file__, sep='\\n')")  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)  # fmt: skip
+    if "PackageNotFoundError" in done.stderr:
+        pytest.skip("Hugging Face's kernels package is not installed: nothing to hide")
+    assert done.returncode == 0, done.stderr[-2000:]
+    installed, imported, own = (Path(line) for line in done.stdout.split())
+    assert imported.resolve() == installed.resolve()
+    assert own.resolve() == ROOT / "kernels" / "__init__.py"

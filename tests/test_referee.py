@@ -200,3 +200,38 @@ def test_limits_vllm_refuses_are_one_line_errors() -> None:
 def test_a_pool_too_small_for_any_waiting_request_is_an_error_not_a_hang() -> None:
     with pytest.raises(ValueError, match="raise num_gpu_blocks"):
         run_referee([Request(0, 0.0, 100, 5)], _limits(num_gpu_blocks=3))
+
+
+@peer
+def test_async_scheduling_frees_a_finished_request_one_step_later() -> None:
+    # 10 usable blocks of 16, all at once: A (60 + 4), B (10 + 30), C (100 + 3). C needs A's
+    # blocks: synchronous vLLM admits it in the step after A's last token (step 4); async vLLM
+    # schedules that step before taking A's last token in, so C waits one more.
+    requests = [Request(0, 0.0, 60, 4), Request(1, 0.0, 10, 30), Request(2, 0.0, 100, 3)]
+    limits = _limits(num_gpu_blocks=11, enable_prefix_caching=False)
+    sync = run_referee(requests, limits)
+    lagged = run_referee(requests, _limits(num_gpu_blocks=11, enable_prefix_caching=False,
+                                           async_scheduling=True))  # fmt: skip
+    assert [step.finished_request_ids for step in sync[3:5]] == [(0,), ()]
+    assert sync[4].scheduled_tokens == ((1, 1), (2, 100))
+    assert [step.finished_request_ids for step in lagged[3:5]] == [(), (0,)]
+    assert lagged[4].scheduled_tokens == ((1, 1),)  # A's blocks still held while it schedules
+    assert lagged[5].scheduled_tokens == ((1, 1), (2, 100))
+    # Every request still produces all its tokens, and the async run takes one step more.
+    assert len(lagged) == len(sync) + 1
+    for steps in (sync, lagged):
+        tokens = {rid: 0 for rid in range(3)}
+        for step in steps:
+            for rid, num_tokens in step.scheduled_tokens:
+                tokens[rid] += num_tokens
+        assert tokens == {0: 63, 1: 39, 2: 102}  # the last token is sampled, never computed
+
+
+def test_async_gap_reads_each_request_s_first_and_last_step() -> None:
+    from kvbench.tools.async_gap import request_steps
+
+    def step(index: int, scheduled: tuple) -> RefereeStep:
+        return RefereeStep(index, scheduled, 0, (), (), 0, 0, 0, 0, 0, 0)
+
+    steps = [step(0, ((0, 60),)), step(1, ((0, 1), (1, 10))), step(2, ()), step(3, ((1, 1),))]
+    assert request_steps(steps, 3) == [(0, 1), (1, 3), (-1, -1)]

@@ -53,6 +53,10 @@ class RefereeLimits:
         max_num_batched_tokens: token budget of one step (chunked prefill splits prompts to it).
         max_model_len: longest prompt + output a request may reach.
         enable_prefix_caching: vLLM's automatic prefix caching.
+        async_scheduling: vLLM's default on a GPU (off on the CPU platform): its
+            ``AsyncScheduler`` schedules step N+1 before it takes in step N's output, so step N's
+            finished requests free their blocks and seats one step later. The referee then runs
+            its engine's two-deep batch queue (``EngineCore.step_with_batch_queue``).
     """
 
     block_size: int
@@ -61,6 +65,7 @@ class RefereeLimits:
     max_num_batched_tokens: int
     max_model_len: int
     enable_prefix_caching: bool
+    async_scheduling: bool = False
 
 
 @dataclass(frozen=True)
@@ -74,7 +79,9 @@ class RefereeStep:
         num_blocks_in_use: blocks held by requests right after scheduling (the null block and
             cached free blocks not counted).
         preempted_request_ids: requests preempted (recomputed later) in this step.
-        finished_request_ids: requests that produced their last token in this step.
+        finished_request_ids: requests whose last token was taken in (and blocks freed) in
+            this step: the ones that produced it in this step, or under ``async_scheduling``
+            in the step before.
         prefix_query_tokens: prompt tokens looked up in the prefix cache by requests admitted
             for the first time in this step.
         prefix_hit_tokens: of those, tokens found cached.
@@ -121,6 +128,8 @@ def run_referee(
     # Popped from the end: earliest arrival first, ties in request order (vLLM is FCFS).
     pending = sorted(range(len(requests)), key=lambda i: (arrivals[i], i), reverse=True)
     steps: list[RefereeStep] = []
+    # Scheduled steps whose output the scheduler has not taken in yet (at most one, async).
+    in_flight: list[tuple[Any, Any]] = []
     while pending or scheduler.get_num_unfinished_requests():
         step_index = len(steps)
         if step_index >= max_steps:
@@ -128,7 +137,7 @@ def run_referee(
         while pending and arrivals[pending[-1]] <= step_index:
             index = pending.pop()
             scheduler.add_request(_vllm_request(vllm, requests[index], index, hasher))
-        steps.append(_step(vllm, scheduler, step_index))
+        steps.append(_step(vllm, scheduler, step_index, in_flight, limits.async_scheduling))
         _check_progress(steps[-1], scheduler, limits)
     return steps
 
@@ -157,8 +166,11 @@ def _check_progress(step: RefereeStep, scheduler: Any, limits: RefereeLimits) ->
         )
 
 
-def _step(vllm: Any, scheduler: Any, step_index: int) -> RefereeStep:
-    """One ``schedule()`` and the model runner's answer to it."""
+def _step(
+    vllm: Any, scheduler: Any, step_index: int, in_flight: list[tuple[Any, Any]], lag: bool
+) -> RefereeStep:
+    """One ``schedule()``, and the model runner's answer to it taken in at once, or (``lag``,
+    async scheduling) the previous step's answer taken in after it."""
     output = scheduler.schedule()
     # Stats are reset inside update_from_output: read (and reset) this step's before it.
     stats = scheduler.kv_cache_manager.make_prefix_cache_stats()
@@ -173,8 +185,14 @@ def _step(vllm: Any, scheduler: Any, step_index: int) -> RefereeStep:
         req_id_to_index={request_id: i for i, request_id in enumerate(request_ids)},
         sampled_token_ids=sampled,
     )
-    scheduler.update_from_output(output, runner_output)
-    finished = [rid for rid in request_ids if rid not in scheduler.requests]
+    in_flight.append((output, runner_output))
+    finished = []
+    if not lag or len(in_flight) == 2 or not scheduler.has_requests():
+        taken_output, taken_runner_output = in_flight.pop(0)
+        unfinished = set(scheduler.requests)
+        scheduler.update_from_output(taken_output, taken_runner_output)
+        finished = [rid for rid in taken_runner_output.req_ids
+                    if rid in unfinished and rid not in scheduler.requests]  # fmt: skip
     return RefereeStep(
         step_index=step_index,
         scheduled_tokens=tuple((int(rid), num_tokens) for rid, num_tokens in scheduled),
@@ -224,6 +242,7 @@ def _import_vllm() -> Any:
         from vllm.sampling_params import SamplingParams
         from vllm.utils.hashing import sha256
         from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+        from vllm.v1.core.sched.async_scheduler import AsyncScheduler
         from vllm.v1.core.sched.scheduler import Scheduler
         from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
         from vllm.v1.outputs import ModelRunnerOutput
@@ -250,6 +269,7 @@ def _import_vllm() -> Any:
         sha256=sha256,
         get_request_block_hasher=get_request_block_hasher,
         Scheduler=Scheduler,
+        AsyncScheduler=AsyncScheduler,
         FullAttentionSpec=FullAttentionSpec,
         KVCacheConfig=KVCacheConfig,
         KVCacheGroupSpec=KVCacheGroupSpec,
@@ -300,6 +320,8 @@ def _build_scheduler(vllm: Any, limits: RefereeLimits) -> Any:
         errors = getattr(error, "errors", None)
         reason = errors()[0]["msg"] if callable(errors) else str(error).splitlines()[0]
         raise RefereeConfigError(f"vLLM refuses these limits: {reason}") from None
+    if limits.async_scheduling:  # as on a GPU: the CPU platform turns it off in the config
+        config.scheduler_config.async_scheduling = True
     _check_effective_config(config, limits)
     # The scheduler only counts blocks: a one-layer, one-head spec stands for any model.
     spec = vllm.FullAttentionSpec(
@@ -311,7 +333,8 @@ def _build_scheduler(vllm: Any, limits: RefereeLimits) -> Any:
         kv_cache_groups=[vllm.KVCacheGroupSpec(["layer"], spec)],
     )
     config.cache_config.num_gpu_blocks = limits.num_gpu_blocks
-    scheduler = vllm.Scheduler(
+    scheduler_class = vllm.AsyncScheduler if limits.async_scheduling else vllm.Scheduler
+    scheduler = scheduler_class(
         vllm_config=config,
         kv_cache_config=kv_cache_config,
         structured_output_manager=vllm.StructuredOutputManager(config),
@@ -343,7 +366,7 @@ def _check_effective_config(config: Any, limits: RefereeLimits) -> None:
         "enable_prefix_caching": limits.enable_prefix_caching,
         "max_num_seqs": limits.max_num_seqs,
         "max_num_batched_tokens": limits.max_num_batched_tokens,
-        "async_scheduling": False,
+        "async_scheduling": limits.async_scheduling,
         "enable_chunked_prefill": True,
         "long_prefill_token_threshold": 0,
         "max_model_len": limits.max_model_len,
