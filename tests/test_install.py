@@ -110,3 +110,20 @@ def test_run_from_the_checkout_root_kernels_is_hugging_face_s(tmp_path):
     installed, imported, own = (Path(line) for line in done.stdout.split())
     assert imported.resolve() == installed.resolve()
     assert own.resolve() == ROOT / "kernels" / "__init__.py"
+
+
+def test_a_checkout_root_on_sys_path_never_hides_an_installed_kernels(tmp_path):
+    # The GPU session's case: kvbench installed from a wheel elsewhere, run from a checkout's
+    # root (first on sys.path), with another kernels package installed further down.
+    checkout, site = tmp_path / "checkout", tmp_path / "site"
+    (checkout / "src" / "kvbench").mkdir(parents=True)
+    (checkout / "kernels").mkdir()
+    (checkout / "kernels" / "__init__.py").write_text("raise ImportError('the checkout')\n")
+    (site / "kernels").mkdir(parents=True)
+    (site / "kernels" / "__init__.py").write_text("WHO = 'installed'\n")
+    probe = (f"import sys; sys.path[:0] = [{str(checkout)!r}, {str(site)!r}]\n"
+             "import kvbench, kernels; print(kernels.WHO)")  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "installed"

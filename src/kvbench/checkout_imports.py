@@ -26,10 +26,10 @@ SHADOWED_NAME = "kernels"
 
 
 class InstalledKernelsFirst(importlib.abc.MetaPathFinder):
-    """Find ``kernels`` on ``sys.path`` less the checkout root (module doc)."""
+    """Find ``kernels`` on ``sys.path`` less kvbench checkouts' roots (module doc)."""
 
-    def __init__(self, checkout_root: Path) -> None:
-        self.checkout_root = checkout_root.resolve()
+    def __init__(self, checkout_roots: set[Path]) -> None:
+        self.checkout_roots = checkout_roots
 
     def find_spec(
         self,
@@ -37,20 +37,27 @@ class InstalledKernelsFirst(importlib.abc.MetaPathFinder):
         path: Sequence[str] | None = None,
         target: ModuleType | None = None,
     ) -> ModuleSpec | None:
-        """The installed ``kernels`` package's spec; None for any other name, or when only the
+        """The installed ``kernels`` package's spec; None for any other name, or when only a
         checkout's folder has one."""
         if fullname != SHADOWED_NAME:
             return None
-        elsewhere = [entry for entry in sys.path
-                     if Path(entry or os.curdir).resolve() != self.checkout_root]  # fmt: skip
+        elsewhere = [entry for entry in sys.path if _resolved(entry) not in self.checkout_roots]
         return importlib.machinery.PathFinder.find_spec(fullname, elsewhere)
 
 
 def install(package_file: str) -> None:
-    """Put the finder first when kvbench runs from a checkout (``src/kvbench`` beside a
-    ``kernels/`` package), once."""
-    checkout_root = Path(package_file).resolve().parents[2]
-    if not (checkout_root / SHADOWED_NAME / "__init__.py").is_file():
-        return  # an installed kvbench: no folder of that name beside it
-    if not any(isinstance(finder, InstalledKernelsFirst) for finder in sys.meta_path):
-        sys.meta_path.insert(0, InstalledKernelsFirst(checkout_root))
+    """Put the finder first, once, when a kvbench checkout's root (a ``kernels/`` package beside
+    ``src/kvbench``) is on ``sys.path`` or holds this kvbench (an editable install): a wheel
+    installed elsewhere and run from a checkout's root (the GPU session) is covered too."""
+    candidates = {Path(package_file).resolve().parents[2], *map(_resolved, sys.path)}
+    roots = {root for root in candidates if _is_checkout(root)}
+    if roots and not any(isinstance(finder, InstalledKernelsFirst) for finder in sys.meta_path):
+        sys.meta_path.insert(0, InstalledKernelsFirst(roots))
+
+
+def _is_checkout(root: Path) -> bool:
+    return (root / SHADOWED_NAME / "__init__.py").is_file() and (root / "src" / "kvbench").is_dir()
+
+
+def _resolved(entry: str) -> Path:
+    return Path(entry or os.curdir).resolve()
