@@ -78,7 +78,8 @@ def agrees_with_vllm(
         RefereeLimits(block_size=block_size, num_gpu_blocks=num_gpu_blocks,
                       max_num_seqs=limits.max_num_seqs,
                       max_num_batched_tokens=limits.max_num_batched_tokens,
-                      max_model_len=limits.max_model_len, enable_prefix_caching=prefix_caching),
+                      max_model_len=limits.max_model_len, enable_prefix_caching=prefix_caching,
+                      async_scheduling=limits.async_scheduling),
         arrival_steps,
     )  # fmt: skip
     ours = kvbench_v1_steps(requests, block_size, num_gpu_blocks, limits, arrival_steps,

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import contextlib
 import importlib.metadata
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -68,3 +71,20 @@ def test_the_engines_packages_where_installed_are_the_pinned_ones() -> None:
     if not installed:
         pytest.skip(f"the real engine's packages are not installed: {ENGINE_INSTALL_COMMAND}")
     assert installed == pins
+
+
+@peer
+def test_the_referee_runs_from_the_checkout_root_on_a_machine_without_vllms_cache(tmp_path) -> None:
+    # vLLM inspects the model class in a fresh interpreter unless its cache knows it; started
+    # from the checkout's root, that interpreter found kernels/ before Hugging Face's package.
+    probe = ("from kvbench.core.request import Request\n"
+             "from kvbench.referee.vllm_v1 import RefereeLimits, run_referee\n"
+             "limits = RefereeLimits(16, 8, 4, 64, 256, False)\n"
+             "print(len(run_referee([Request(0, 0.0, 20, 3)], limits)))")  # fmt: skip
+    env = {**os.environ, "VLLM_CACHE_ROOT": str(tmp_path / "vllm-cache")}
+    env.pop("PYTHONSAFEPATH", None)
+    done = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=600)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split()[-1] == "3"  # a prefill and two decodes
+    assert (tmp_path / "vllm-cache" / "modelinfos").is_dir()  # the inspection did run

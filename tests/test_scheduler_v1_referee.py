@@ -84,12 +84,12 @@ SLICE_LIMITS = V1Limits(max_num_seqs=64, max_num_batched_tokens=2048, max_model_
 STEPS_PER_S = 20  # the referee has no clock: a trace second is this many steps
 
 
-@peer
-@pytest.mark.parametrize("trace", TRACE_SLICES)
-def test_kvbench_v1_agrees_with_vllm_on_trace_slices(shared_traces, trace) -> None:
+def trace_slice_case(path):  # type: ignore[no-untyped-def]
+    """The slice's first 80 requests that fit the context (ids 0..) and their arrival steps
+    (None: a burst, for a trace without timestamps)."""
     from kvbench.workloads import load_trace, to_requests
 
-    frame = load_trace(shared_traces / trace).head(400)
+    frame = load_trace(path).head(400)
     fits = (frame["prompt_tokens"] >= 1) & (frame["output_tokens"] >= 1)
     fits &= frame["prompt_tokens"] + frame["output_tokens"] <= SLICE_LIMITS.max_model_len
     frame = frame[fits].head(80)
@@ -104,6 +104,13 @@ def test_kvbench_v1_agrees_with_vllm_on_trace_slices(shared_traces, trace) -> No
     if timed:
         first_s = min(request.arrival_s for request in requests)
         arrivals = [int((r.arrival_s - first_s) * STEPS_PER_S) for r in requests]
+    return requests, arrivals
+
+
+@peer
+@pytest.mark.parametrize("trace", TRACE_SLICES)
+def test_kvbench_v1_agrees_with_vllm_on_trace_slices(shared_traces, trace) -> None:
+    requests, arrivals = trace_slice_case(shared_traces / trace)
     # 1,200 blocks of 16: 19,184 slots, about 2.3 of the longest requests: the pool preempts.
     case = (requests, 16, 1200, SLICE_LIMITS, arrivals)
     num_steps = agrees_with_vllm(case, prefix_caching=False)

@@ -133,6 +133,9 @@ class SchedulerConfig:
     # Admission order of the waiting queue: fcfs, or lpm (longest prefix match first, SGLang's;
     # for the prefix-caching allocators: it is fcfs for the others; vllm_v1 is fcfs).
     policy: str = MISSING
+    # vllm_v1 only: schedule each step before the previous step's tokens are taken in, as vLLM
+    # does on a GPU by default (its CPU platform does not): docs/scheduling.md.
+    async_scheduling: bool = MISSING
 
 
 @dataclass
@@ -813,6 +816,11 @@ def _check_scheduler(scheduler: SchedulerConfig) -> None:
         scheduler.policy in POLICIES,
         f"scheduler.policy={scheduler.policy!r}: allowed are {', '.join(POLICIES)} (lpm: "
         "longest prefix match first, for paged_prefix, radix and paged_hybrid_prefix)",
+    )
+    _require(
+        scheduler.name == "vllm_v1" or not scheduler.async_scheduling,
+        f"scheduler.async_scheduling=true under scheduler={scheduler.name}: async scheduling is "
+        "vLLM v1's (scheduler=vllm_v1); set it false",
     )
     _require(
         scheduler.swap_space_gib >= 0,

@@ -40,7 +40,11 @@ class V1Sequence:
 
     Attributes:
         request: the request.
-        num_output_tokens: tokens sampled so far (kept across preemptions: vLLM recomputes them).
+        num_output_tokens: tokens sampled and taken in so far (kept across preemptions: vLLM
+            recomputes them).
+        num_output_placeholders: tokens sampled but not yet taken in (vLLM's name): under async
+            scheduling, the one a step produced until the next step has been scheduled; zeroed
+            by a preemption (the token is still taken in later); always 0 synchronously.
         num_computed_tokens: tokens whose KV is (or is being) computed, hits included.
         num_preemptions: times it was preempted (its lookups are then counted apart).
         blocks: its block table (pool block ids).
@@ -52,6 +56,7 @@ class V1Sequence:
         "blocks",
         "num_cached_blocks",
         "num_computed_tokens",
+        "num_output_placeholders",
         "num_output_tokens",
         "num_preemptions",
         "request",
@@ -60,6 +65,7 @@ class V1Sequence:
     def __init__(self, request: Request) -> None:
         self.request = request
         self.num_output_tokens = 0
+        self.num_output_placeholders = 0
         self.num_computed_tokens = 0
         self.num_preemptions = 0
         self.blocks: list[int] = []
@@ -73,8 +79,13 @@ class V1Sequence:
 
     @property
     def num_tokens(self) -> int:
-        """Prompt plus sampled tokens: the input a (re)admission computes."""
+        """Prompt plus sampled tokens taken in: the input a (re)admission computes."""
         return self.request.prompt_tokens + self.num_output_tokens
+
+    @property
+    def num_generated_tokens(self) -> int:
+        """Tokens sampled so far, taken in or not."""
+        return self.num_output_tokens + self.num_output_placeholders
 
     def block_hashes(self, num_blocks: int, block_size: int) -> list[int]:
         """The chained hashes of its first ``num_blocks`` full blocks (prompt known prefix, then
@@ -183,6 +194,12 @@ class V1KVCache:
         if self.enable_caching:
             num_cached_tokens = min(seq.num_computed_tokens + num_new_tokens, seq.num_tokens)
             self._cache_full_blocks(seq, num_cached_tokens // self.block_size)
+
+    def cache_computed(self, seq: V1Sequence, num_tokens: int) -> None:
+        """Cache the full blocks of the sequence's first ``num_tokens`` tokens (vLLM's
+        ``cache_blocks``: async scheduling's catch-up once a sampled token is taken in)."""
+        if self.enable_caching:
+            self._cache_full_blocks(seq, min(num_tokens, seq.num_tokens) // self.block_size)
 
     def free(self, seq: V1Sequence) -> None:
         """Release the sequence's blocks, tail first: unhashed ones to the front of the free

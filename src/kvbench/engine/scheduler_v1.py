@@ -19,6 +19,13 @@ One step, as vLLM does it:
 3. The model runner: a request whose input is fully computed after the step samples a token; one
    with ``output_tokens`` tokens finishes and frees its blocks.
 
+With ``async_scheduling`` (vLLM's default on a GPU, its ``AsyncScheduler`` driven by the engine's
+two-deep batch queue) step N is scheduled before step N-1's tokens are taken in: a request counts
+the token in flight as a placeholder (it decodes on), is not scheduled once its last token is in
+flight, and finishes, freeing its blocks and seat, when that token is taken in, at the end of the
+next step. A request preempted with a token in flight still receives it (and finishes if it was
+its last); prefix caching catches up on the blocks a taken-in token fills.
+
 ``max_num_batched_tokens`` is the token budget and ``max_num_seqs`` the batch limit; the pool is
 the allocator's (``kvbench.core.kv_capacity.pool_slots``: vLLM's ``num_gpu_blocks`` less its null
 block), managed as vLLM manages it (``V1KVCache``).
@@ -45,11 +52,14 @@ class V1Limits:
         max_num_seqs: most requests running at once.
         max_num_batched_tokens: token budget of one step.
         max_model_len: longest prompt + output, in tokens.
+        async_scheduling: schedule a step before the previous step's tokens are taken in
+            (vLLM's default on a GPU; off on its CPU platform).
     """
 
     max_num_seqs: int
     max_num_batched_tokens: int
     max_model_len: int
+    async_scheduling: bool = False
 
 
 @dataclass(frozen=True)
@@ -62,7 +72,8 @@ class V1Step:
             order, then the ones admitted this step.
         num_blocks_in_use: blocks the allocator holds for requests after scheduling.
         preempted_request_ids: requests preempted in this step, sorted.
-        finished_request_ids: requests that produced their last token in this step, sorted.
+        finished_request_ids: requests whose last token was taken in (and memory freed) in this
+            step, sorted: produced in this step, or in the step before under async scheduling.
         num_running: requests running after the step.
         num_waiting: requests waiting (new or preempted) after the step.
         prefix_query_tokens: input tokens looked up in the prefix cache by requests admitted for
@@ -117,6 +128,10 @@ class V1Memory(Protocol):
         """Make room for ``num_new_tokens`` more tokens of a running sequence."""
         ...
 
+    def cache_computed(self, seq: V1Sequence, num_tokens: int) -> None:
+        """Offer the full blocks of the first ``num_tokens`` tokens to the prefix cache."""
+        ...
+
     def free(self, seq: V1Sequence) -> None:
         """Release everything the sequence holds."""
         ...
@@ -167,6 +182,9 @@ class ReservingV1Memory:
         if not self._allocator.append(seq.request_id, num_new_tokens):
             raise RuntimeError("the reservation is full: check can_grow first")
 
+    def cache_computed(self, seq: V1Sequence, num_tokens: int) -> None:
+        pass  # no prefix cache
+
     def free(self, seq: V1Sequence) -> None:
         self._allocator.free(seq.request_id)
 
@@ -186,7 +204,9 @@ class V1Batch:
         admitted: (sequence, prefix-hit tokens) of the sequences admitted in the step.
         preempted: the sequences preempted in the step.
         sampled: the sequences that produced a token (their prompt is computed).
-        finished: (sequence, slots it held) of those that produced their last token.
+        finished: (sequence, slots it held) of those whose last token was taken in: produced in
+            this step, or in the step before under async scheduling (0 slots when it was
+            preempted meanwhile).
         memory_blocked: a waiting request did not fit the free memory.
         usage: the memory right after scheduling (before finished requests free theirs), when
             the scheduler records it (``record_usage``).
@@ -220,7 +240,14 @@ class V1StepScheduler:
         self._limits = limits
         self._running: list[V1Sequence] = []
         self._queued: deque[V1Sequence] = deque()  # waiting: new, and preempted at the front
+        # Async scheduling: the sequences whose token of the last step is not taken in yet.
+        self._in_flight: list[V1Sequence] = []
         self._num_steps = 0
+
+    @property
+    def limits(self) -> V1Limits:
+        """The engine's limits."""
+        return self._limits
 
     @property
     def kv_cache(self) -> V1Memory:
@@ -273,11 +300,19 @@ class V1StepScheduler:
             scheduled_tokens.append((request.request_id, num_tokens))
             computed += num_tokens
             seq.num_computed_tokens = computed
-            if computed >= request.prompt_tokens + seq.num_output_tokens:
+            generated = seq.num_output_tokens + seq.num_output_placeholders
+            if computed >= request.prompt_tokens + generated:
                 computed_inputs.append(seq)
         if self._record_usage:
             batch.usage = self._kv_cache.usage(self._running)
-        finished = self._sample(computed_inputs)
+        batch.sampled = computed_inputs
+        if self._limits.async_scheduling:
+            for seq in computed_inputs:
+                seq.num_output_placeholders += 1
+            finished = self._take_in(self._in_flight)
+            self._in_flight = computed_inputs
+        else:
+            finished = self._take_in(computed_inputs)
         step = V1Step(
             step_index=self._num_steps,
             scheduled_tokens=tuple(scheduled_tokens),
@@ -306,9 +341,13 @@ class V1StepScheduler:
         while index < len(running) and budget > 0:
             seq = running[index]
             computed = seq.num_computed_tokens
+            placeholders = seq.num_output_placeholders
+            if placeholders and computed + 2 - placeholders >= seq.request.total_tokens:
+                index += 1  # async: its last token is in flight, no step is left to run
+                continue
             if (
                 fast_decodes
-                and seq.request.prompt_tokens + seq.num_output_tokens - computed == 1
+                and seq.request.prompt_tokens + seq.num_output_tokens + placeholders - computed == 1
                 and computed <= last_decode_position
                 and computed % block_size
                 and (computed + 1) % block_size
@@ -355,27 +394,42 @@ class V1StepScheduler:
 
     def _chunk(self, seq: V1Sequence, budget: int) -> int:
         """Tokens the request computes this step: what it lacks, within budget and length."""
-        uncomputed = seq.num_tokens - seq.num_computed_tokens
+        uncomputed = seq.num_tokens + seq.num_output_placeholders - seq.num_computed_tokens
         room = self._limits.max_model_len - seq.num_computed_tokens - 1
         return min(uncomputed, budget, room)
 
     def _preempt(self, seq: V1Sequence) -> None:
         self._kv_cache.free(seq)
         seq.num_computed_tokens = 0
+        seq.num_output_placeholders = 0  # a token in flight is still taken in, as stale
         seq.num_preemptions += 1
         self._queued.appendleft(seq)
 
-    def _sample(self, sequences: list[V1Sequence]) -> list[int]:
-        """Each of ``sequences`` (input computed) samples a token; a mid-prefill one would not."""
+    def _take_in(self, sequences: list[V1Sequence]) -> list[int]:
+        """Take in the token each of ``sequences`` sampled (vLLM's ``update_from_output``); the
+        ids of those it finishes, their memory freed. Async, a token reaches a running sequence
+        as a placeholder resolved (the blocks it fills are cached), or a sequence preempted since
+        as stale (it waits, holding nothing)."""
         finished = []
-        self.last_batch.sampled = sequences
+        kv_cache = self._kv_cache
         for seq in sequences:
             num_output_tokens = seq.num_output_tokens + 1
             seq.num_output_tokens = num_output_tokens
+            is_running = True
+            if self._limits.async_scheduling:
+                is_running = seq.num_output_placeholders > 0  # zeroed by a preemption
+                if is_running:
+                    placeholders = seq.num_output_placeholders - 1
+                    seq.num_output_placeholders = placeholders
+                    kv_cache.cache_computed(seq, seq.num_computed_tokens - placeholders)
             if num_output_tokens >= seq.request.output_tokens:
-                self.last_batch.finished.append((seq, self._kv_cache.held_slots(seq)))
-                self._running.remove(seq)
-                self._kv_cache.free(seq)
+                if is_running:
+                    self.last_batch.finished.append((seq, kv_cache.held_slots(seq)))
+                    self._running.remove(seq)
+                    kv_cache.free(seq)
+                else:
+                    self.last_batch.finished.append((seq, 0))
+                    self._queued.remove(seq)
                 finished.append(seq.request_id)
         return finished
 
@@ -412,6 +466,13 @@ def kv_cache_for(allocator: PagedAllocator, max_model_len: int) -> V1KVCache:
     )
 
 
+def is_stuck(step: V1Step) -> bool:
+    """Whether the step changed nothing while requests wait and none runs: the pool never fits
+    the first waiting request (an async step that only took in finishing tokens did change)."""
+    return (not step.scheduled_tokens and not step.finished_request_ids
+            and not step.num_running and bool(step.num_waiting))  # fmt: skip
+
+
 def run_v1_steps(
     requests: SequenceOf[Request],
     allocator: PagedAllocator,
@@ -438,6 +499,6 @@ def run_v1_steps(
             scheduler.add(requests[pending.pop()])
         step = scheduler.step()
         steps.append(step)
-        if not step.scheduled_tokens and not step.num_running and step.num_waiting:
+        if is_stuck(step):
             raise ValueError(f"step {step.step_index}: no waiting request fits the pool")
     return steps

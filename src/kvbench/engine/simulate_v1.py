@@ -9,7 +9,10 @@ unchanged. Pure and deterministic.
 A step's price: every prefill chunk's tokens attend to their context (the tokens before them, hits
 included, and the chunk's earlier tokens), a decode token to the whole sequence; the step is one
 iteration of the cost model with those prefill tokens and decode tokens. A request's first token
-comes out at the end of the step whose chunk completes its prompt.
+comes out at the end of the step whose chunk completes its prompt, its last at the end of the step
+that samples it. Under async scheduling (``V1Limits.async_scheduling``) the step that takes that
+last token in, and frees the request's memory, is the next one; a step that schedules nothing and
+only takes tokens in costs no time and writes no step row (vLLM runs no model for it).
 """
 
 from __future__ import annotations
@@ -99,15 +102,17 @@ def simulate_v1(
                 scheduler.add(request)
         if scheduler.has_unfinished:
             step = scheduler.step()
-            if not step.scheduled_tokens:
+            if step.scheduled_tokens:
+                now_s, num_finished = _record_step(step, scheduler, cost_model, now_s, steps,
+                                                   record_of, idle.end(now_s))  # fmt: skip
+                num_ended += num_finished
+            elif step.finished_request_ids:  # async: it only took the last step's tokens in
+                num_ended += _record_finished(scheduler.last_batch, record_of, now_s)
+            else:
                 # Nothing runs and the first waiting request does not fit the empty pool (a
                 # contiguous allocator's reservation larger than it): it never will.
                 record_of.pop(scheduler.drop_first_waiting().request_id).mark_rejected(EXCEEDS_POOL)
                 num_ended += 1
-                continue
-            now_s, num_finished = _record_step(step, scheduler, cost_model, now_s, steps,
-                                               record_of, idle.end(now_s))  # fmt: skip
-            num_ended += num_finished
         if num_ended and on_finish is not None:
             on_finish(num_ended)
     steps.close()
@@ -153,13 +158,21 @@ def _record_step(
     for seq in batch.preempted:
         record_of[seq.request_id].mark_preempted(swapped=False)
     for seq in batch.sampled:
-        if seq.num_output_tokens == 1:
+        if seq.num_generated_tokens == 1:
             record_of[seq.request_id].mark_first_token(end_s)
+    # Async, the step's finished requests sampled their last token in the step before it.
+    finished_s = now_s if scheduler.limits.async_scheduling else end_s
+    return end_s, _record_finished(batch, record_of, finished_s)
+
+
+def _record_finished(batch: V1Batch, record_of: dict[int, RequestRecord], finished_s: float) -> int:
+    """Close the records of the step's finished requests, their last token out at
+    ``finished_s``; how many."""
     for seq, held_slots in batch.finished:
         record = record_of.pop(seq.request_id)
         record.mark_held_slots(held_slots)
-        record.mark_finished(end_s)
-    return end_s, len(batch.finished)
+        record.mark_finished(finished_s)
+    return len(batch.finished)
 
 
 def step_shape(batch: V1Batch) -> tuple[IterationShape, int]:

@@ -157,8 +157,9 @@ def _check_requests(requests: Sequence[Request], limits: RefereeLimits) -> None:
 
 
 def _check_progress(step: RefereeStep, scheduler: Any, limits: RefereeLimits) -> None:
-    """A step that schedules nothing while requests wait and none runs would repeat forever."""
-    stuck = not step.scheduled_tokens and not scheduler.running
+    """A step that schedules nothing while requests wait and none runs would repeat forever
+    (unless, async, it took in finishing tokens: their memory is free for the next)."""
+    stuck = not step.scheduled_tokens and not step.finished_request_ids and not scheduler.running
     if stuck and scheduler.get_num_unfinished_requests():
         raise ValueError(
             f"step {step.step_index}: no waiting request fits {limits.num_gpu_blocks} blocks of "
@@ -235,6 +236,11 @@ def _import_vllm() -> Any:
     """vLLM's scheduler API as one namespace, imported once (offline, quiet)."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+    # vLLM inspects a model's class in a fresh `python -m` (unless ~/.cache/vllm/modelinfos has
+    # it): started from a kvbench checkout's root, that interpreter would find the checkout's
+    # kernels/ folder on its path before Hugging Face's kernels package, which transformers
+    # imports, and fail. Safe-path mode keeps the working directory off its path.
+    os.environ.setdefault("PYTHONSAFEPATH", "1")
     try:
         import torch
         import vllm

@@ -1,15 +1,15 @@
 """``python -m kvbench.tools.async_gap``: how far vLLM's async scheduling moves the schedule.
 
-``scheduler=vllm_v1`` models vLLM 0.32 with synchronous scheduling, the CPU platform's setting,
-and agrees with it step for step (docs/referee.md). On a GPU vLLM schedules asynchronously by
-default: step N+1 is scheduled before step N's output is taken in, so the requests finishing in
-step N hold their blocks and seats through step N+1's scheduling. This tool runs the referee's
-real scheduler both ways on the trace slices its tests replay (``--traces``, the first 80
-requests that fit an 8K context, arrivals at 20 steps per trace second, 1,200 blocks of 16
-tokens: a pool that preempts) and prints, per slice, the steps each took and how many steps
-later than under synchronous scheduling each request was admitted and produced its last token:
-the error of kvbench's synchronous model against vLLM's GPU default, in steps (needs the
-referee, docs/referee.md).
+``scheduler=vllm_v1`` models vLLM 0.32 with synchronous scheduling by default, the CPU
+platform's setting, and asynchronous scheduling, a GPU's default, with
+``scheduler.async_scheduling=true``; both agree with vLLM step for step (docs/referee.md). Async,
+step N+1 is scheduled before step N's output is taken in, so the requests finishing in step N
+hold their blocks and seats through step N+1's scheduling. This tool runs the referee's real
+scheduler both ways on the trace slices its tests replay (``--traces``, the first 80 requests
+that fit an 8K context, arrivals at 20 steps per trace second, 1,200 blocks of 16 tokens: a pool
+that preempts) and prints, per slice, the steps each took and how many steps later than under
+synchronous scheduling each request was admitted and produced its last token: what choosing one
+setting for the other costs, in steps (needs the referee, docs/referee.md).
 """
 
 from __future__ import annotations

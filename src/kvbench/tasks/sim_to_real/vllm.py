@@ -332,7 +332,8 @@ def compare_with_vllm(
     num_slots = pool_slots(deployment, block_size, cfg.allocator.num_gpu_blocks)
     memory = V1KVCache(num_slots // block_size, block_size, limits.max_model_len,
                        enable_caching=cfg.allocators[0] == "paged_prefix", num_slots=num_slots)
-    predicted = simulate_v1(run.requests, memory, v1_limits(limits),
+    # vLLM's CPU platform schedules synchronously, whatever scheduler.async_scheduling says.
+    predicted = simulate_v1(run.requests, memory, v1_limits(limits, async_scheduling=False),
                             ProfiledCostModel(coefficients, block_size), num_slots)  # fmt: skip
     measured = measured_requests(run)
     predicted_requests = requests_frame(predicted)

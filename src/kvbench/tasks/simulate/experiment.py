@@ -65,10 +65,11 @@ def scheduler_limits(cfg: KvbenchConfig, deployment: Deployment) -> SchedulerLim
     )
 
 
-def v1_limits(limits: SchedulerLimits) -> V1Limits:
+def v1_limits(limits: SchedulerLimits, async_scheduling: bool = False) -> V1Limits:
     """The limits ``scheduler=vllm_v1`` reads (it chunks prefills: no prompt is too long for its
-    budget)."""
-    return V1Limits(limits.max_num_seqs, limits.max_num_batched_tokens, limits.max_model_len)
+    budget), scheduling asynchronously or not."""
+    return V1Limits(limits.max_num_seqs, limits.max_num_batched_tokens, limits.max_model_len,
+                    async_scheduling)  # fmt: skip
 
 
 def v1_memory(name: str, allocator: Allocator, max_model_len: int) -> V1Memory:
@@ -265,7 +266,8 @@ def run_experiment(
                                                              allocator, bar.update)  # fmt: skip
                     elif cfg.scheduler.name == "vllm_v1":
                         result = simulate_v1(requests, v1_memory(name, allocator, max_model_len),
-                                             v1_limits(limits), costs, num_slots, bar.update,
+                                             v1_limits(limits, cfg.scheduler.async_scheduling),
+                                             costs, num_slots, bar.update,
                                              step_sink=step_sink, fast=cfg.engine.fast)
                     else:
                         result = simulate(requests, Scheduler(limits), allocator, costs, bar.update,
