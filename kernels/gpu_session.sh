@@ -19,7 +19,8 @@ cd "$(dirname "$0")/.."
 GPU_DIR=.gpu
 TRACES=(alpaca/alpaca_5000_gpt2bpe_lengths.csv sharegpt/sharegpt_val_10k_llama2.csv
         azure2023/AzureLLMInferenceTrace_conv.csv)
-# Pinned to the versions kvbench is tested with here (and what datasets and hydra need).
+# Pinned to versions kvbench is tested with (and what datasets and hydra need). transformers
+# stays at 5.24.0: 5.25 needs huggingface-hub >= 2.4, and the GPU image has 1.33 (KINDS.md).
 WHEELS=(hydra-core==1.3.8 omegaconf==2.3.1 datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19
         transformers==5.24.0)
 

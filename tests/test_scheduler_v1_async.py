@@ -199,6 +199,26 @@ def test_async_with_prefix_caching_agrees_with_vllm_step_for_step(case) -> None:
 
 
 @peer
+@pytest.mark.slow
+@settings(max_examples=1000, deadline=None)
+@given(case=workloads())
+def test_async_agrees_with_vllm_on_a_thousand_workloads(case) -> None:
+    requests, block_size, num_gpu_blocks, limits, arrival_steps = case
+    agrees_with_vllm((requests, block_size, num_gpu_blocks, _async(limits), arrival_steps),
+                     prefix_caching=False)  # fmt: skip
+
+
+@peer
+@pytest.mark.slow
+@settings(max_examples=1000, deadline=None)
+@given(case=prefix_workloads())
+def test_async_with_prefix_caching_agrees_with_vllm_on_a_thousand_workloads(case) -> None:
+    requests, block_size, num_gpu_blocks, limits, arrival_steps = case
+    agrees_with_vllm((requests, block_size, num_gpu_blocks, _async(limits), arrival_steps),
+                     prefix_caching=True)  # fmt: skip
+
+
+@peer
 @pytest.mark.parametrize("trace", TRACE_SLICES)
 def test_async_agrees_with_vllm_on_trace_slices(shared_traces, trace) -> None:
     requests, arrivals = trace_slice_case(shared_traces / trace)
