@@ -162,6 +162,7 @@ def _run_labels(
         "block_size": cfg.allocator.block_size,
         "preemption": cfg.scheduler.preemption,
         "policy": cfg.scheduler.policy,
+        "async_scheduling": cfg.scheduler.async_scheduling,
         "cpu_cache_gib": cfg.allocator.cpu_cache_gib,
         "kv_dtype": deployment.model.kv_dtype or deployment.model.dtype,
     }
