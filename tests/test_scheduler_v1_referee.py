@@ -4,8 +4,6 @@ caching off. Every compared field of every step must be identical."""
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -14,6 +12,8 @@ from referee_support import agrees_with_vllm, kvbench_v1_steps, peer
 from kvbench.core.kv_capacity import NUM_NULL_BLOCKS
 from kvbench.core.request import Request
 from kvbench.engine.scheduler_v1 import V1Limits
+from kvbench.tools.async_gap import TRACES as TRACE_SLICES
+from kvbench.tools.async_gap import trace_slice
 
 
 def test_chunked_prefill_running_first_without_vllm() -> None:
@@ -73,44 +73,15 @@ def test_kvbench_v1_agrees_with_vllm_step_for_step_on_thousands_of_workloads(cas
 # Slices of the shared traces: their real length mixes (ShareGPT first turns, multi-turn
 # histories, Azure's production conversation hour with its arrival times, Mooncake's long prompts,
 # arXiv summaries) on an 8K-context engine whose pool preempts.
-TRACE_SLICES = [
-    "sharegpt/sharegpt_val_10k_llama2.csv",
-    "sharegpt/sharegpt_8k_filtered_stats_llama2_tokenizer.csv",
-    "azure2023/AzureLLMInferenceTrace_conv.csv",
-    "mooncake/conversation_trace.jsonl",
-    "arxiv/arxiv_summarization_stats_llama2_tokenizer_filtered_v2.csv",
-]
+# TRACE_SLICES are those python -m kvbench.tools.async_gap replays (its trace_slice: the first
+# 80 requests of each that fit the context, arrivals at 20 steps per trace second, else a burst).
 SLICE_LIMITS = V1Limits(max_num_seqs=64, max_num_batched_tokens=2048, max_model_len=8192)
-STEPS_PER_S = 20  # the referee has no clock: a trace second is this many steps
-
-
-def trace_slice_case(path):  # type: ignore[no-untyped-def]
-    """The slice's first 80 requests that fit the context (ids 0..) and their arrival steps
-    (None: a burst, for a trace without timestamps)."""
-    from kvbench.workloads import load_trace, to_requests
-
-    frame = load_trace(path).head(400)
-    fits = (frame["prompt_tokens"] >= 1) & (frame["output_tokens"] >= 1)
-    fits &= frame["prompt_tokens"] + frame["output_tokens"] <= SLICE_LIMITS.max_model_len
-    frame = frame[fits].head(80)
-    timed = not frame["arrival_s"].isna().any()
-    if not timed:  # no timestamps in the trace: a burst
-        frame = frame.assign(arrival_s=0.0)
-    requests = [
-        dataclasses.replace(request, request_id=index)
-        for index, request in enumerate(to_requests(frame))
-    ]
-    arrivals = None
-    if timed:
-        first_s = min(request.arrival_s for request in requests)
-        arrivals = [int((r.arrival_s - first_s) * STEPS_PER_S) for r in requests]
-    return requests, arrivals
 
 
 @peer
 @pytest.mark.parametrize("trace", TRACE_SLICES)
 def test_kvbench_v1_agrees_with_vllm_on_trace_slices(shared_traces, trace) -> None:
-    requests, arrivals = trace_slice_case(shared_traces / trace)
+    requests, arrivals = trace_slice(shared_traces / trace)
     # 1,200 blocks of 16: 19,184 slots, about 2.3 of the longest requests: the pool preempts.
     case = (requests, 16, 1200, SLICE_LIMITS, arrivals)
     num_steps = agrees_with_vllm(case, prefix_caching=False)
