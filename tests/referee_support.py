@@ -9,10 +9,13 @@ from typing import Any
 import pytest
 
 from kvbench.allocators.paged import PagedAllocator
+from kvbench.allocators.paged_hybrid import PagedHybridAllocator
 from kvbench.core.kv_capacity import NUM_NULL_BLOCKS
+from kvbench.core.kv_groups import KvCacheGroup, KvGroupLayout
 from kvbench.core.request import Request
 from kvbench.engine.scheduler_v1 import V1Limits, V1Step, run_v1_steps
 from kvbench.referee.vllm_v1 import INSTALL_HINT, VLLM_VERSION
+from kvbench.tasks.simulate.experiment import v1_memory
 
 
 def vllm_installed() -> bool:
@@ -47,12 +50,24 @@ def kvbench_v1_steps(
     arrival_steps: list[int] | None = None,
     *,
     prefix_caching: bool = False,
+    windows: tuple[int | None, ...] = (None,),
 ) -> list[V1Step]:
-    """kvbench's ``vllm_v1`` steps over vLLM's ``num_gpu_blocks`` (its null block included)."""
-    num_slots = (num_gpu_blocks - NUM_NULL_BLOCKS) * block_size
-    allocator = PagedAllocator(num_slots, block_size, limits.max_model_len,
-                               enable_prefix_caching=prefix_caching)  # fmt: skip
-    return run_v1_steps(requests, allocator, limits, arrival_steps)
+    """kvbench's ``vllm_v1`` steps over vLLM's ``num_gpu_blocks`` (its null block included);
+    ``windows`` other than one full group: ``paged_hybrid``, one one-layer group per window."""
+    num_blocks = num_gpu_blocks - NUM_NULL_BLOCKS
+    if windows == (None,):
+        allocator: PagedAllocator | PagedHybridAllocator = PagedAllocator(
+            num_blocks * block_size, block_size, limits.max_model_len,
+            enable_prefix_caching=prefix_caching,
+        )  # fmt: skip
+    else:
+        layout = KvGroupLayout(tuple(KvCacheGroup(window, 1) for window in windows),
+                               group_size=1, num_model_layers=len(windows))  # fmt: skip
+        allocator = PagedHybridAllocator(num_blocks * block_size, block_size,
+                                         limits.max_model_len, layout=layout,
+                                         num_blocks=num_blocks)  # fmt: skip
+    name = "paged_hybrid" if windows != (None,) else "paged_prefix" if prefix_caching else "paged"
+    return run_v1_steps(requests, v1_memory(name, allocator, limits), limits, arrival_steps)
 
 
 def _comparable(step: Any, prefix_caching: bool) -> tuple:
@@ -66,10 +81,14 @@ def _comparable(step: Any, prefix_caching: bool) -> tuple:
 
 
 def agrees_with_vllm(
-    case: tuple[list[Request], int, int, V1Limits, list[int] | None], *, prefix_caching: bool
+    case: tuple[list[Request], int, int, V1Limits, list[int] | None],
+    *,
+    prefix_caching: bool,
+    windows: tuple[int | None, ...] = (None,),
 ) -> int:
     """Assert kvbench's ``vllm_v1`` steps equal real vLLM's, one by one, on ``case`` (requests,
-    block size, vLLM's num_gpu_blocks, limits, arrival steps); the number of steps compared."""
+    block size, vLLM's num_gpu_blocks, limits, arrival steps), with KV-cache groups of
+    ``windows`` (``kvbench_v1_steps``); the number of steps compared."""
     from kvbench.referee.vllm_v1 import RefereeLimits, run_referee
 
     requests, block_size, num_gpu_blocks, limits, arrival_steps = case
@@ -79,11 +98,11 @@ def agrees_with_vllm(
                       max_num_seqs=limits.max_num_seqs,
                       max_num_batched_tokens=limits.max_num_batched_tokens,
                       max_model_len=limits.max_model_len, enable_prefix_caching=prefix_caching,
-                      async_scheduling=limits.async_scheduling),
+                      async_scheduling=limits.async_scheduling, windows=windows),
         arrival_steps,
     )  # fmt: skip
     ours = kvbench_v1_steps(requests, block_size, num_gpu_blocks, limits, arrival_steps,
-                            prefix_caching=prefix_caching)  # fmt: skip
+                            prefix_caching=prefix_caching, windows=windows)  # fmt: skip
     for vllm_step, kvbench_step in zip(referee, ours, strict=False):
         assert _comparable(kvbench_step, prefix_caching) == _comparable(vllm_step, prefix_caching)
     assert len(ours) == len(referee)

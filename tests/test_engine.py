@@ -240,7 +240,7 @@ def test_the_first_iteration_after_an_idle_wait_pays_the_wake_up(fast, scheduler
                           model, fast=fast)  # fmt: skip
     else:
         limits = V1Limits(max_num_seqs=8, max_num_batched_tokens=256, max_model_len=256)
-        result = simulate_v1(requests, v1_memory("paged", allocator, 256), limits, model,
+        result = simulate_v1(requests, v1_memory("paged", allocator, limits), limits, model,
                              16 * 64, fast=fast)  # fmt: skip
     starts = list(result.steps.columns["time_s"])
     durations = list(result.steps.columns["duration_s"])

@@ -93,8 +93,9 @@ def test_the_fast_path_gives_the_reference_steps() -> None:
     requests = [Request(i, 0.0, 17 + 13 * i, 5 + 7 * i) for i in range(12)]
     limits = _async(V1Limits(6, 96, 1024))
     fast, reference = (
-        run_v1_steps(requests, make_allocator("paged_prefix", 16 * 30, 16, 1024), limits,  # type: ignore[arg-type]
-                     fast=fast)
+        run_v1_steps(requests, v1_memory("paged_prefix", make_allocator("paged_prefix", 16 * 30,
+                                                                        16, 1024), limits),
+                     limits, fast=fast)
         for fast in (True, False)
     )  # fmt: skip
     assert any(step.preempted_request_ids for step in fast)  # the pool preempts
@@ -106,7 +107,7 @@ def _simulate(requests: list[Request], limits: V1Limits):  # type: ignore[no-unt
 
     deployment = get_deployment("opt-13b", "a100-40gb")
     allocator = make_allocator("paged", 16 * 99, 16, limits.max_model_len)
-    return simulate_v1(requests, v1_memory("paged", allocator, limits.max_model_len), limits,
+    return simulate_v1(requests, v1_memory("paged", allocator, limits), limits,
                        RooflineCostModel(deployment), 16 * 99)  # fmt: skip
 
 

@@ -27,8 +27,14 @@ def _simulate(requests, allocator_name="paged_prefix", num_slots=16 * 99, limits
 
     deployment = get_deployment("opt-13b", "a100-40gb")
     allocator = make_allocator(allocator_name, num_slots, 16, limits.max_model_len)
-    return simulate_v1(requests, v1_memory(allocator_name, allocator, limits.max_model_len), limits,
+    return simulate_v1(requests, v1_memory(allocator_name, allocator, limits), limits,
                        RooflineCostModel(deployment), num_slots)  # fmt: skip
+
+
+def _paged_prefix(num_slots: int, limits: V1Limits):  # type: ignore[no-untyped-def]
+    """vLLM's KV-cache manager with prefix caching over ``num_slots`` slots in blocks of 16."""
+    allocator = make_allocator("paged_prefix", num_slots, 16, limits.max_model_len)
+    return v1_memory("paged_prefix", allocator, limits)
 
 
 def _shared_workload() -> list[Request]:
@@ -39,7 +45,7 @@ def _shared_workload() -> list[Request]:
 def test_steps_are_the_step_models_steps_on_the_clock() -> None:
     requests = _shared_workload()
     result = _simulate(requests)
-    model = run_v1_steps(requests, make_allocator("paged_prefix", 16 * 99, 16, 1024), LIMITS)  # type: ignore[arg-type]
+    model = run_v1_steps(requests, _paged_prefix(16 * 99, LIMITS), LIMITS)
     columns = result.steps.columns
     assert len(columns["step"]) == len(model)
     assert list(columns["num_blocks_in_use"]) == [step.num_blocks_in_use for step in model]
@@ -121,6 +127,8 @@ def test_v0_steps_carry_blocks_in_use_and_zero_lookups() -> None:
         (["scheduler=vllm_v1", "scheduler.max_num_batched_tokens=16"], "token budget"),
         (["scheduler.name=vllm_v2"], "scheduler.name='vllm_v2': allowed are vllm_v0, vllm_v1"),
         (["scheduler=vllm_v1", "scheduler.policy=lpm"], "lpm runs under scheduler=vllm_v0"),
+        (["scheduler=vllm_v1", "allocators=[paged_hybrid_prefix]"],
+         "'paged_hybrid_prefix': scheduler=vllm_v1 runs .*paged_hybrid; drop it"),
     ],
 )
 def test_v1_config_errors_name_the_problem(overrides: list[str], message: str) -> None:
@@ -185,7 +193,7 @@ def test_the_fast_path_gives_the_reference_loops_records(allocator_name: str) ->
     results = []
     for fast in (True, False):
         allocator = make_allocator(allocator_name, 16 * 150, 16, 1024)
-        results.append(simulate_v1(requests, v1_memory(allocator_name, allocator, 1024), limits,
+        results.append(simulate_v1(requests, v1_memory(allocator_name, allocator, limits), limits,
                                    RooflineCostModel(deployment), 16 * 150, fast=fast))  # fmt: skip
     fast_result, reference = results
     if allocator_name != "naive_pow2":  # a reservation never preempts
@@ -194,10 +202,8 @@ def test_the_fast_path_gives_the_reference_loops_records(allocator_name: str) ->
     assert [dataclasses.astuple(r) for r in fast_result.requests] == [
         dataclasses.astuple(r) for r in reference.requests
     ]
-    steps = run_v1_steps(requests, make_allocator("paged_prefix", 16 * 150, 16, 1024), limits)  # type: ignore[arg-type]
-    assert steps == run_v1_steps(
-        requests, make_allocator("paged_prefix", 16 * 150, 16, 1024), limits, fast=False  # type: ignore[arg-type]
-    )
+    steps = run_v1_steps(requests, _paged_prefix(16 * 150, limits), limits)
+    assert steps == run_v1_steps(requests, _paged_prefix(16 * 150, limits), limits, fast=False)
 
 
 def test_a_v1_run_writes_the_tables_with_every_column_documented(tmp_path) -> None:  # type: ignore[no-untyped-def]

@@ -38,8 +38,9 @@ TASKS = (
 )  # fmt: skip
 SCHEDULER_NAMES = ("vllm_v0", "vllm_v1")
 # What vllm_v1 runs each allocator as (docs/scheduling.md): paged without and paged_prefix with
-# vLLM's prefix caching; the naive allocators reserve their span at admission.
-V1_ALLOCATORS = ("naive_max", "naive_pow2", "naive_oracle", "paged", "paged_prefix")
+# vLLM's prefix caching, paged_hybrid as its hybrid manager; the naive allocators reserve their
+# span at admission.
+V1_ALLOCATORS = ("naive_max", "naive_pow2", "naive_oracle", "paged", "paged_prefix", "paged_hybrid")
 
 
 class ConfigError(ValueError):

@@ -192,22 +192,30 @@ class PagedHybridAllocator:
             self.prefix_cache.admitted(seq_id, request, hit, seq.tables, num_tokens)
         return True
 
-    def can_append(self, seq_id: int, num_tokens: int = 1) -> bool:
+    def can_append(
+        self, seq_id: int, num_tokens: int = 1, *, num_processed_tokens: int | None = None
+    ) -> bool:
         """Whether ``append`` would succeed now, without changing anything."""
         check_token_count(num_tokens)
-        plan = self._append_plan(self._sequences[seq_id], num_tokens)
+        plan = self._append_plan(self._sequences[seq_id], num_tokens, num_processed_tokens)
         return plan.num_blocks_needed <= self._pool.num_free_blocks + plan.num_blocks_released
 
-    def append(self, seq_id: int, num_tokens: int = 1) -> bool:
-        """Free each sliding group's blocks behind its window (every held token is computed),
-        then grow every group's table, copying a shared partial last block first. False if no
-        room (no change)."""
+    def append(
+        self, seq_id: int, num_tokens: int = 1, *, num_processed_tokens: int | None = None
+    ) -> bool:
+        """Free each sliding group's blocks behind its window, then grow every group's table,
+        copying a shared partial last block first. False if no room (no change).
+
+        The window is placed after ``num_processed_tokens`` tokens: by default every held token
+        (all are computed); fewer while a step that computes the rest is still in flight (vLLM's
+        async scheduling frees on the processed-token basis)."""
         check_token_count(num_tokens)
         seq = self._sequences[seq_id]
-        if num_tokens == 1 and self._append_within_last_blocks(seq):
+        every_token_processed = num_processed_tokens in (None, seq.num_tokens)
+        if num_tokens == 1 and every_token_processed and self._append_within_last_blocks(seq):
             return True
         num_full_blocks = seq.num_tokens // self.block_size
-        plan = self._append_plan(seq, num_tokens)
+        plan = self._append_plan(seq, num_tokens, num_processed_tokens)
         if plan.num_blocks_needed > self._pool.num_free_blocks + plan.num_blocks_released:
             return False
         if num_tokens == 0:
@@ -312,6 +320,10 @@ class PagedHybridAllocator:
     def num_free_blocks(self) -> int:
         """Blocks free for new allocations."""
         return self._pool.num_free_blocks
+
+    def num_held_blocks(self) -> int:
+        """Blocks some sequence references (vLLM's pool less its free queue and null block)."""
+        return self._pool.num_held_blocks
 
     def free_blocks(self) -> tuple[int, ...]:
         """The free block ids in the order they will be reused, head first (least recently
@@ -459,7 +471,11 @@ class PagedHybridAllocator:
         num_skipped_tokens = max(0, num_computed_tokens - window + 1)
         return min(num_skipped_tokens // self.block_size, num_table_blocks)
 
-    def _append_plan(self, seq: _HybridSequence, num_tokens: int) -> _AppendPlan:
+    def _append_plan(
+        self, seq: _HybridSequence, num_tokens: int, num_processed_tokens: int | None = None
+    ) -> _AppendPlan:
+        if num_processed_tokens is None:
+            num_processed_tokens = seq.num_tokens
         freed = []
         num_new_blocks = []
         copies = []
@@ -468,7 +484,7 @@ class PagedHybridAllocator:
         partial = seq.num_tokens % self.block_size != 0
         num_blocks_after = self._blocks_for(seq.num_tokens + num_tokens)
         for group, table in enumerate(seq.tables):
-            end = self._skipped_blocks(group, seq.num_tokens, len(table)) if num_tokens else 0
+            end = self._skipped_blocks(group, num_processed_tokens, len(table)) if num_tokens else 0
             first = min(seq.first_live[group], end)
             freed.append((first, end))
             num_released += sum(

@@ -46,6 +46,9 @@ class V1Sequence:
             scheduling, the one a step produced until the next step has been scheduled; zeroed
             by a preemption (the token is still taken in later); always 0 synchronously.
         num_computed_tokens: tokens whose KV is (or is being) computed, hits included.
+        num_in_flight_tokens: of those, the ones a step still in flight computes (vLLM's name):
+            under async scheduling, what the last step scheduled for it until its output is
+            taken in; always 0 when a step is scheduled synchronously.
         num_preemptions: times it was preempted (its lookups are then counted apart).
         blocks: its block table (pool block ids).
         num_cached_blocks: leading blocks already offered to the prefix cache.
@@ -56,6 +59,7 @@ class V1Sequence:
         "blocks",
         "num_cached_blocks",
         "num_computed_tokens",
+        "num_in_flight_tokens",
         "num_output_placeholders",
         "num_output_tokens",
         "num_preemptions",
@@ -67,6 +71,7 @@ class V1Sequence:
         self.num_output_tokens = 0
         self.num_output_placeholders = 0
         self.num_computed_tokens = 0
+        self.num_in_flight_tokens = 0
         self.num_preemptions = 0
         self.blocks: list[int] = []
         self.num_cached_blocks = 0

@@ -3,7 +3,8 @@
 ``scheduler=vllm_v1`` (issue 15): a pure model of one ``schedule()`` of vLLM 0.32's
 ``vllm.v1.core.sched.scheduler.Scheduler`` and of the model runner's answer, refereed step for
 step by the real scheduler (``kvbench.referee``, tests/test_scheduler_v1_referee.py), with prefix
-caching (``paged_prefix``) or without (``paged``).
+caching (``paged_prefix``) or without (``paged``), and over vLLM's hybrid manager for a model with
+sliding-window layers (``paged_hybrid``, ``HybridV1Memory``).
 
 One step, as vLLM does it:
 
@@ -39,7 +40,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from kvbench.allocators.base import Allocator, MemoryUsage
-from kvbench.allocators.paged import PagedAllocator
+from kvbench.allocators.paged_hybrid import PagedHybridAllocator
 from kvbench.core.request import Request
 from kvbench.engine.kv_cache_v1 import V1KVCache, V1Sequence
 
@@ -98,7 +99,8 @@ class V1Step:
 
 class V1Memory(Protocol):
     """What the v1 policy asks of the KV memory: ``V1KVCache`` (vLLM's own, ``paged`` and
-    ``paged_prefix``) or ``ReservingV1Memory`` (the naive contiguous allocators)."""
+    ``paged_prefix``), ``HybridV1Memory`` (its hybrid manager, ``paged_hybrid``) or
+    ``ReservingV1Memory`` (the naive contiguous allocators)."""
 
     block_size: int
     enable_caching: bool
@@ -195,6 +197,84 @@ class ReservingV1Memory:
         return self._allocator.usage()
 
 
+class HybridV1Memory:
+    """``paged_hybrid`` under vLLM v1's policy: vLLM's hybrid KV-cache manager without prefix
+    caching (a ``FullAttentionManager`` per full group, a ``SlidingWindowManager`` per sliding
+    one, over one block pool), which ``PagedHybridAllocator`` is: before a running request grows,
+    each sliding group frees the blocks wholly behind its window (``remove_skipped_blocks``, which
+    vLLM runs even when the growth then fails: ``can_grow`` counts those blocks as free).
+
+    What v1 adds is its admission check (``full_sequence_must_fit``): a sliding group needs no
+    more blocks for a request's whole input than its window and the tokens in flight can hold,
+    ``ceil(min(w - 1 + in-flight tokens, max_model_len) / block_size) + 1`` (vLLM's
+    ``SlidingWindowSpec.max_admission_blocks_per_request``; one step's token budget in flight,
+    two under async scheduling), so a long prompt is admitted on its windows' blocks, not its
+    length's. Chunked prefill then holds a sliding group to about its window plus one chunk.
+    """
+
+    enable_caching = False
+
+    def __init__(self, allocator: PagedHybridAllocator, limits: V1Limits) -> None:
+        if allocator.prefix_cache is not None:
+            raise ValueError("paged_hybrid_prefix does not run under scheduler=vllm_v1 yet")
+        self._allocator = allocator
+        self._max_model_len = limits.max_model_len
+        self.block_size = block_size = allocator.block_size
+        max_in_flight_tokens = limits.max_num_batched_tokens * (2 if limits.async_scheduling else 1)
+        # Per group, the most blocks the admission check asks for (None: the whole input's).
+        self._admission_caps = [
+            None if group.window_tokens is None
+            else -(-min(group.window_tokens - 1 + max_in_flight_tokens, limits.max_model_len)
+                   // block_size) + 1
+            for group in allocator.layout.groups
+        ]  # fmt: skip
+
+    @property
+    def num_blocks_in_use(self) -> int:
+        return self._allocator.num_held_blocks()
+
+    def find_hit(self, seq: V1Sequence) -> list[int]:
+        return []
+
+    def can_admit(self, seq: V1Sequence, hits: list[int]) -> bool:
+        num_blocks = -(-min(seq.num_tokens, self._max_model_len) // self.block_size)
+        num_required = sum(num_blocks if cap is None else min(num_blocks, cap)
+                           for cap in self._admission_caps)  # fmt: skip
+        return num_required <= self._allocator.num_free_blocks()
+
+    def admit(self, seq: V1Sequence, hits: list[int], num_new_tokens: int) -> None:
+        seq.num_computed_tokens = 0
+        if not self._allocator.admit(seq.request_id, seq.request, num_new_tokens):
+            raise RuntimeError("the first chunk does not fit: check can_admit first")
+
+    def can_grow(self, seq: V1Sequence, num_new_tokens: int) -> bool:
+        return self._allocator.can_append(seq.request_id, num_new_tokens,
+                                          num_processed_tokens=_processed_tokens(seq))  # fmt: skip
+
+    def grow(self, seq: V1Sequence, num_new_tokens: int) -> None:
+        if not self._allocator.append(seq.request_id, num_new_tokens,
+                                      num_processed_tokens=_processed_tokens(seq)):  # fmt: skip
+            raise RuntimeError("too few free blocks: check can_grow first")
+
+    def cache_computed(self, seq: V1Sequence, num_tokens: int) -> None:
+        pass  # no prefix cache
+
+    def free(self, seq: V1Sequence) -> None:
+        self._allocator.free(seq.request_id)
+
+    def held_slots(self, seq: V1Sequence) -> int:
+        return self._allocator.held_slots(seq.request_id)
+
+    def usage(self, sequences: list[V1Sequence]) -> MemoryUsage:
+        return self._allocator.usage()
+
+
+def _processed_tokens(seq: V1Sequence) -> int:
+    """Tokens whose step has returned: a window is placed after them (vLLM frees on this basis,
+    as a step in flight may still read the blocks behind the optimistic one)."""
+    return max(0, seq.num_computed_tokens - seq.num_in_flight_tokens)
+
+
 @dataclass
 class V1Batch:
     """What the last step did, for the engine's records (``engine.simulate_v1``).
@@ -240,8 +320,10 @@ class V1StepScheduler:
         self._limits = limits
         self._running: list[V1Sequence] = []
         self._queued: deque[V1Sequence] = deque()  # waiting: new, and preempted at the front
-        # Async scheduling: the sequences whose token of the last step is not taken in yet.
+        # Async scheduling: the sequences whose token of the last step is not taken in yet, and
+        # what the last step scheduled (its tokens are in flight until then).
         self._in_flight: list[V1Sequence] = []
+        self._in_flight_scheduled: list[tuple[V1Sequence, int]] = []
         self._num_steps = 0
 
     @property
@@ -309,6 +391,11 @@ class V1StepScheduler:
         if self._limits.async_scheduling:
             for seq in computed_inputs:
                 seq.num_output_placeholders += 1
+            for seq, num_tokens in scheduled:
+                seq.num_in_flight_tokens += num_tokens
+            for seq, num_tokens in self._in_flight_scheduled:  # the last step returns
+                seq.num_in_flight_tokens -= num_tokens
+            self._in_flight_scheduled = scheduled
             finished = self._take_in(self._in_flight)
             self._in_flight = computed_inputs
         else:
@@ -455,17 +542,6 @@ class _Lookups:
             self.hit_tokens += num_hit_tokens
 
 
-def kv_cache_for(allocator: PagedAllocator, max_model_len: int) -> V1KVCache:
-    """vLLM's KV-cache manager over a paged allocator's pool: ``paged`` without, ``paged_prefix``
-    with prefix caching (the naive allocators run through ``ReservingV1Memory``)."""
-    return V1KVCache(
-        allocator.num_slots // allocator.block_size,
-        allocator.block_size,
-        max_model_len,
-        enable_caching=allocator.prefix_cache is not None,
-    )
-
-
 def is_stuck(step: V1Step) -> bool:
     """Whether the step changed nothing while requests wait and none runs: the pool never fits
     the first waiting request (an async step that only took in finishing tokens did change)."""
@@ -475,13 +551,15 @@ def is_stuck(step: V1Step) -> bool:
 
 def run_v1_steps(
     requests: SequenceOf[Request],
-    allocator: PagedAllocator,
+    memory: V1Memory,
     limits: V1Limits,
     arrival_steps: SequenceOf[int] | None = None,
     *,
     fast: bool = True,
 ) -> list[V1Step]:
-    """Step until every request finishes, as the referee does (``referee.run_referee``).
+    """Step until every request finishes over ``memory``, as the referee does
+    (``referee.run_referee``); ``tasks.simulate.experiment.v1_memory`` builds the memory for an
+    allocator.
 
     ``arrival_steps[i]`` is the step before which request ``i`` is queued (all at step 0 when
     None): the referee's clock, in steps. ``fast``: as ``V1StepScheduler``. ValueError when a
@@ -492,7 +570,7 @@ def run_v1_steps(
         raise ValueError(f"{len(arrivals)} arrival steps for {len(requests)} requests")
     # Popped from the end: earliest arrival first, ties in request order.
     pending = sorted(range(len(requests)), key=lambda i: (arrivals[i], i), reverse=True)
-    scheduler = V1StepScheduler(kv_cache_for(allocator, limits.max_model_len), limits, fast=fast)
+    scheduler = V1StepScheduler(memory, limits, fast=fast)
     steps: list[V1Step] = []
     while pending or scheduler.has_unfinished:
         while pending and arrivals[pending[-1]] <= len(steps):

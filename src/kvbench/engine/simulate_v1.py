@@ -196,6 +196,7 @@ def chunks_shape(scheduled: Iterable[tuple[int, int, int]]) -> IterationShape:
     num_prefill_seqs = 0
     num_decode_tokens = 0
     decode_context_tokens = 0
+    prefill_spans = []  # (KV tokens after the chunk, before it): a sliding layer's exact pairs
     for prompt_tokens, computed_before, num_tokens in scheduled:
         if num_tokens == 1 and computed_before >= prompt_tokens:
             num_decode_tokens += 1
@@ -207,12 +208,14 @@ def chunks_shape(scheduled: Iterable[tuple[int, int, int]]) -> IterationShape:
         # Causal attention: token i sees i + 1 tokens, the cached or earlier ones included.
         before = computed_before
         prefill_attention_pairs += end * (end + 1) // 2 - before * (before + 1) // 2
+        prefill_spans.append((end, before))
     return IterationShape(
         num_prefill_tokens=num_prefill_tokens,
         prefill_attention_pairs=prefill_attention_pairs,
         num_decode_tokens=num_decode_tokens,
         decode_context_tokens=decode_context_tokens,
         num_prefill_seqs=num_prefill_seqs,
+        prefill_spans=tuple(prefill_spans),
     )
 
 

@@ -20,7 +20,7 @@ from typing import Any
 
 from kvbench.core.request import Request
 from kvbench.referee.token_ids import own_token_id, prompt_token_ids
-from kvbench.referee.vllm_v1 import _import_vllm
+from kvbench.referee.vllm_v1 import _import_vllm, group_spec
 
 # One operation: ("admit", request index), ("decode", request index, tokens), ("free", index).
 Operation = tuple[Any, ...]
@@ -45,7 +45,7 @@ def vllm_hybrid_hit_tokens(
     from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheGroupSpec
 
     groups = [
-        KVCacheGroupSpec([f"layers.{group}"], _spec(vllm, window, block_size))
+        KVCacheGroupSpec([f"layers.{group}"], group_spec(vllm, window, block_size))
         for group, window in enumerate(windows)
     ]
     # Retention 0: vLLM 0.32's default (CacheConfig.prefix_cache_retention_interval), which
@@ -92,20 +92,6 @@ def vllm_hybrid_hit_tokens(
         else:
             raise ValueError(f"unknown operation {operation!r}")
     return hits
-
-
-def _spec(vllm: Any, window: int | None, block_size: int) -> Any:
-    from vllm.v1.kv_cache_interface import SlidingWindowSpec
-
-    # One small layer per group: the hit rule does not depend on the page's bytes.
-    dtype = vllm.torch.float16
-    if window is None:
-        return vllm.FullAttentionSpec(
-            block_size=block_size, num_kv_heads=1, head_size=16, dtype=dtype
-        )
-    return SlidingWindowSpec(
-        block_size=block_size, num_kv_heads=1, head_size=16, dtype=dtype, sliding_window=window
-    )
 
 
 def _allocate(manager: Any, vllm_request: Any, num_new_tokens: int, *computed: Any) -> None:

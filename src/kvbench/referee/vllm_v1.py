@@ -57,6 +57,9 @@ class RefereeLimits:
             ``AsyncScheduler`` schedules step N+1 before it takes in step N's output, so step N's
             finished requests free their blocks and seats one step later. The referee then runs
             its engine's two-deep batch queue (``EngineCore.step_with_batch_queue``).
+        windows: one entry per KV-cache group, sharing the pool: None for full attention, else
+            the group's sliding window in tokens (a hybrid model; ``core.kv_groups``). One full
+            group is a uniform model.
     """
 
     block_size: int
@@ -66,6 +69,7 @@ class RefereeLimits:
     max_model_len: int
     enable_prefix_caching: bool
     async_scheduling: bool = False
+    windows: tuple[int | None, ...] = (None,)
 
 
 @dataclass(frozen=True)
@@ -250,7 +254,12 @@ def _import_vllm() -> Any:
         from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
         from vllm.v1.core.sched.async_scheduler import AsyncScheduler
         from vllm.v1.core.sched.scheduler import Scheduler
-        from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+        from vllm.v1.kv_cache_interface import (
+            FullAttentionSpec,
+            KVCacheConfig,
+            KVCacheGroupSpec,
+            SlidingWindowSpec,
+        )
         from vllm.v1.outputs import ModelRunnerOutput
         from vllm.v1.request import Request as VllmRequest
         from vllm.v1.structured_output import StructuredOutputManager
@@ -277,6 +286,7 @@ def _import_vllm() -> Any:
         Scheduler=Scheduler,
         AsyncScheduler=AsyncScheduler,
         FullAttentionSpec=FullAttentionSpec,
+        SlidingWindowSpec=SlidingWindowSpec,
         KVCacheConfig=KVCacheConfig,
         KVCacheGroupSpec=KVCacheGroupSpec,
         ModelRunnerOutput=ModelRunnerOutput,
@@ -329,14 +339,13 @@ def _build_scheduler(vllm: Any, limits: RefereeLimits) -> Any:
     if limits.async_scheduling:  # as on a GPU: the CPU platform turns it off in the config
         config.scheduler_config.async_scheduling = True
     _check_effective_config(config, limits)
-    # The scheduler only counts blocks: a one-layer, one-head spec stands for any model.
-    spec = vllm.FullAttentionSpec(
-        block_size=limits.block_size, num_kv_heads=1, head_size=1, dtype=vllm.torch.float32
-    )
     kv_cache_config = vllm.KVCacheConfig(
         num_blocks=limits.num_gpu_blocks,
         kv_cache_tensors=[],
-        kv_cache_groups=[vllm.KVCacheGroupSpec(["layer"], spec)],
+        kv_cache_groups=[
+            vllm.KVCacheGroupSpec([f"layers.{group}"], group_spec(vllm, window, limits.block_size))
+            for group, window in enumerate(limits.windows)
+        ],
     )
     config.cache_config.num_gpu_blocks = limits.num_gpu_blocks
     scheduler_class = vllm.AsyncScheduler if limits.async_scheduling else vllm.Scheduler
@@ -349,6 +358,17 @@ def _build_scheduler(vllm: Any, limits: RefereeLimits) -> Any:
     )
     _check_scheduler(scheduler, limits)
     return scheduler
+
+
+def group_spec(vllm: Any, window: int | None, block_size: int) -> Any:
+    """One KV-cache group's spec (``window`` None: full attention). The scheduler only counts
+    blocks and the hit rule does not depend on a page's bytes: a one-layer, one-head spec stands
+    for any model's group."""
+    layer = {"block_size": block_size, "num_kv_heads": 1, "head_size": 1,
+             "dtype": vllm.torch.float32}  # fmt: skip
+    if window is None:
+        return vllm.FullAttentionSpec(**layer)
+    return vllm.SlidingWindowSpec(**layer, sliding_window=window)
 
 
 def _check_effective_config(config: Any, limits: RefereeLimits) -> None:

@@ -110,6 +110,7 @@ def run_v1_referee(num_requests: int) -> dict[str, Any]:
     from kvbench.allocators.paged import PagedAllocator
     from kvbench.engine.scheduler_v1 import V1Limits, run_v1_steps
     from kvbench.referee.vllm_v1 import RefereeLimits, run_referee
+    from kvbench.tasks.simulate.experiment import v1_memory
 
     w = V1_WORKLOAD
     requests = v1_requests(num_requests, w["seed"])
@@ -123,7 +124,7 @@ def run_v1_referee(num_requests: int) -> dict[str, Any]:
                                w["max_model_len"], enable_prefix_caching=True)
     limits = V1Limits(w["max_num_seqs"], w["max_num_batched_tokens"], w["max_model_len"])
     started_s = time.perf_counter()
-    ours = run_v1_steps(requests, allocator, limits)
+    ours = run_v1_steps(requests, v1_memory("paged_prefix", allocator, limits), limits)
     kvbench_s = time.perf_counter() - started_s
     fields = ("step_index", "scheduled_tokens", "num_blocks_in_use", "preempted_request_ids",
               "finished_request_ids", "num_running", "num_waiting", "prefix_query_tokens",

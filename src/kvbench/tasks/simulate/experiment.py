@@ -26,7 +26,7 @@ from kvbench.engine import PageMapping, RooflineCostModel, Scheduler, SchedulerL
 from kvbench.engine.cost_model import CostModel
 from kvbench.engine.kv_cache_v1 import V1KVCache
 from kvbench.engine.scheduler import rejection_reason
-from kvbench.engine.scheduler_v1 import ReservingV1Memory, V1Limits, V1Memory
+from kvbench.engine.scheduler_v1 import HybridV1Memory, ReservingV1Memory, V1Limits, V1Memory
 from kvbench.engine.simulate_v1 import simulate_v1, v1_rejection_reason
 from kvbench.plots.time_series import run_memory_chart_rows
 from kvbench.tables.parquet import write_frames, write_table
@@ -72,19 +72,22 @@ def v1_limits(limits: SchedulerLimits, async_scheduling: bool = False) -> V1Limi
                     async_scheduling)  # fmt: skip
 
 
-def v1_memory(name: str, allocator: Allocator, max_model_len: int) -> V1Memory:
+def v1_memory(name: str, allocator: Allocator, limits: V1Limits) -> V1Memory:
     """What ``scheduler=vllm_v1`` allocates from for the allocator ``name``
     (docs/scheduling.md): vLLM's own KV-cache manager for ``paged`` (prefix caching off) and
-    ``paged_prefix`` (on), the allocator reserving whole spans at admission for the naive ones."""
+    ``paged_prefix`` (on), its hybrid manager for ``paged_hybrid``, the allocator reserving
+    whole spans at admission for the naive ones."""
     if name in ("paged", "paged_prefix"):
         return V1KVCache(
             allocator.num_slots // allocator.block_size,
             allocator.block_size,
-            max_model_len,
+            limits.max_model_len,
             enable_caching=name == "paged_prefix",
             num_slots=allocator.num_slots,
         )
-    return ReservingV1Memory(allocator, max_model_len)
+    if name == "paged_hybrid":
+        return HybridV1Memory(allocator, limits)  # type: ignore[arg-type]
+    return ReservingV1Memory(allocator, limits.max_model_len)
 
 
 def vattention_settings(
@@ -266,9 +269,9 @@ def run_experiment(
                         result, measured = run_on_real_model(cfg, requests, Scheduler(limits),
                                                              allocator, bar.update)  # fmt: skip
                     elif cfg.scheduler.name == "vllm_v1":
-                        result = simulate_v1(requests, v1_memory(name, allocator, max_model_len),
-                                             v1_limits(limits, cfg.scheduler.async_scheduling),
-                                             costs, num_slots, bar.update,
+                        engine = v1_limits(limits, cfg.scheduler.async_scheduling)
+                        result = simulate_v1(requests, v1_memory(name, allocator, engine), engine,
+                                             costs, allocator.num_slots, bar.update,
                                              step_sink=step_sink, fast=cfg.engine.fast)
                     else:
                         result = simulate(requests, Scheduler(limits), allocator, costs, bar.update,

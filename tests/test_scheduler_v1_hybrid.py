@@ -1,0 +1,185 @@
+"""``paged_hybrid`` under ``scheduler=vllm_v1``: vLLM's hybrid KV-cache manager (sliding-window
+groups beside full ones, one pool) under chunked prefill, its admission cap, and async
+scheduling's processed-token basis; against real vLLM's scheduler step for step (peer)."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from referee_support import agrees_with_vllm, kvbench_v1_steps, peer
+from test_scheduler_v1_referee import SLICE_LIMITS, TRACE_SLICES
+
+from kvbench.allocators import make_allocator
+from kvbench.core.catalog import get_deployment
+from kvbench.core.kv_capacity import NUM_NULL_BLOCKS, hybrid_pool
+from kvbench.core.request import Request
+from kvbench.engine import RooflineCostModel
+from kvbench.engine.scheduler_v1 import HybridV1Memory, V1Limits
+from kvbench.engine.simulate_v1 import chunks_shape, simulate_v1
+from kvbench.tasks.simulate.experiment import v1_memory
+from kvbench.tools.async_gap import trace_slice
+
+SLIDING = (None, 8)  # one full group, one sliding group of 8 tokens
+# One request: a 64-token prompt in chunks of 16, then 2 output tokens, blocks of 4 tokens.
+CHUNKED = ([Request(0, 0.0, 64, 2)], 4, 100, V1Limits(8, 16, 256), None)
+# A 100-token prompt in chunks of 16: a sliding group's admission cap is
+# ceil(min(8 - 1 + 16, 256) / 4) + 1 = 7 blocks, the full group needs all 25.
+CAPPED = [Request(0, 0.0, 100, 1)]
+
+
+def test_chunked_prefill_frees_the_sliding_groups_blocks_behind_the_window() -> None:
+    requests, block_size, num_gpu_blocks, limits, _ = CHUNKED
+    hybrid = kvbench_v1_steps(requests, block_size, num_gpu_blocks, limits, windows=SLIDING)
+    uniform = kvbench_v1_steps(requests, block_size, num_gpu_blocks, limits, windows=(None, None))
+    assert [step.scheduled_tokens for step in hybrid] == [((0, 16),)] * 4 + [((0, 1),)]
+    # Full group: 4, 8, 12, 16, 17 blocks. Sliding group, with n tokens computed before a step:
+    # the first (n - 8 + 1) // 4 blocks are freed, then the chunk's are added: 4; 2 + 4 = 6;
+    # 2 + 4; 2 + 4; and before the decode (n = 64) 2 + 1.
+    assert [step.num_blocks_in_use for step in hybrid] == [8, 14, 18, 22, 20]
+    assert [step.num_blocks_in_use for step in uniform] == [8, 16, 24, 32, 34]
+
+
+@pytest.mark.parametrize(("num_blocks", "admitted"), [(32, True), (31, False)])
+def test_admission_caps_a_sliding_groups_blocks_at_its_window_and_a_budget(
+    num_blocks: int, admitted: bool
+) -> None:
+    # The whole input needs 25 + min(25, 7) = 32 blocks, not 50: a pool of 32 admits it (it
+    # peaks at 24 + 6 = 30), one of 31 never does.
+    limits = V1Limits(8, 16, 256)
+    if admitted:
+        steps = kvbench_v1_steps(CAPPED, 4, num_blocks + NUM_NULL_BLOCKS, limits, windows=SLIDING)
+        assert max(step.num_blocks_in_use for step in steps) == 30
+    else:
+        with pytest.raises(ValueError, match="no waiting request fits the pool"):
+            kvbench_v1_steps(CAPPED, 4, num_blocks + NUM_NULL_BLOCKS, limits, windows=SLIDING)
+
+
+def test_async_scheduling_places_the_window_after_the_tokens_that_returned() -> None:
+    # The same request scheduled asynchronously: each chunk is still in flight when the next is
+    # scheduled, so the sliding group frees behind the window one step later, and vLLM's
+    # admission cap counts two steps' budgets in flight.
+    requests, block_size, num_gpu_blocks, _, _ = CHUNKED
+    async_limits = V1Limits(8, 16, 256, async_scheduling=True)
+    steps = kvbench_v1_steps(requests, block_size, num_gpu_blocks, async_limits, windows=SLIDING)
+    # Sliding group: 4; nothing returned yet, 8; 16 returned, 8 - 2 + 4 = 10; 32: 12 - 6 + 4.
+    assert [step.num_blocks_in_use for step in steps[:4]] == [8, 16, 22, 26]
+    # The cap: ceil((8 - 1 + 2 x 16) / 4) + 1 = 11 blocks, so the 100-token prompt needs 36.
+    kvbench_v1_steps(CAPPED, 4, 36 + NUM_NULL_BLOCKS, async_limits, windows=SLIDING)
+    with pytest.raises(ValueError, match="no waiting request fits the pool"):
+        kvbench_v1_steps(CAPPED, 4, 35 + NUM_NULL_BLOCKS, async_limits, windows=SLIDING)
+
+
+def test_prefix_caching_on_a_hybrid_model_is_not_run_under_v1_yet() -> None:
+    allocator = make_allocator("paged_hybrid_prefix", 1000, 16, 256)
+    with pytest.raises(ValueError, match="paged_hybrid_prefix does not run under"):
+        HybridV1Memory(allocator, V1Limits(8, 64, 256))  # type: ignore[arg-type]
+
+
+def test_a_chunk_carries_its_span_for_the_sliding_layers_exact_pairs() -> None:
+    # A 3,000-token prompt's third chunk of 1,000 and a decode: the roofline's window term
+    # counts the chunk's pairs from its span (2,000 cached before it, 3,000 after).
+    shape = chunks_shape([(3000, 2000, 1000), (50, 60, 1)])
+    assert shape.prefill_spans == ((3000, 2000),)
+    assert (shape.num_prefill_tokens, shape.num_decode_tokens) == (1000, 1)
+
+
+def test_gemma_3_under_v1_holds_less_and_batches_more_than_uniform_paging() -> None:
+    # 24 requests of 6,000-token prompts on a pool of 5,000 blocks of 16 tokens x 10 layers:
+    # uniform paging holds every layer's whole context, so it fits at most two such requests;
+    # the hybrid manager keeps the 52 sliding layers' last 1,024 tokens only.
+    deployment = get_deployment("gemma-3-27b", "h200-141gb")
+    requests = [Request(i, 0.1 * i, 6000, 200) for i in range(24)]
+    limits = V1Limits(max_num_seqs=256, max_num_batched_tokens=2048, max_model_len=131072)
+    batches = {}
+    for name in ("paged", "paged_hybrid"):
+        pool = hybrid_pool(deployment, 16, 5001)
+        assert pool is not None
+        allocator = make_allocator(name, pool.num_slots, 16, limits.max_model_len,
+                                   hybrid_pool=pool)  # fmt: skip
+        result = simulate_v1(requests, v1_memory(name, allocator, limits), limits,
+                             RooflineCostModel(deployment), allocator.num_slots)  # fmt: skip
+        columns = result.steps.columns
+        assert all(record.status == "finished" for record in result.requests)
+        num_pool_blocks = 5000 if name == "paged_hybrid" else allocator.num_slots // 16
+        assert max(columns["num_blocks_in_use"]) <= num_pool_blocks
+        batches[name] = sum(columns["batch_size"]) / len(columns["batch_size"])
+    assert batches["paged_hybrid"] > 2 * batches["paged"]
+
+
+@st.composite
+def hybrid_workloads(
+    draw: st.DrawFn, async_scheduling: bool = False
+) -> tuple[tuple[list[Request], int, int, V1Limits, list[int] | None], tuple[int | None, ...]]:
+    block_size = draw(st.sampled_from([1, 2, 4, 8, 16]))
+    windows = tuple(draw(st.lists(st.one_of(st.none(), st.integers(1, 80)), min_size=1,
+                                  max_size=4)))  # fmt: skip
+    requests = [
+        Request(request_id, 0.0, draw(st.integers(1, 120)), draw(st.integers(1, 40)))
+        for request_id in range(draw(st.integers(1, 10)))
+    ]
+    # From a pool that holds one request in every group (preempting often) to roomier ones.
+    largest_blocks = max(-(-request.total_tokens // block_size) for request in requests)
+    num_gpu_blocks = largest_blocks * len(windows) + NUM_NULL_BLOCKS + draw(st.integers(0, 60))
+    limits = V1Limits(max_num_seqs=draw(st.integers(1, 8)),
+                      max_num_batched_tokens=draw(st.integers(8, 160)), max_model_len=256,
+                      async_scheduling=async_scheduling)  # fmt: skip
+    arrival_steps = draw(st.one_of(st.none(), st.lists(st.integers(0, 30), min_size=len(requests),
+                                                       max_size=len(requests))))  # fmt: skip
+    return (requests, block_size, num_gpu_blocks, limits, arrival_steps), windows
+
+
+@peer
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_the_pinned_cases_agree_with_vllm(async_scheduling: bool) -> None:
+    requests, block_size, num_gpu_blocks, _, _ = CHUNKED
+    limits = V1Limits(8, 16, 256, async_scheduling)
+    agrees_with_vllm((requests, block_size, num_gpu_blocks, limits, None), prefix_caching=False,
+                     windows=SLIDING)  # fmt: skip
+    # The smallest pool that admits the capped request (sync: 32 blocks, async: 36), and one
+    # block more than the sync cap asks for, which async refuses: vLLM raises as kvbench does.
+    smallest = 36 if async_scheduling else 32
+    capped = (CAPPED, 4, smallest + NUM_NULL_BLOCKS, limits, None)
+    agrees_with_vllm(capped, prefix_caching=False, windows=SLIDING)
+
+
+@peer
+@settings(max_examples=60, deadline=None)
+@given(case=hybrid_workloads())
+def test_paged_hybrid_under_v1_agrees_with_vllm_step_for_step(case) -> None:  # type: ignore[no-untyped-def]
+    workload, windows = case
+    agrees_with_vllm(workload, prefix_caching=False, windows=windows)
+
+
+@peer
+@settings(max_examples=60, deadline=None)
+@given(case=hybrid_workloads(async_scheduling=True))
+def test_paged_hybrid_under_async_v1_agrees_with_vllm_step_for_step(case) -> None:  # type: ignore[no-untyped-def]
+    workload, windows = case
+    agrees_with_vllm(workload, prefix_caching=False, windows=windows)
+
+
+@peer
+@pytest.mark.slow
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_paged_hybrid_under_v1_agrees_with_vllm_on_a_thousand_workloads(
+    async_scheduling: bool,
+) -> None:
+    @settings(max_examples=1000, deadline=None)
+    @given(case=hybrid_workloads(async_scheduling=async_scheduling))
+    def agrees(case) -> None:  # type: ignore[no-untyped-def]
+        workload, windows = case
+        agrees_with_vllm(workload, prefix_caching=False, windows=windows)
+
+    agrees()
+
+
+@peer
+@pytest.mark.parametrize("trace", TRACE_SLICES)
+def test_paged_hybrid_under_v1_agrees_with_vllm_on_trace_slices(shared_traces, trace) -> None:  # type: ignore[no-untyped-def]
+    # Gemma-3's pattern (a full group beside five sliding groups of 1,024 tokens) on the slices'
+    # 8K-context engine, 2,400 blocks of 16: the longest requests' full group and the sliding
+    # groups' admission caps fill it, so the pool preempts.
+    requests, arrivals = trace_slice(shared_traces / trace)
+    case = (requests, 16, 2400, SLICE_LIMITS, arrivals)
+    assert agrees_with_vllm(case, prefix_caching=False, windows=(None,) + (1024,) * 5) > 80
