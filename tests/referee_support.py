@@ -65,8 +65,10 @@ def kvbench_v1_steps(
                                group_size=1, num_model_layers=len(windows))  # fmt: skip
         allocator = PagedHybridAllocator(num_blocks * block_size, block_size,
                                          limits.max_model_len, layout=layout,
-                                         num_blocks=num_blocks)  # fmt: skip
-    name = "paged_hybrid" if windows != (None,) else "paged_prefix" if prefix_caching else "paged"
+                                         num_blocks=num_blocks,
+                                         enable_prefix_caching=prefix_caching)  # fmt: skip
+    name = "paged_hybrid" if windows != (None,) else "paged"
+    name += "_prefix" if prefix_caching else ""
     return run_v1_steps(requests, v1_memory(name, allocator, limits), limits, arrival_steps)
 
 

@@ -5,9 +5,10 @@ scheduling's processed-token basis; against real vLLM's scheduler step for step 
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from referee_support import agrees_with_vllm, kvbench_v1_steps, peer
+from test_scheduler_v1_prefix_referee import workloads as prefix_workloads
 from test_scheduler_v1_referee import SLICE_LIMITS, TRACE_SLICES
 
 from kvbench.allocators import make_allocator
@@ -70,10 +71,52 @@ def test_async_scheduling_places_the_window_after_the_tokens_that_returned() -> 
         kvbench_v1_steps(CAPPED, 4, 35 + NUM_NULL_BLOCKS, async_limits, windows=SLIDING)
 
 
-def test_prefix_caching_on_a_hybrid_model_is_not_run_under_v1_yet() -> None:
+# Three 80-token prompts sharing their first 64 tokens, arriving at steps 0, 5 and 10.
+SHARED = ([Request(i, 0.0, 80, 2, prefix_group=1, prefix_tokens=64) for i in range(3)], 4, 200,
+          V1Limits(8, 128, 256), [0, 5, 10])  # fmt: skip
+
+
+def test_a_hybrid_hit_needs_every_group_and_the_junction_makes_the_next_one() -> None:
+    # Request 0 caches its 20 full blocks in the full group, but in the sliding group (window 8:
+    # a hit needs its last 2 blocks) only the tail before its replay boundary, blocks 17-18,
+    # its own. Request 1's full group finds the 16 shared blocks, its sliding group no tail
+    # among them: it hits nothing, and pins the junction at 64 tokens, so its sliding group
+    # keeps blocks 14-15. Request 2 hits all 64 shared tokens.
+    requests, block_size, num_gpu_blocks, limits, arrivals = SHARED
+    steps = kvbench_v1_steps(requests, block_size, num_gpu_blocks, limits, arrivals,
+                             prefix_caching=True, windows=SLIDING)  # fmt: skip
+    hits = [(step.step_index, step.prefix_query_tokens, step.prefix_hit_tokens)
+            for step in steps if step.prefix_query_tokens]  # fmt: skip
+    assert hits == [(0, 80, 0), (5, 80, 0), (10, 80, 64)]
+    uniform = kvbench_v1_steps(requests, block_size, num_gpu_blocks, limits, arrivals,
+                               prefix_caching=True, windows=(None, None))  # fmt: skip
+    assert [step.prefix_hit_tokens for step in uniform if step.prefix_query_tokens] == [0, 64, 64]
+
+
+# Request 0 (40 prompt tokens, 12 out) runs; request 1 shares its prompt and arrives at step 14,
+# when two blocks are free. Blocks of 1 token, a window of 2: a hit needs 1 sliding block.
+CHUNK_BOUND = ([Request(i, 0.0, 40, out, prefix_group=0, prefix_tokens=40)
+                for i, out in enumerate((12, 2))], 1, 55, V1Limits(8, 8, 256), [0, 14])  # fmt: skip
+
+
+def test_admission_also_needs_the_first_chunks_blocks_past_a_long_hit() -> None:
+    # Request 1 hits 39 tokens: the full group's blocks (held by request 0) and the sliding
+    # group's block 38 (freed behind request 0's window, still cached). The whole input needs
+    # 1 full block, and the sliding group none past the hit (its cap is 10 blocks), plus that
+    # free cached block: 2 blocks, which fit. The first chunk (1 token) needs a block in each
+    # group: 3. vLLM checks both, so request 1 waits until request 0 finishes (step 15).
+    requests, block_size, num_gpu_blocks, limits, arrivals = CHUNK_BOUND
+    steps = kvbench_v1_steps(requests, block_size, num_gpu_blocks, limits, arrivals,
+                             prefix_caching=True, windows=(None, 2))  # fmt: skip
+    assert [step.num_waiting for step in steps[13:17]] == [0, 1, 1, 0]
+    assert [(step.step_index, step.prefix_hit_tokens)
+            for step in steps if step.prefix_query_tokens] == [(0, 0), (16, 39)]  # fmt: skip
+
+
+def test_prefix_caching_on_a_hybrid_model_is_not_run_asynchronously_yet() -> None:
     allocator = make_allocator("paged_hybrid_prefix", 1000, 16, 256)
-    with pytest.raises(ValueError, match="paged_hybrid_prefix does not run under"):
-        HybridV1Memory(allocator, V1Limits(8, 64, 256))  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="paged_hybrid_prefix does not run with async"):
+        HybridV1Memory(allocator, V1Limits(8, 64, 256, async_scheduling=True))  # type: ignore[arg-type]
 
 
 def test_a_chunk_carries_its_span_for_the_sliding_layers_exact_pairs() -> None:
@@ -141,6 +184,9 @@ def test_the_pinned_cases_agree_with_vllm(async_scheduling: bool) -> None:
     smallest = 36 if async_scheduling else 32
     capped = (CAPPED, 4, smallest + NUM_NULL_BLOCKS, limits, None)
     agrees_with_vllm(capped, prefix_caching=False, windows=SLIDING)
+    if not async_scheduling:
+        agrees_with_vllm(SHARED, prefix_caching=True, windows=SLIDING)
+        agrees_with_vllm(CHUNK_BOUND, prefix_caching=True, windows=(None, 2))
 
 
 @peer
@@ -161,25 +207,61 @@ def test_paged_hybrid_under_async_v1_agrees_with_vllm_step_for_step(case) -> Non
 
 @peer
 @pytest.mark.slow
-@pytest.mark.parametrize("async_scheduling", [False, True])
-def test_paged_hybrid_under_v1_agrees_with_vllm_on_a_thousand_workloads(
-    async_scheduling: bool,
-) -> None:
+@pytest.mark.parametrize("kind", ["sync", "async", "prefix caching"])
+def test_paged_hybrid_under_v1_agrees_with_vllm_on_a_thousand_workloads(kind: str) -> None:
+    strategy = (hybrid_prefix_workloads() if kind == "prefix caching"
+                else hybrid_workloads(async_scheduling=kind == "async"))  # fmt: skip
+
     @settings(max_examples=1000, deadline=None)
-    @given(case=hybrid_workloads(async_scheduling=async_scheduling))
+    @given(case=strategy)
     def agrees(case) -> None:  # type: ignore[no-untyped-def]
         workload, windows = case
-        agrees_with_vllm(workload, prefix_caching=False, windows=windows)
+        agrees_with_vllm(workload, prefix_caching=kind == "prefix caching", windows=windows)
 
     agrees()
 
 
 @peer
+@pytest.mark.parametrize("prefix_caching", [False, True])
 @pytest.mark.parametrize("trace", TRACE_SLICES)
-def test_paged_hybrid_under_v1_agrees_with_vllm_on_trace_slices(shared_traces, trace) -> None:  # type: ignore[no-untyped-def]
+def test_paged_hybrid_under_v1_agrees_with_vllm_on_trace_slices(  # type: ignore[no-untyped-def]
+    shared_traces, trace, prefix_caching
+) -> None:
     # Gemma-3's pattern (a full group beside five sliding groups of 1,024 tokens) on the slices'
     # 8K-context engine, 2,400 blocks of 16: the longest requests' full group and the sliding
-    # groups' admission caps fill it, so the pool preempts.
+    # groups' admission caps fill it, so the pool preempts. With prefix caching, Mooncake's
+    # shared prompt blocks and resumed requests' own blocks hit.
     requests, arrivals = trace_slice(shared_traces / trace)
     case = (requests, 16, 2400, SLICE_LIMITS, arrivals)
-    assert agrees_with_vllm(case, prefix_caching=False, windows=(None,) + (1024,) * 5) > 80
+    windows = (None,) + (1024,) * 5
+    assert agrees_with_vllm(case, prefix_caching=prefix_caching, windows=windows) > 80
+
+
+@st.composite
+def hybrid_prefix_workloads(
+    draw: st.DrawFn,
+) -> tuple[tuple[list[Request], int, int, V1Limits, list[int] | None], tuple[int | None, ...]]:
+    """The prefix-sharing workloads of the paged_prefix comparison, on one to four groups, the
+    pool scaled to them (from holding one request in every group up)."""
+    requests, block_size, num_gpu_blocks, limits, arrival_steps = draw(prefix_workloads())
+    windows = tuple(draw(st.lists(st.one_of(st.none(), st.integers(1, 80)), min_size=1,
+                                  max_size=4)))  # fmt: skip
+    num_gpu_blocks = (num_gpu_blocks - NUM_NULL_BLOCKS) * len(windows) + NUM_NULL_BLOCKS
+    return (requests, block_size, num_gpu_blocks, limits, arrival_steps), windows
+
+
+# Found by the test: request 5 is preempted when it cannot grow, after its sliding group freed
+# its block 0 behind the window, which vLLM's free queue then evicts first (before the full
+# group's blocks freed by the preemption), so its resumed lookup misses.
+EVICTED_FIRST = (([Request(i, 0.0, prompt, out) for i, (prompt, out) in
+                   enumerate([(101, 31), (1, 1), (1, 1), (17, 3), (11, 23), (57, 10), (1, 1)])],
+                  1, 381, V1Limits(3, 8, 256), None), (None, 65))  # fmt: skip
+
+
+@peer
+@settings(max_examples=60, deadline=None)
+@given(case=hybrid_prefix_workloads())
+@example(case=EVICTED_FIRST)
+def test_paged_hybrid_prefix_under_v1_agrees_with_vllm_step_for_step(case) -> None:  # type: ignore[no-untyped-def]
+    workload, windows = case
+    agrees_with_vllm(workload, prefix_caching=True, windows=windows)

@@ -127,8 +127,10 @@ def test_v0_steps_carry_blocks_in_use_and_zero_lookups() -> None:
         (["scheduler=vllm_v1", "scheduler.max_num_batched_tokens=16"], "token budget"),
         (["scheduler.name=vllm_v2"], "scheduler.name='vllm_v2': allowed are vllm_v0, vllm_v1"),
         (["scheduler=vllm_v1", "scheduler.policy=lpm"], "lpm runs under scheduler=vllm_v0"),
-        (["scheduler=vllm_v1", "allocators=[paged_hybrid_prefix]"],
-         "'paged_hybrid_prefix': scheduler=vllm_v1 runs .*paged_hybrid; drop it"),
+        (["scheduler=vllm_v1", "allocators=[vattention]"],
+         "'vattention': scheduler=vllm_v1 runs .*paged_hybrid_prefix; drop it"),
+        (["scheduler=vllm_v1", "scheduler.async_scheduling=true",
+          "allocators=[paged_hybrid_prefix]"], "synchronous scheduling only"),
     ],
 )
 def test_v1_config_errors_name_the_problem(overrides: list[str], message: str) -> None:

@@ -38,9 +38,10 @@ TASKS = (
 )  # fmt: skip
 SCHEDULER_NAMES = ("vllm_v0", "vllm_v1")
 # What vllm_v1 runs each allocator as (docs/scheduling.md): paged without and paged_prefix with
-# vLLM's prefix caching, paged_hybrid as its hybrid manager; the naive allocators reserve their
-# span at admission.
-V1_ALLOCATORS = ("naive_max", "naive_pow2", "naive_oracle", "paged", "paged_prefix", "paged_hybrid")
+# vLLM's prefix caching, paged_hybrid and paged_hybrid_prefix as its hybrid manager; the naive
+# allocators reserve their span at admission.
+V1_ALLOCATORS = ("naive_max", "naive_pow2", "naive_oracle", "paged", "paged_prefix", "paged_hybrid",
+                 "paged_hybrid_prefix")  # fmt: skip
 
 
 class ConfigError(ValueError):
@@ -877,6 +878,11 @@ def _check_v1_run(cfg: KvbenchConfig) -> None:
             name in V1_ALLOCATORS,
             f"allocators contains {name!r}: scheduler=vllm_v1 runs {', '.join(V1_ALLOCATORS)}; "
             "drop it or use scheduler=vllm_v0",
+        )
+        _require(
+            name != "paged_hybrid_prefix" or not scheduler.async_scheduling,
+            "allocators contains 'paged_hybrid_prefix': its prefix cache is modelled under "
+            "synchronous scheduling only; set scheduler.async_scheduling=false or drop it",
         )
     for label, workload in run_workloads(cfg).items():
         _require(

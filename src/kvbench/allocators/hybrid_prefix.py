@@ -165,7 +165,9 @@ class HybridPrefixCache:
         # Per group: hash -> its cached blocks in caching order (a dict as an ordered set).
         self._blocks_of_hash: list[dict[int, dict[int, None]]] = [{} for _ in windows]
         self._hash_of_block: dict[int, tuple[int, int]] = {}  # block -> (group, hash)
-        self._hashes_of_seq: dict[int, tuple[int, ...]] = {}
+        # Per sequence: its blocks' chained hashes (its known prompt prefix; or, given at
+        # admission, a list the caller extends as the sequence grows past it).
+        self._hashes_of_seq: dict[int, Sequence[int]] = {}
         self._cached_tokens_of_seq: dict[int, int] = {}
         # Per sequence: the blocks (exclusive ends) its sliding groups keep cached tails before:
         # its replay boundary and its junction (module doc).
@@ -175,10 +177,15 @@ class HybridPrefixCache:
         self._hashed_unmatched: set[int] = set()
         self._recent_hashes = RecentPromptHashes(block_size, RECENT_REQUESTS)
 
-    def lookup(self, request: Request, num_tokens: int) -> HybridHit:
+    def lookup(
+        self, request: Request, num_tokens: int, hashes: Sequence[int] | None = None
+    ) -> HybridHit:
         """The hit an admission of ``num_tokens`` tokens of ``request`` would take now: at most
-        ``num_tokens - 1`` tokens (the last one is computed for its logits), as vLLM caps it."""
-        hashes = self._prompt_hashes(request)
+        ``num_tokens - 1`` tokens (the last one is computed for its logits), as vLLM caps it.
+        ``hashes``: the sequence's block hashes, its own blocks included (default: its known
+        prompt prefix's)."""
+        if hashes is None:
+            hashes = self._prompt_hashes(request)
         max_blocks = min((num_tokens - 1) // self.block_size, len(hashes))
         if max_blocks <= 0 or not self._hash_of_block:
             return HybridHit(0, ((),) * self._num_groups)
@@ -211,13 +218,15 @@ class HybridPrefixCache:
         hit: HybridHit,
         tables: Sequence[Sequence[int | None]],
         num_tokens: int,
+        hashes: Sequence[int] | None = None,
     ) -> None:
         """A new sequence whose group ``tables`` start with ``hit`` and hold ``num_tokens``
-        tokens: remember its hashes and tails, and cache its full prompt blocks past the hit."""
+        tokens: remember its hashes (``hashes``, else its known prompt prefix's) and tails, and
+        cache its full blocks past the hit."""
         self.num_hit_blocks += sum(
             1 for blocks in hit.group_blocks for block_id in blocks if block_id is not None
         )
-        self._hashes_of_seq[seq_id] = self._prompt_hashes(request)
+        self._hashes_of_seq[seq_id] = self._prompt_hashes(request) if hashes is None else hashes
         self._cached_tokens_of_seq[seq_id] = hit.num_blocks * self.block_size
         replay_end = (request.prompt_tokens - 1) // self.block_size
         self._tail_ends_of_seq[seq_id] = (replay_end, hit.junction_blocks)
@@ -268,8 +277,9 @@ class HybridPrefixCache:
         return block_id in self._hash_of_block or block_id in self._hashed_unmatched
 
     @property
-    def hashes_of_seq(self) -> Mapping[int, tuple[int, ...]]:
-        """Sequence id -> the chained hashes of its leading known prompt blocks (read only)."""
+    def hashes_of_seq(self) -> Mapping[int, Sequence[int]]:
+        """Sequence id -> the chained hashes of its blocks: its leading known prompt blocks, or
+        those given at admission (read only)."""
         return self._hashes_of_seq
 
     def forked(self, parent_id: int, child_id: int) -> None:

@@ -36,6 +36,7 @@ breakdown's ``shared_slots`` and ``saved_slots`` like forks' do.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from kvbench.allocators.base import MemoryUsage, check_token_count
@@ -157,14 +158,25 @@ class PagedHybridAllocator:
         hit = self._prefix_hit(request, num_tokens)
         return self._admit_blocks(num_tokens, hit) <= self._pool.num_free_blocks
 
-    def admit(self, seq_id: int, request: Request, num_tokens: int) -> bool:
+    def admit(
+        self,
+        seq_id: int,
+        request: Request,
+        num_tokens: int,
+        *,
+        hit: HybridHit | None = None,
+        hashes: Sequence[int] | None = None,
+    ) -> bool:
         """Give a new sequence ``ceil(num_tokens / block_size)`` blocks in every group (its
         prefill writes them all before any of them leaves a window), the prefix cache's hits
-        first; False if no room."""
+        first; False if no room. ``hit``: the hit to take (default: the cache's lookup for
+        ``num_tokens``); ``hashes``: the sequence's block hashes, its own included, which the
+        caller extends as it grows (default: its known prompt prefix's)."""
         if seq_id in self._sequences:
             raise ValueError(f"sequence {seq_id} is already allocated")
         check_token_count(num_tokens)
-        hit = self._prefix_hit(request, num_tokens)
+        if hit is None:
+            hit = self._prefix_hit(request, num_tokens)
         if self._admit_blocks(num_tokens, hit) > self._pool.num_free_blocks:
             return False
         # Reference the hits before allocating, so that allocation cannot evict them.
@@ -189,7 +201,7 @@ class PagedHybridAllocator:
         self._num_logical_blocks += len(self._live_blocks(seq))
         self._track_last_blocks(seq)
         if self.prefix_cache is not None:
-            self.prefix_cache.admitted(seq_id, request, hit, seq.tables, num_tokens)
+            self.prefix_cache.admitted(seq_id, request, hit, seq.tables, num_tokens, hashes)
         return True
 
     def can_append(
@@ -238,6 +250,17 @@ class PagedHybridAllocator:
                 seq_id, seq.tables, num_full_blocks, num_full_blocks_now
             )
         return True
+
+    def free_behind_windows(self, seq_id: int, *, num_processed_tokens: int | None = None) -> None:
+        """Free each sliding group's blocks wholly behind its window now, the window placed as
+        ``append`` places it. vLLM's ``allocate_slots`` does this before it tries to allocate,
+        so the freed blocks join the free queue even when the allocation then fails (and the
+        sequence is preempted): with a prefix cache, that order decides what is evicted first."""
+        seq = self._sequences[seq_id]
+        plan = self._append_plan(seq, 1, num_processed_tokens)  # its freed ranges only
+        for group, (first, end) in enumerate(plan.freed):
+            if first < end:
+                self._free_behind_window(seq, group, first, end)
 
     def try_append_round(self, seq_ids: list[int]) -> bool:
         """One ``append(seq_id, 1)`` for each of ``seq_ids`` in order, in one call, if none of

@@ -166,9 +166,10 @@ class V1KVCache:
             hits.append(next(iter(blocks)))
         return hits
 
-    def can_admit(self, seq: V1Sequence, hits: list[int]) -> bool:
+    def can_admit(self, seq: V1Sequence, hits: list[int], num_new_tokens: int) -> bool:
         """Whether the sequence's whole input fits (vLLM 0.32's ``full_sequence_must_fit``):
-        the blocks it lacks beyond its hits, plus the hits that wait in the free queue."""
+        the blocks it lacks beyond its hits, plus the hits that wait in the free queue. Its
+        first ``num_new_tokens`` then fit too (they are part of it)."""
         num_tokens = min(seq.num_tokens, self.max_model_len)
         num_required = -(-num_tokens // self.block_size)
         ref_counts = self._ref_counts

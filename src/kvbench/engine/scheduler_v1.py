@@ -4,7 +4,7 @@
 ``vllm.v1.core.sched.scheduler.Scheduler`` and of the model runner's answer, refereed step for
 step by the real scheduler (``kvbench.referee``, tests/test_scheduler_v1_referee.py), with prefix
 caching (``paged_prefix``) or without (``paged``), and over vLLM's hybrid manager for a model with
-sliding-window layers (``paged_hybrid``, ``HybridV1Memory``).
+sliding-window layers (``paged_hybrid``, ``paged_hybrid_prefix``: ``HybridV1Memory``).
 
 One step, as vLLM does it:
 
@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from kvbench.allocators.base import Allocator, MemoryUsage
+from kvbench.allocators.hybrid_prefix import HybridHit
 from kvbench.allocators.paged_hybrid import PagedHybridAllocator
 from kvbench.core.request import Request
 from kvbench.engine.kv_cache_v1 import V1KVCache, V1Sequence
@@ -114,8 +115,9 @@ class V1Memory(Protocol):
         """The cached blocks the sequence's input starts with (none without a prefix cache)."""
         ...
 
-    def can_admit(self, seq: V1Sequence, hits: list[int]) -> bool:
-        """Whether the sequence's whole input fits now, beside its hits."""
+    def can_admit(self, seq: V1Sequence, hits: list[int], num_new_tokens: int) -> bool:
+        """Whether the sequence's whole input fits now, beside its hits, and its first
+        ``num_new_tokens`` past them can be allocated (vLLM's ``allocate_slots`` checks both)."""
         ...
 
     def admit(self, seq: V1Sequence, hits: list[int], num_new_tokens: int) -> None:
@@ -168,7 +170,7 @@ class ReservingV1Memory:
     def find_hit(self, seq: V1Sequence) -> list[int]:
         return []
 
-    def can_admit(self, seq: V1Sequence, hits: list[int]) -> bool:
+    def can_admit(self, seq: V1Sequence, hits: list[int], num_new_tokens: int) -> bool:
         whole_input = min(seq.num_tokens, self._max_model_len)
         return self._allocator.can_admit(seq.request, whole_input)
 
@@ -198,11 +200,12 @@ class ReservingV1Memory:
 
 
 class HybridV1Memory:
-    """``paged_hybrid`` under vLLM v1's policy: vLLM's hybrid KV-cache manager without prefix
-    caching (a ``FullAttentionManager`` per full group, a ``SlidingWindowManager`` per sliding
-    one, over one block pool), which ``PagedHybridAllocator`` is: before a running request grows,
-    each sliding group frees the blocks wholly behind its window (``remove_skipped_blocks``, which
-    vLLM runs even when the growth then fails: ``can_grow`` counts those blocks as free).
+    """``paged_hybrid`` (and ``paged_hybrid_prefix``) under vLLM v1's policy: vLLM's hybrid
+    KV-cache manager (a ``FullAttentionManager`` per full group, a ``SlidingWindowManager`` per
+    sliding one, over one block pool), which ``PagedHybridAllocator`` is: before a running
+    request grows, each sliding group frees the blocks wholly behind its window
+    (``remove_skipped_blocks``, which vLLM runs even when the growth then fails: ``can_grow``
+    frees them, so a preemption that follows frees the rest after them in the free queue).
 
     What v1 adds is its admission check (``full_sequence_must_fit``): a sliding group needs no
     more blocks for a request's whole input than its window and the tokens in flight can hold,
@@ -210,13 +213,19 @@ class HybridV1Memory:
     ``SlidingWindowSpec.max_admission_blocks_per_request``; one step's token budget in flight,
     two under async scheduling), so a long prompt is admitted on its windows' blocks, not its
     length's. Chunked prefill then holds a sliding group to about its window plus one chunk.
+
+    With prefix caching (the allocator's ``HybridPrefixCache``, synchronous scheduling only) a
+    sequence's blocks are named as ``V1KVCache`` names them (``V1Sequence.block_hashes``: its
+    known prompt prefix, then blocks of its own), so a resumed request finds its own blocks: a
+    full group caches every full block, generated ones included; a sliding group the tails vLLM
+    0.32 retains (``hybrid_prefix``). The admission check counts a hit's blocks against the
+    whole input's in every group, plus the hit blocks that wait in the free queue.
     """
 
-    enable_caching = False
-
     def __init__(self, allocator: PagedHybridAllocator, limits: V1Limits) -> None:
-        if allocator.prefix_cache is not None:
-            raise ValueError("paged_hybrid_prefix does not run under scheduler=vllm_v1 yet")
+        self.enable_caching = allocator.prefix_cache is not None
+        if self.enable_caching and limits.async_scheduling:
+            raise ValueError("paged_hybrid_prefix does not run with async scheduling yet")
         self._allocator = allocator
         self._max_model_len = limits.max_model_len
         self.block_size = block_size = allocator.block_size
@@ -228,36 +237,78 @@ class HybridV1Memory:
                    // block_size) + 1
             for group in allocator.layout.groups
         ]  # fmt: skip
+        # The hit find_hit found per waiting sequence: the scheduler sees its length only.
+        self._hits: dict[int, HybridHit] = {}
 
     @property
     def num_blocks_in_use(self) -> int:
         return self._allocator.num_held_blocks()
 
     def find_hit(self, seq: V1Sequence) -> list[int]:
-        return []
+        cache = self._allocator.prefix_cache
+        if cache is None:
+            return []
+        max_hit_blocks = (seq.num_tokens - 1) // self.block_size
+        hit = cache.lookup(seq.request, seq.num_tokens,
+                           seq.block_hashes(max_hit_blocks, self.block_size))  # fmt: skip
+        self._hits[seq.request_id] = hit
+        return list(range(hit.num_blocks))  # stands for the hit: its length is what counts
 
-    def can_admit(self, seq: V1Sequence, hits: list[int]) -> bool:
-        num_blocks = -(-min(seq.num_tokens, self._max_model_len) // self.block_size)
-        num_required = sum(num_blocks if cap is None else min(num_blocks, cap)
-                           for cap in self._admission_caps)  # fmt: skip
-        return num_required <= self._allocator.num_free_blocks()
+    def can_admit(self, seq: V1Sequence, hits: list[int], num_new_tokens: int) -> bool:
+        """vLLM's two checks: the whole input (a sliding group's blocks capped), then the first
+        chunk. A hit longer than a sliding group's cap satisfies the first in that group, not
+        the second, which needs the chunk's own blocks."""
+        block_size = self.block_size
+        num_hit_blocks = len(hits)
+        num_blocks = -(-min(seq.num_tokens, self._max_model_len) // block_size)
+        num_whole = sum(max((num_blocks if cap is None else min(num_blocks, cap))
+                            - num_hit_blocks, 0)
+                        for cap in self._admission_caps)  # fmt: skip
+        num_chunk_blocks = -(-(num_hit_blocks * block_size + num_new_tokens) // block_size)
+        num_chunk = (num_chunk_blocks - num_hit_blocks) * len(self._admission_caps)
+        if num_hit_blocks:  # a hit on a free cached block takes it off the free queue
+            allocator = self._allocator
+            num_free_hits = sum(
+                1
+                for group_blocks in self._hits[seq.request_id].group_blocks
+                for block_id in group_blocks
+                if block_id is not None and allocator.ref_count(block_id) == 0
+            )
+            num_whole += num_free_hits
+            num_chunk += num_free_hits
+        return max(num_whole, num_chunk) <= self._allocator.num_free_blocks()
 
     def admit(self, seq: V1Sequence, hits: list[int], num_new_tokens: int) -> None:
-        seq.num_computed_tokens = 0
-        if not self._allocator.admit(seq.request_id, seq.request, num_new_tokens):
+        hit = self._hits.pop(seq.request_id, None)
+        num_hit_tokens = len(hits) * self.block_size
+        seq.num_computed_tokens = num_hit_tokens
+        num_tokens = num_hit_tokens + num_new_tokens
+        hashes = None
+        if self.enable_caching:
+            hashes = seq.block_hashes(num_tokens // self.block_size, self.block_size)
+        if not self._allocator.admit(seq.request_id, seq.request, num_tokens, hit=hit,
+                                     hashes=hashes):  # fmt: skip
             raise RuntimeError("the first chunk does not fit: check can_admit first")
 
     def can_grow(self, seq: V1Sequence, num_new_tokens: int) -> bool:
+        """Free the blocks behind each window first, as vLLM does whether or not the growth
+        then fits: a preemption that follows frees the rest after them."""
+        num_processed_tokens = _processed_tokens(seq)
+        self._allocator.free_behind_windows(seq.request_id,
+                                            num_processed_tokens=num_processed_tokens)  # fmt: skip
         return self._allocator.can_append(seq.request_id, num_new_tokens,
-                                          num_processed_tokens=_processed_tokens(seq))  # fmt: skip
+                                          num_processed_tokens=num_processed_tokens)  # fmt: skip
 
     def grow(self, seq: V1Sequence, num_new_tokens: int) -> None:
+        if self.enable_caching:  # name the blocks the new tokens fill before they are cached
+            seq.block_hashes((seq.num_computed_tokens + num_new_tokens) // self.block_size,
+                             self.block_size)  # fmt: skip
         if not self._allocator.append(seq.request_id, num_new_tokens,
                                       num_processed_tokens=_processed_tokens(seq)):  # fmt: skip
             raise RuntimeError("too few free blocks: check can_grow first")
 
     def cache_computed(self, seq: V1Sequence, num_tokens: int) -> None:
-        pass  # no prefix cache
+        pass  # synchronous only: every block is cached as it is allocated
 
     def free(self, seq: V1Sequence) -> None:
         self._allocator.free(seq.request_id)
@@ -464,12 +515,13 @@ class V1StepScheduler:
         while budget > 0 and self._queued and len(self._running) < self._limits.max_num_seqs:
             seq = self._queued[0]
             hits = kv_cache.find_hit(seq)
-            # vLLM 0.32 (scheduler_reserve_full_isl): the whole input must fit, not just a chunk.
-            if not kv_cache.can_admit(seq, hits):
-                self.last_batch.memory_blocked = True
-                return
             seq.num_computed_tokens = len(hits) * kv_cache.block_size
             num_tokens = self._chunk(seq, budget)
+            # vLLM 0.32 (scheduler_reserve_full_isl): the whole input must fit, not just a chunk.
+            if not kv_cache.can_admit(seq, hits, num_tokens):
+                seq.num_computed_tokens = 0  # it waits on, nothing computed
+                self.last_batch.memory_blocked = True
+                return
             self._queued.popleft()
             kv_cache.admit(seq, hits, num_tokens)
             if kv_cache.enable_caching:

@@ -347,6 +347,11 @@ def _build_scheduler(vllm: Any, limits: RefereeLimits) -> Any:
             for group, window in enumerate(limits.windows)
         ],
     )
+    if any(window is not None for window in limits.windows):
+        # vLLM 0.32's serving default (CacheConfig.prefix_cache_retention_interval=0: a sliding
+        # group caches only the tails a later request can resume at), which a KVCacheConfig
+        # built by hand (None: dense) does not get.
+        kv_cache_config.prefix_cache_retention_interval = 0
     config.cache_config.num_gpu_blocks = limits.num_gpu_blocks
     scheduler_class = vllm.AsyncScheduler if limits.async_scheduling else vllm.Scheduler
     scheduler = scheduler_class(

@@ -85,7 +85,7 @@ def v1_memory(name: str, allocator: Allocator, limits: V1Limits) -> V1Memory:
             enable_caching=name == "paged_prefix",
             num_slots=allocator.num_slots,
         )
-    if name == "paged_hybrid":
+    if name in ("paged_hybrid", "paged_hybrid_prefix"):
         return HybridV1Memory(allocator, limits)  # type: ignore[arg-type]
     return ReservingV1Memory(allocator, limits.max_model_len)
 
