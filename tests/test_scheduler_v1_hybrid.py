@@ -4,6 +4,8 @@ scheduling's processed-token basis; against real vLLM's scheduler step for step 
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
@@ -16,7 +18,7 @@ from kvbench.core.catalog import get_deployment
 from kvbench.core.kv_capacity import NUM_NULL_BLOCKS, hybrid_pool
 from kvbench.core.request import Request
 from kvbench.engine import RooflineCostModel
-from kvbench.engine.scheduler_v1 import HybridV1Memory, V1Limits
+from kvbench.engine.scheduler_v1 import V1Limits
 from kvbench.engine.simulate_v1 import chunks_shape, simulate_v1
 from kvbench.tasks.simulate.experiment import v1_memory
 from kvbench.tools.async_gap import trace_slice
@@ -113,12 +115,6 @@ def test_admission_also_needs_the_first_chunks_blocks_past_a_long_hit() -> None:
             for step in steps if step.prefix_query_tokens] == [(0, 0), (16, 39)]  # fmt: skip
 
 
-def test_prefix_caching_on_a_hybrid_model_is_not_run_asynchronously_yet() -> None:
-    allocator = make_allocator("paged_hybrid_prefix", 1000, 16, 256)
-    with pytest.raises(ValueError, match="paged_hybrid_prefix does not run with async"):
-        HybridV1Memory(allocator, V1Limits(8, 64, 256, async_scheduling=True))  # type: ignore[arg-type]
-
-
 def test_a_chunk_carries_its_span_for_the_sliding_layers_exact_pairs() -> None:
     # A 3,000-token prompt's third chunk of 1,000 and a decode: the roofline's window term
     # counts the chunk's pairs from its span (2,000 cached before it, 3,000 after).
@@ -148,6 +144,24 @@ def test_gemma_3_under_v1_holds_less_and_batches_more_than_uniform_paging() -> N
         assert max(columns["num_blocks_in_use"]) <= num_pool_blocks
         batches[name] = sum(columns["batch_size"]) / len(columns["batch_size"])
     assert batches["paged_hybrid"] > 2 * batches["paged"]
+
+
+# The async catch-up case of the paged_prefix comparison (test_scheduler_v1_async.CATCH_UP) on
+# two full groups over 70 blocks of one token: request 3 is preempted in step 11, resumes in 14.
+CATCH_UP = ([Request(0, 0.0, 1, 13), Request(1, 0.0, 2, 16), Request(2, 0.0, 1, 1),
+             Request(3, 0.0, 1, 12)], 1, 71, V1Limits(4, 130, 256, async_scheduling=True),
+            None)  # fmt: skip
+
+
+def test_async_a_taken_in_token_caches_the_block_it_fills_in_every_group() -> None:
+    # Each finishing request's last blocks are cached when its last token is taken in, just
+    # before it frees them, so they join the free queue's back, and the allocations of step 14
+    # take request 3's cached blocks from the front instead: it resumes with 2 of its 12 tokens
+    # cached (real vLLM's answer, test_the_pinned_cases_agree_with_vllm); without the catch-up,
+    # 4.
+    steps = kvbench_v1_steps(*CATCH_UP, prefix_caching=True, windows=(None, None))
+    assert steps[11].preempted_request_ids == (3,)
+    assert (steps[14].resumed_query_tokens, steps[14].resumed_hit_tokens) == (12, 2)
 
 
 @st.composite
@@ -184,7 +198,9 @@ def test_the_pinned_cases_agree_with_vllm(async_scheduling: bool) -> None:
     smallest = 36 if async_scheduling else 32
     capped = (CAPPED, 4, smallest + NUM_NULL_BLOCKS, limits, None)
     agrees_with_vllm(capped, prefix_caching=False, windows=SLIDING)
-    if not async_scheduling:
+    if async_scheduling:
+        agrees_with_vllm(CATCH_UP, prefix_caching=True, windows=(None, None))
+    else:
         agrees_with_vllm(SHARED, prefix_caching=True, windows=SLIDING)
         agrees_with_vllm(CHUNK_BOUND, prefix_caching=True, windows=(None, 2))
 
@@ -207,16 +223,18 @@ def test_paged_hybrid_under_async_v1_agrees_with_vllm_step_for_step(case) -> Non
 
 @peer
 @pytest.mark.slow
-@pytest.mark.parametrize("kind", ["sync", "async", "prefix caching"])
-def test_paged_hybrid_under_v1_agrees_with_vllm_on_a_thousand_workloads(kind: str) -> None:
-    strategy = (hybrid_prefix_workloads() if kind == "prefix caching"
-                else hybrid_workloads(async_scheduling=kind == "async"))  # fmt: skip
+@pytest.mark.parametrize("async_scheduling", [False, True])
+@pytest.mark.parametrize("prefix_caching", [False, True])
+def test_paged_hybrid_under_v1_agrees_with_vllm_on_a_thousand_workloads(
+    prefix_caching: bool, async_scheduling: bool
+) -> None:
+    strategy = hybrid_prefix_workloads if prefix_caching else hybrid_workloads
 
     @settings(max_examples=1000, deadline=None)
-    @given(case=strategy)
+    @given(case=strategy(async_scheduling=async_scheduling))
     def agrees(case) -> None:  # type: ignore[no-untyped-def]
         workload, windows = case
-        agrees_with_vllm(workload, prefix_caching=kind == "prefix caching", windows=windows)
+        agrees_with_vllm(workload, prefix_caching=prefix_caching, windows=windows)
 
     agrees()
 
@@ -239,11 +257,12 @@ def test_paged_hybrid_under_v1_agrees_with_vllm_on_trace_slices(  # type: ignore
 
 @st.composite
 def hybrid_prefix_workloads(
-    draw: st.DrawFn,
+    draw: st.DrawFn, async_scheduling: bool = False
 ) -> tuple[tuple[list[Request], int, int, V1Limits, list[int] | None], tuple[int | None, ...]]:
     """The prefix-sharing workloads of the paged_prefix comparison, on one to four groups, the
     pool scaled to them (from holding one request in every group up)."""
     requests, block_size, num_gpu_blocks, limits, arrival_steps = draw(prefix_workloads())
+    limits = dataclasses.replace(limits, async_scheduling=async_scheduling)
     windows = tuple(draw(st.lists(st.one_of(st.none(), st.integers(1, 80)), min_size=1,
                                   max_size=4)))  # fmt: skip
     num_gpu_blocks = (num_gpu_blocks - NUM_NULL_BLOCKS) * len(windows) + NUM_NULL_BLOCKS
@@ -263,5 +282,13 @@ EVICTED_FIRST = (([Request(i, 0.0, prompt, out) for i, (prompt, out) in
 @given(case=hybrid_prefix_workloads())
 @example(case=EVICTED_FIRST)
 def test_paged_hybrid_prefix_under_v1_agrees_with_vllm_step_for_step(case) -> None:  # type: ignore[no-untyped-def]
+    workload, windows = case
+    agrees_with_vllm(workload, prefix_caching=True, windows=windows)
+
+
+@peer
+@settings(max_examples=60, deadline=None)
+@given(case=hybrid_prefix_workloads(async_scheduling=True))
+def test_paged_hybrid_prefix_under_async_v1_agrees_with_vllm_step_for_step(case) -> None:  # type: ignore[no-untyped-def]
     workload, windows = case
     agrees_with_vllm(workload, prefix_caching=True, windows=windows)

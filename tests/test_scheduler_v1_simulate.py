@@ -129,8 +129,6 @@ def test_v0_steps_carry_blocks_in_use_and_zero_lookups() -> None:
         (["scheduler=vllm_v1", "scheduler.policy=lpm"], "lpm runs under scheduler=vllm_v0"),
         (["scheduler=vllm_v1", "allocators=[vattention]"],
          "'vattention': scheduler=vllm_v1 runs .*paged_hybrid_prefix; drop it"),
-        (["scheduler=vllm_v1", "scheduler.async_scheduling=true",
-          "allocators=[paged_hybrid_prefix]"], "synchronous scheduling only"),
     ],
 )
 def test_v1_config_errors_name_the_problem(overrides: list[str], message: str) -> None:

@@ -879,11 +879,6 @@ def _check_v1_run(cfg: KvbenchConfig) -> None:
             f"allocators contains {name!r}: scheduler=vllm_v1 runs {', '.join(V1_ALLOCATORS)}; "
             "drop it or use scheduler=vllm_v0",
         )
-        _require(
-            name != "paged_hybrid_prefix" or not scheduler.async_scheduling,
-            "allocators contains 'paged_hybrid_prefix': its prefix cache is modelled under "
-            "synchronous scheduling only; set scheduler.async_scheduling=false or drop it",
-        )
     for label, workload in run_workloads(cfg).items():
         _require(
             workload.num_samples == 1 and workload.beam_width == 1,

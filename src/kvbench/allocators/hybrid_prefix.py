@@ -169,6 +169,9 @@ class HybridPrefixCache:
         # admission, a list the caller extends as the sequence grows past it).
         self._hashes_of_seq: dict[int, Sequence[int]] = {}
         self._cached_tokens_of_seq: dict[int, int] = {}
+        # Per sequence: the end of its blocks offered to the cache so far (vLLM's
+        # num_cached_block): under async scheduling a block can fill before its token is known.
+        self._offered_end_of_seq: dict[int, int] = {}
         # Per sequence: the blocks (exclusive ends) its sliding groups keep cached tails before:
         # its replay boundary and its junction (module doc).
         self._tail_ends_of_seq: dict[int, tuple[int, ...]] = {}
@@ -230,7 +233,8 @@ class HybridPrefixCache:
         self._cached_tokens_of_seq[seq_id] = hit.num_blocks * self.block_size
         replay_end = (request.prompt_tokens - 1) // self.block_size
         self._tail_ends_of_seq[seq_id] = (replay_end, hit.junction_blocks)
-        self.cache_full_blocks(seq_id, tables, hit.num_blocks, num_tokens // self.block_size)
+        self._offered_end_of_seq[seq_id] = hit.num_blocks
+        self.cache_through(seq_id, tables, num_tokens // self.block_size)
 
     def retains(self, seq_id: int, group: int, block_index: int) -> bool:
         """Whether the sequence's full block ``block_index`` of ``group`` is cached (vLLM 0.32's
@@ -242,6 +246,16 @@ class HybridPrefixCache:
             return True
         return any(end - num_needed <= block_index < end
                    for end in self._tail_ends_of_seq[seq_id] if end)  # fmt: skip
+
+    def cache_through(
+        self, seq_id: int, tables: Sequence[Sequence[int | None]], end_block: int
+    ) -> None:
+        """Cache the sequence's full blocks not offered yet, up to ``end_block``
+        (``cache_full_blocks``)."""
+        first_block = self._offered_end_of_seq[seq_id]
+        if end_block > first_block:
+            self.cache_full_blocks(seq_id, tables, first_block, end_block)
+            self._offered_end_of_seq[seq_id] = end_block
 
     def cache_full_blocks(
         self,
@@ -286,12 +300,14 @@ class HybridPrefixCache:
         """``child_id`` shares the parent's blocks (it found none of them in the cache)."""
         self._hashes_of_seq[child_id] = self._hashes_of_seq[parent_id]
         self._cached_tokens_of_seq[child_id] = 0
+        self._offered_end_of_seq[child_id] = self._offered_end_of_seq[parent_id]
         self._tail_ends_of_seq[child_id] = self._tail_ends_of_seq[parent_id]
 
     def freed(self, seq_id: int) -> None:
         """Forget the sequence; its hashed blocks stay cached while they wait in the free queue."""
         del self._hashes_of_seq[seq_id]
         del self._cached_tokens_of_seq[seq_id]
+        del self._offered_end_of_seq[seq_id]
         del self._tail_ends_of_seq[seq_id]
 
     def evict(self, block_ids: list[int]) -> None:

@@ -213,20 +213,27 @@ class PagedHybridAllocator:
         return plan.num_blocks_needed <= self._pool.num_free_blocks + plan.num_blocks_released
 
     def append(
-        self, seq_id: int, num_tokens: int = 1, *, num_processed_tokens: int | None = None
+        self,
+        seq_id: int,
+        num_tokens: int = 1,
+        *,
+        num_processed_tokens: int | None = None,
+        num_cacheable_tokens: int | None = None,
     ) -> bool:
         """Free each sliding group's blocks behind its window, then grow every group's table,
         copying a shared partial last block first. False if no room (no change).
 
         The window is placed after ``num_processed_tokens`` tokens: by default every held token
         (all are computed); fewer while a step that computes the rest is still in flight (vLLM's
-        async scheduling frees on the processed-token basis)."""
+        async scheduling frees on the processed-token basis). With a prefix cache, the full
+        blocks of the first ``num_cacheable_tokens`` tokens are cached (default: every held
+        token; under async scheduling, a token in flight is not known yet: ``cache_blocks``
+        catches up)."""
         check_token_count(num_tokens)
         seq = self._sequences[seq_id]
         every_token_processed = num_processed_tokens in (None, seq.num_tokens)
         if num_tokens == 1 and every_token_processed and self._append_within_last_blocks(seq):
             return True
-        num_full_blocks = seq.num_tokens // self.block_size
         plan = self._append_plan(seq, num_tokens, num_processed_tokens)
         if plan.num_blocks_needed > self._pool.num_free_blocks + plan.num_blocks_released:
             return False
@@ -243,13 +250,18 @@ class PagedHybridAllocator:
         self._num_logical_blocks += sum(plan.num_new_blocks)
         seq.num_tokens += num_tokens
         self._track_last_blocks(seq)
-        num_full_blocks_now = seq.num_tokens // self.block_size
-        # Only a block that just filled can be cached (a prompt admitted in part).
-        if self.prefix_cache is not None and num_full_blocks_now > num_full_blocks:
-            self.prefix_cache.cache_full_blocks(
-                seq_id, seq.tables, num_full_blocks, num_full_blocks_now
-            )
+        if self.prefix_cache is not None:
+            self.cache_blocks(seq_id, seq.num_tokens if num_cacheable_tokens is None
+                              else num_cacheable_tokens)  # fmt: skip
         return True
+
+    def cache_blocks(self, seq_id: int, num_tokens: int) -> None:
+        """Cache the sequence's full blocks of its first ``num_tokens`` tokens that are not yet
+        (vLLM's ``cache_blocks``; no-op without a prefix cache)."""
+        if self.prefix_cache is not None:
+            seq = self._sequences[seq_id]
+            end_block = min(num_tokens, seq.num_tokens) // self.block_size
+            self.prefix_cache.cache_through(seq_id, seq.tables, end_block)
 
     def free_behind_windows(self, seq_id: int, *, num_processed_tokens: int | None = None) -> None:
         """Free each sliding group's blocks wholly behind its window now, the window placed as

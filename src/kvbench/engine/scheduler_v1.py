@@ -214,18 +214,18 @@ class HybridV1Memory:
     two under async scheduling), so a long prompt is admitted on its windows' blocks, not its
     length's. Chunked prefill then holds a sliding group to about its window plus one chunk.
 
-    With prefix caching (the allocator's ``HybridPrefixCache``, synchronous scheduling only) a
-    sequence's blocks are named as ``V1KVCache`` names them (``V1Sequence.block_hashes``: its
-    known prompt prefix, then blocks of its own), so a resumed request finds its own blocks: a
-    full group caches every full block, generated ones included; a sliding group the tails vLLM
-    0.32 retains (``hybrid_prefix``). The admission check counts a hit's blocks against the
-    whole input's in every group, plus the hit blocks that wait in the free queue.
+    With prefix caching (the allocator's ``HybridPrefixCache``) a sequence's blocks are named as
+    ``V1KVCache`` names them (``V1Sequence.block_hashes``: its known prompt prefix, then blocks
+    of its own), so a resumed request finds its own blocks: a full group caches every full
+    block, generated ones included; a sliding group the tails vLLM 0.32 retains
+    (``hybrid_prefix``). A block is cached once the tokens that fill it are known (under async
+    scheduling, when a token in flight is taken in: ``cache_computed``). The admission check
+    counts a hit's blocks against the whole input's in every group, plus the hit blocks that
+    wait in the free queue.
     """
 
     def __init__(self, allocator: PagedHybridAllocator, limits: V1Limits) -> None:
         self.enable_caching = allocator.prefix_cache is not None
-        if self.enable_caching and limits.async_scheduling:
-            raise ValueError("paged_hybrid_prefix does not run with async scheduling yet")
         self._allocator = allocator
         self._max_model_len = limits.max_model_len
         self.block_size = block_size = allocator.block_size
@@ -303,12 +303,16 @@ class HybridV1Memory:
         if self.enable_caching:  # name the blocks the new tokens fill before they are cached
             seq.block_hashes((seq.num_computed_tokens + num_new_tokens) // self.block_size,
                              self.block_size)  # fmt: skip
+        # vLLM caches what the known tokens fill: a token in flight waits for cache_computed.
         if not self._allocator.append(seq.request_id, num_new_tokens,
-                                      num_processed_tokens=_processed_tokens(seq)):  # fmt: skip
+                                      num_processed_tokens=_processed_tokens(seq),
+                                      num_cacheable_tokens=seq.num_tokens):  # fmt: skip
             raise RuntimeError("too few free blocks: check can_grow first")
 
     def cache_computed(self, seq: V1Sequence, num_tokens: int) -> None:
-        pass  # synchronous only: every block is cached as it is allocated
+        if self.enable_caching:
+            seq.block_hashes(num_tokens // self.block_size, self.block_size)
+            self._allocator.cache_blocks(seq.request_id, num_tokens)
 
     def free(self, seq: V1Sequence) -> None:
         self._allocator.free(seq.request_id)
