@@ -1,6 +1,8 @@
-"""``paged_hybrid`` under ``scheduler=vllm_v1``: vLLM's hybrid KV-cache manager (sliding-window
-groups beside full ones, one pool) under chunked prefill, its admission cap, and async
-scheduling's processed-token basis; against real vLLM's scheduler step for step (peer)."""
+"""``paged_hybrid`` and ``paged_hybrid_prefix`` under ``scheduler=vllm_v1``: vLLM's hybrid
+KV-cache manager (sliding-window groups beside full ones, one pool) under chunked prefill, its
+admission cap and checks, async scheduling's processed-token basis, and its prefix caching (hits
+every group serves, the junction, the free queue's order, async catch-up); against real vLLM's
+scheduler step for step (peer)."""
 
 from __future__ import annotations
 
