@@ -9,6 +9,7 @@ import dataclasses
 
 import pytest
 from hypothesis import given, settings
+from hypothesis import strategies as st
 from referee_support import agrees_with_vllm, kvbench_v1_steps, peer
 from test_configs import _compose
 from test_scheduler_v1_prefix_referee import workloads as prefix_workloads
@@ -183,34 +184,28 @@ def test_the_pinned_cases_are_real_vllms() -> None:
     _agrees_async((*CATCH_UP, None), prefix_caching=True)
 
 
-@peer
-@settings(max_examples=60, deadline=None)
-@given(case=workloads())
-def test_async_agrees_with_vllm_step_for_step(case) -> None:
-    _agrees_async(case)
+def _agrees_on_a_drawn_workload(data: st.DataObject, prefix_caching: bool) -> None:
+    case = data.draw(prefix_workloads() if prefix_caching else workloads())
+    _agrees_async(case, prefix_caching=prefix_caching)
 
 
 @peer
+@pytest.mark.parametrize("prefix_caching", [False, True])
 @settings(max_examples=60, deadline=None)
-@given(case=prefix_workloads())
-def test_async_with_prefix_caching_agrees_with_vllm_step_for_step(case) -> None:
-    _agrees_async(case, prefix_caching=True)
+@given(data=st.data())
+def test_async_agrees_with_vllm_step_for_step(prefix_caching: bool, data: st.DataObject) -> None:
+    _agrees_on_a_drawn_workload(data, prefix_caching)
 
 
 @peer
 @pytest.mark.slow
+@pytest.mark.parametrize("prefix_caching", [False, True])
 @settings(max_examples=1000, deadline=None)
-@given(case=workloads())
-def test_async_agrees_with_vllm_on_a_thousand_workloads(case) -> None:
-    _agrees_async(case)
-
-
-@peer
-@pytest.mark.slow
-@settings(max_examples=1000, deadline=None)
-@given(case=prefix_workloads())
-def test_async_with_prefix_caching_agrees_with_vllm_on_a_thousand_workloads(case) -> None:
-    _agrees_async(case, prefix_caching=True)
+@given(data=st.data())
+def test_async_agrees_with_vllm_on_a_thousand_workloads(
+    prefix_caching: bool, data: st.DataObject
+) -> None:
+    _agrees_on_a_drawn_workload(data, prefix_caching)
 
 
 @peer

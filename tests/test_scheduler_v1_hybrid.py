@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from hypothesis import example, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from referee_support import agrees_with_vllm, kvbench_v1_steps, peer
 from test_scheduler_v1_prefix_referee import workloads as prefix_workloads
@@ -188,6 +188,28 @@ def hybrid_workloads(
     return (requests, block_size, num_gpu_blocks, limits, arrival_steps), windows
 
 
+@st.composite
+def hybrid_prefix_workloads(
+    draw: st.DrawFn, async_scheduling: bool = False
+) -> tuple[tuple[list[Request], int, int, V1Limits, list[int] | None], tuple[int | None, ...]]:
+    """The prefix-sharing workloads of the paged_prefix comparison, on one to four groups, the
+    pool scaled to them (from holding one request in every group up)."""
+    requests, block_size, num_gpu_blocks, limits, arrival_steps = draw(prefix_workloads())
+    limits = dataclasses.replace(limits, async_scheduling=async_scheduling)
+    windows = tuple(draw(st.lists(st.one_of(st.none(), st.integers(1, 80)), min_size=1,
+                                  max_size=4)))  # fmt: skip
+    num_gpu_blocks = (num_gpu_blocks - NUM_NULL_BLOCKS) * len(windows) + NUM_NULL_BLOCKS
+    return (requests, block_size, num_gpu_blocks, limits, arrival_steps), windows
+
+
+# Found by the test: request 5 is preempted when it cannot grow, after its sliding group freed
+# its block 0 behind the window, which vLLM's free queue then evicts first (before the full
+# group's blocks freed by the preemption), so its resumed lookup misses (a pinned case now).
+EVICTED_FIRST = (([Request(i, 0.0, prompt, out) for i, (prompt, out) in
+                   enumerate([(101, 31), (1, 1), (1, 1), (17, 3), (11, 23), (57, 10), (1, 1)])],
+                  1, 381, V1Limits(3, 8, 256), None), (None, 65))  # fmt: skip
+
+
 @peer
 @pytest.mark.parametrize("async_scheduling", [False, True])
 def test_the_pinned_cases_agree_with_vllm(async_scheduling: bool) -> None:
@@ -205,40 +227,39 @@ def test_the_pinned_cases_agree_with_vllm(async_scheduling: bool) -> None:
     else:
         agrees_with_vllm(SHARED, prefix_caching=True, windows=SLIDING)
         agrees_with_vllm(CHUNK_BOUND, prefix_caching=True, windows=(None, 2))
+        workload, windows = EVICTED_FIRST
+        agrees_with_vllm(workload, prefix_caching=True, windows=windows)
+
+
+def _agrees_on_a_drawn_workload(
+    data: st.DataObject, prefix_caching: bool, async_scheduling: bool
+) -> None:
+    strategy = hybrid_prefix_workloads if prefix_caching else hybrid_workloads
+    workload, windows = data.draw(strategy(async_scheduling=async_scheduling))
+    agrees_with_vllm(workload, prefix_caching=prefix_caching, windows=windows)
 
 
 @peer
+@pytest.mark.parametrize("async_scheduling", [False, True])
+@pytest.mark.parametrize("prefix_caching", [False, True])
 @settings(max_examples=60, deadline=None)
-@given(case=hybrid_workloads())
-def test_paged_hybrid_under_v1_agrees_with_vllm_step_for_step(case) -> None:  # type: ignore[no-untyped-def]
-    workload, windows = case
-    agrees_with_vllm(workload, prefix_caching=False, windows=windows)
-
-
-@peer
-@settings(max_examples=60, deadline=None)
-@given(case=hybrid_workloads(async_scheduling=True))
-def test_paged_hybrid_under_async_v1_agrees_with_vllm_step_for_step(case) -> None:  # type: ignore[no-untyped-def]
-    workload, windows = case
-    agrees_with_vllm(workload, prefix_caching=False, windows=windows)
+@given(data=st.data())
+def test_paged_hybrid_under_v1_agrees_with_vllm_step_for_step(
+    prefix_caching: bool, async_scheduling: bool, data: st.DataObject
+) -> None:
+    _agrees_on_a_drawn_workload(data, prefix_caching, async_scheduling)
 
 
 @peer
 @pytest.mark.slow
 @pytest.mark.parametrize("async_scheduling", [False, True])
 @pytest.mark.parametrize("prefix_caching", [False, True])
+@settings(max_examples=1000, deadline=None)
+@given(data=st.data())
 def test_paged_hybrid_under_v1_agrees_with_vllm_on_a_thousand_workloads(
-    prefix_caching: bool, async_scheduling: bool
+    prefix_caching: bool, async_scheduling: bool, data: st.DataObject
 ) -> None:
-    strategy = hybrid_prefix_workloads if prefix_caching else hybrid_workloads
-
-    @settings(max_examples=1000, deadline=None)
-    @given(case=strategy(async_scheduling=async_scheduling))
-    def agrees(case) -> None:  # type: ignore[no-untyped-def]
-        workload, windows = case
-        agrees_with_vllm(workload, prefix_caching=prefix_caching, windows=windows)
-
-    agrees()
+    _agrees_on_a_drawn_workload(data, prefix_caching, async_scheduling)
 
 
 @peer
@@ -255,42 +276,3 @@ def test_paged_hybrid_under_v1_agrees_with_vllm_on_trace_slices(  # type: ignore
     case = (requests, 16, 2400, SLICE_LIMITS, arrivals)
     windows = (None,) + (1024,) * 5
     assert agrees_with_vllm(case, prefix_caching=prefix_caching, windows=windows) > 80
-
-
-@st.composite
-def hybrid_prefix_workloads(
-    draw: st.DrawFn, async_scheduling: bool = False
-) -> tuple[tuple[list[Request], int, int, V1Limits, list[int] | None], tuple[int | None, ...]]:
-    """The prefix-sharing workloads of the paged_prefix comparison, on one to four groups, the
-    pool scaled to them (from holding one request in every group up)."""
-    requests, block_size, num_gpu_blocks, limits, arrival_steps = draw(prefix_workloads())
-    limits = dataclasses.replace(limits, async_scheduling=async_scheduling)
-    windows = tuple(draw(st.lists(st.one_of(st.none(), st.integers(1, 80)), min_size=1,
-                                  max_size=4)))  # fmt: skip
-    num_gpu_blocks = (num_gpu_blocks - NUM_NULL_BLOCKS) * len(windows) + NUM_NULL_BLOCKS
-    return (requests, block_size, num_gpu_blocks, limits, arrival_steps), windows
-
-
-# Found by the test: request 5 is preempted when it cannot grow, after its sliding group freed
-# its block 0 behind the window, which vLLM's free queue then evicts first (before the full
-# group's blocks freed by the preemption), so its resumed lookup misses.
-EVICTED_FIRST = (([Request(i, 0.0, prompt, out) for i, (prompt, out) in
-                   enumerate([(101, 31), (1, 1), (1, 1), (17, 3), (11, 23), (57, 10), (1, 1)])],
-                  1, 381, V1Limits(3, 8, 256), None), (None, 65))  # fmt: skip
-
-
-@peer
-@settings(max_examples=60, deadline=None)
-@given(case=hybrid_prefix_workloads())
-@example(case=EVICTED_FIRST)
-def test_paged_hybrid_prefix_under_v1_agrees_with_vllm_step_for_step(case) -> None:  # type: ignore[no-untyped-def]
-    workload, windows = case
-    agrees_with_vllm(workload, prefix_caching=True, windows=windows)
-
-
-@peer
-@settings(max_examples=60, deadline=None)
-@given(case=hybrid_prefix_workloads(async_scheduling=True))
-def test_paged_hybrid_prefix_under_async_v1_agrees_with_vllm_step_for_step(case) -> None:  # type: ignore[no-untyped-def]
-    workload, windows = case
-    agrees_with_vllm(workload, prefix_caching=True, windows=windows)

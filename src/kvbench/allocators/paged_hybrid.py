@@ -269,10 +269,12 @@ class PagedHybridAllocator:
         so the freed blocks join the free queue even when the allocation then fails (and the
         sequence is preempted): with a prefix cache, that order decides what is evicted first."""
         seq = self._sequences[seq_id]
-        plan = self._append_plan(seq, 1, num_processed_tokens)  # its freed ranges only
-        for group, (first, end) in enumerate(plan.freed):
-            if first < end:
-                self._free_behind_window(seq, group, first, end)
+        if num_processed_tokens is None:
+            num_processed_tokens = seq.num_tokens
+        for group, table in enumerate(seq.tables):
+            end = self._skipped_blocks(group, num_processed_tokens, len(table))
+            if seq.first_live[group] < end:
+                self._free_behind_window(seq, group, seq.first_live[group], end)
 
     def try_append_round(self, seq_ids: list[int]) -> bool:
         """One ``append(seq_id, 1)`` for each of ``seq_ids`` in order, in one call, if none of

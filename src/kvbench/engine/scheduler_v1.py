@@ -37,13 +37,15 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Sequence as SequenceOf
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Generic, Protocol, TypeVar
 
 from kvbench.allocators.base import Allocator, MemoryUsage
 from kvbench.allocators.hybrid_prefix import HybridHit
 from kvbench.allocators.paged_hybrid import PagedHybridAllocator
 from kvbench.core.request import Request
 from kvbench.engine.kv_cache_v1 import V1KVCache, V1Sequence
+
+_AllocatorT = TypeVar("_AllocatorT", Allocator, PagedHybridAllocator)
 
 
 @dataclass(frozen=True)
@@ -149,7 +151,23 @@ class V1Memory(Protocol):
         ...
 
 
-class ReservingV1Memory:
+class _AllocatorV1Memory(Generic[_AllocatorT]):
+    """What a ``V1Memory`` over one of kvbench's allocators hands straight to it: freeing a
+    sequence, its held slots, the pool's usage."""
+
+    _allocator: _AllocatorT
+
+    def free(self, seq: V1Sequence) -> None:
+        self._allocator.free(seq.request_id)
+
+    def held_slots(self, seq: V1Sequence) -> int:
+        return self._allocator.held_slots(seq.request_id)
+
+    def usage(self, sequences: list[V1Sequence]) -> MemoryUsage:
+        return self._allocator.usage()
+
+
+class ReservingV1Memory(_AllocatorV1Memory[Allocator]):
     """A naive contiguous allocator under vLLM v1's policy: a request reserves its whole span at
     admission (the allocator's policy: the model's maximum length, a power-of-two guess, or its
     true length), so v1's whole-input check becomes "the reservation succeeds" and a chunk or a
@@ -189,17 +207,8 @@ class ReservingV1Memory:
     def cache_computed(self, seq: V1Sequence, num_tokens: int) -> None:
         pass  # no prefix cache
 
-    def free(self, seq: V1Sequence) -> None:
-        self._allocator.free(seq.request_id)
 
-    def held_slots(self, seq: V1Sequence) -> int:
-        return self._allocator.held_slots(seq.request_id)
-
-    def usage(self, sequences: list[V1Sequence]) -> MemoryUsage:
-        return self._allocator.usage()
-
-
-class HybridV1Memory:
+class HybridV1Memory(_AllocatorV1Memory[PagedHybridAllocator]):
     """``paged_hybrid`` (and ``paged_hybrid_prefix``) under vLLM v1's policy: vLLM's hybrid
     KV-cache manager (a ``FullAttentionManager`` per full group, a ``SlidingWindowManager`` per
     sliding one, over one block pool), which ``PagedHybridAllocator`` is: before a running
@@ -313,15 +322,6 @@ class HybridV1Memory:
         if self.enable_caching:
             seq.block_hashes(num_tokens // self.block_size, self.block_size)
             self._allocator.cache_blocks(seq.request_id, num_tokens)
-
-    def free(self, seq: V1Sequence) -> None:
-        self._allocator.free(seq.request_id)
-
-    def held_slots(self, seq: V1Sequence) -> int:
-        return self._allocator.held_slots(seq.request_id)
-
-    def usage(self, sequences: list[V1Sequence]) -> MemoryUsage:
-        return self._allocator.usage()
 
 
 def _processed_tokens(seq: V1Sequence) -> int:

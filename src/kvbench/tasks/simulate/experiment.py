@@ -75,8 +75,8 @@ def v1_limits(limits: SchedulerLimits, async_scheduling: bool = False) -> V1Limi
 def v1_memory(name: str, allocator: Allocator, limits: V1Limits) -> V1Memory:
     """What ``scheduler=vllm_v1`` allocates from for the allocator ``name``
     (docs/scheduling.md): vLLM's own KV-cache manager for ``paged`` (prefix caching off) and
-    ``paged_prefix`` (on), its hybrid manager for ``paged_hybrid``, the allocator reserving
-    whole spans at admission for the naive ones."""
+    ``paged_prefix`` (on), its hybrid manager for ``paged_hybrid`` and ``paged_hybrid_prefix``,
+    the allocator reserving whole spans at admission for the naive ones."""
     if name in ("paged", "paged_prefix"):
         return V1KVCache(
             allocator.num_slots // allocator.block_size,
