@@ -53,9 +53,9 @@ def test_measured_replicas_override_the_knee_count():
 def test_fleet_memory_is_per_replica_memory_times_replicas():
     fleet = fleet_frame(_knees().iloc[:2], 20, 2.5)
     operating = pd.DataFrame([
-        {**KEYS, "allocator": "naive_max", "kv_pool_gb": 100.0, "free_pct": 10.0,
+        {**KEYS, "allocator": "naive_max", "kv_pool_gb": 100.0, "kv_held_gb": 90.0,
          "token_states_gb": 9.0, "normalized_latency_s_per_token": 0.05},
-        {**KEYS, "allocator": "paged", "kv_pool_gb": 100.0, "free_pct": 70.0,
+        {**KEYS, "allocator": "paged", "kv_pool_gb": 100.0, "kv_held_gb": 30.0,
          "token_states_gb": 29.0, "normalized_latency_s_per_token": 0.04},
     ])  # fmt: skip
     merged = with_fleet_memory(fleet, operating).set_index("allocator")

@@ -239,12 +239,12 @@ def test_the_headline_rate_is_the_highest_where_one_allocator_binds_and_another_
 
 def test_the_finding_states_held_and_used_memory_and_the_batch_gain():
     rows = pd.DataFrame([
-        {"allocator": "naive_max", "kv_pool_gb": 20.0, "free_pct": 25.0, "token_states_gb": 1.5,
-         "token_states_pct_of_used": 10.0, "mean_batch_size": 10.0},
-        {"allocator": "paged", "kv_pool_gb": 20.0, "free_pct": 50.0, "token_states_gb": 9.9,
-         "token_states_pct_of_used": 99.0, "mean_batch_size": 45.0},
+        {"allocator": "naive_max", "kv_held_gb": 15.0, "token_states_gb": 1.5,
+         "token_states_pct_of_held": 10.0, "mean_batch_size": 10.0},
+        {"allocator": "paged", "kv_held_gb": 10.0, "token_states_gb": 9.9,
+         "token_states_pct_of_held": 99.0, "mean_batch_size": 45.0},
     ])  # fmt: skip
-    # held = 20 x 75 % = 15.0 GB (10x its tokens); paged 20 x 50 % = 10.0 GB (1/0.99 = 1.01x).
+    # naive_max holds 10x its tokens (1 / 10 %); paged 1 / 0.99 = 1.01x.
     assert finding(rows) == (
         "naive_max holds 15.0 GB of KV for 1.5 GB of tokens (10.0x); "
         "paged 10.0 GB for 9.9 GB (1.01x) and batches 4.5x the requests"

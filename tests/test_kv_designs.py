@@ -32,7 +32,7 @@ def test_waste_follows_the_unit_each_design_allocates_in(tmp_path) -> None:
     frag = summary["internal_frag_pct"]
     # A 16-token block, a 32-token page, a 1,024-token page, a whole 8,192-token reservation.
     assert frag["paged"] <= frag["vattention_64k"] < frag["vattention_2m"] < frag["naive_max"]
-    assert summary.loc["paged", "token_states_pct_of_used"] > 95
+    assert summary.loc["paged", "token_states_pct_of_held"] > 95
     assert summary.loc["vattention_2m", "tokens_per_page"] == 1024
     # Virtual spans reserve address space, not memory: more than the whole pool here.
     assert summary.loc["vattention_64k", "virtual_reserved_gb"] > summary.loc[

@@ -32,7 +32,7 @@ def _summary() -> pd.DataFrame:
                         "hardware": "h100-80gb", "num_gpus": 1, "block_size": 16,
                         "preemption": "recompute", "kv_dtype": kv_dtype, "allocator": allocator,
                         "request_rate": rate,
-                        "token_states_pct_of_used": code + rate / 100,
+                        "token_states_pct_of_held": code + rate / 100,
                         "mean_batch_size": 2 * code + rate,
                         "ttft_p50_s": code / 10 + rate,
                         "normalized_latency_s_per_token": 1.0 if slow else 0.01,
@@ -47,7 +47,7 @@ def test_the_chart_reads_the_highest_rate_and_each_curves_knee():
     assert set(rows["request_rate"]) == {8.0}
     paged_fp8_azure = rows[(rows["workload"] == "azure_conv") & (rows["allocator"] == "paged")
                            & (rows["kv_dtype"] == "fp8")].iloc[0]  # fmt: skip
-    assert paged_fp8_azure["token_states_pct_of_used"] == pytest.approx(111.08)
+    assert paged_fp8_azure["token_states_pct_of_held"] == pytest.approx(111.08)
     assert paged_fp8_azure["mean_batch_size"] == pytest.approx(230.0)
     assert paged_fp8_azure["ttft_p50_s"] == pytest.approx(19.1)
     # Never crossed: the knee is the highest rate, censored.

@@ -153,6 +153,49 @@ def test_a_failed_append_changes_nothing_and_counts_the_blocks_it_would_free() -
     assert (hybrid.usage(), hybrid.group_tables(0)) == before
 
 
+def test_the_v0_engines_slot_ahead_keeps_the_block_a_step_still_reads() -> None:
+    # Window 4 tokens, blocks of 2, one sliding layer. The v0 engine admits a 5-token prompt with
+    # a slot for the token its prefill samples (6 slots, blocks 0-2), and each decode step adds
+    # the slot of the token it samples while it computes the K/V of the one before: the second
+    # step (6 slots held) computes position 5, which attends to positions 2-5, so block 1
+    # (positions 2-3) stays and only block 0 (0-1) is freed. Placed after all 6 held tokens, the
+    # window would free block 1 too while that step still reads position 3.
+    layout = kv_group_layout([4])
+    tables = {}
+    for ahead in (True, False):
+        hybrid = PagedHybridAllocator(20, 2, 64, layout=layout, num_blocks=10,
+                                      generated_slot_ahead=ahead)  # fmt: skip
+        assert hybrid.admit(0, Request(0, 0.0, 5, 10), 5 + 1)
+        assert hybrid.append(0, 1)  # computes position 5: attends to 2-5
+        assert hybrid.append(0, 1)  # computes position 6: attends to 3-6
+        tables[ahead] = hybrid.group_tables(0)
+    assert tables[True] == ((None, 1, 2, 3),)
+    assert tables[False] == ((None, None, 2, 3),)
+
+
+@settings(max_examples=200, deadline=None)
+@given(window=st.integers(1, 12), block_size=st.integers(1, 4), prompt=st.integers(1, 30),
+       num_steps=st.integers(1, 30))  # fmt: skip
+def test_a_v0_growth_frees_exactly_the_blocks_behind_the_step_s_attention(
+    window: int, block_size: int, prompt: int, num_steps: int
+) -> None:
+    """Each v0 decode step computes the K/V of its sequence's last held token but one (the
+    position before the slot it adds) and attends to the ``window`` positions up to it: every
+    block holding one of them stays live, and every block wholly before them is freed."""
+    layout = kv_group_layout([window])
+    hybrid = PagedHybridAllocator(200 * block_size, block_size, 4096, layout=layout,
+                                  num_blocks=200, generated_slot_ahead=True)  # fmt: skip
+    assert hybrid.admit(0, Request(0, 0.0, prompt, num_steps), prompt + 1)
+    for _ in range(num_steps):
+        position = hybrid.num_tokens(0) - 1  # the token this step computes
+        assert hybrid.append(0, 1)
+        first_read = max(0, position - window + 1)
+        [table] = hybrid.group_tables(0)
+        live = [index for index, block in enumerate(table) if block is not None]
+        assert live[0] == first_read // block_size
+        assert live == list(range(live[0], len(table)))
+
+
 def test_hybrid_pool_sizes_the_allocator_the_registry_builds() -> None:
     deployment = get_deployment("gemma-3-27b", "h100-80gb", num_gpus=2, kv_cache_gib=10)
     pool = hybrid_pool(deployment, BLOCK, None)
@@ -166,6 +209,29 @@ def test_hybrid_pool_sizes_the_allocator_the_registry_builds() -> None:
     # whole slots with the rest), the fraction of a block past them is external.
     assert abs(usage.free - 8192 * BLOCK * 10 / 62) < 1
     assert usage.free + usage.external_frag == pool.num_slots
+
+
+@pytest.mark.parametrize(("scheduler", "num_sliding_blocks"), [("vllm_v0", 9), ("vllm_v1", 8)])
+def test_runs_under_the_v0_engine_hold_a_generated_slot_ahead(
+    scheduler: str, num_sliding_blocks: int
+) -> None:
+    from conftest import compose_config
+
+    from kvbench.tasks.simulate.experiment import allocator_for
+
+    # gpt-oss-20b: a full group and one sliding over 128 tokens, blocks of 16. 159 slots held,
+    # one more added: the v0 engine computes position 158 (attending to 31-158: block 1 on),
+    # vLLM v1 position 159 (32-159: block 2 on); blocks 1-9 or 2-9 live.
+    cfg, deployment, _ = compose_config("model=gpt-oss-20b", "hardware=h100-80gb",
+                                        f"scheduler={scheduler}", "allocators=[paged_hybrid]")
+    pool = hybrid_pool(deployment, cfg.allocator.block_size, None)
+    allocator = allocator_for(cfg, deployment, "paged_hybrid", deployment.num_kv_slots, pool)
+    assert isinstance(allocator, PagedHybridAllocator)
+    assert allocator.admit(0, Request(0, 0.0, 158, 10), 159)
+    assert allocator.append(0, 1)
+    sliding = [group.window_tokens is not None for group in allocator.layout.groups]
+    held = dict(zip(sliding, allocator.group_held_tokens(0), strict=True))
+    assert held == {False: 10 * BLOCK, True: num_sliding_blocks * BLOCK}
 
 
 def test_the_engine_records_the_held_slots_at_the_requests_end() -> None:

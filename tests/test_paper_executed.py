@@ -108,13 +108,13 @@ def test_real_rounds_interleave_and_the_budget_binds_naive_max_only(tiny_setup, 
     assert list(runs["allocator"]) == [*allocators, "naive_oracle", "paged", "naive_max"]
     assert (runs["num_finished"] == 10).all() and (runs["output_token_throughput"] > 0).all()
     assert (runs["kv_pool_bytes"] > 0).all() and (runs["wall_s"] > 0).all()
-    by_allocator = runs.groupby("allocator")[["mean_batch_size", "kv_held_gb", "kv_used_gb"]]
+    by_allocator = runs.groupby("allocator")[["mean_batch_size", "kv_in_use_gb", "kv_used_gb"]]
     batch = by_allocator.mean()["mean_batch_size"]
     assert batch["naive_max"] <= 4.0 < batch["paged"]  # the pool binds naive_max at 4 requests
-    # naive_max holds 64 slots per request whatever it stores; paged holds at most a block more.
+    # naive_max's requests hold 64 slots each whatever they store; paged's at most a block more.
     means = by_allocator.mean()
-    assert (means["kv_held_gb"] >= means["kv_used_gb"]).all()
-    assert means.loc["naive_max", "kv_held_gb"] > 2 * means.loc["naive_max", "kv_used_gb"]
+    assert (means["kv_in_use_gb"] >= means["kv_used_gb"]).all()
+    assert means.loc["naive_max", "kv_in_use_gb"] > 2 * means.loc["naive_max", "kv_used_gb"]
     assert "round 2/2, naive_max" in capsys.readouterr().out
 
 

@@ -62,6 +62,7 @@ def _steps(num_steps, allocators=("paged",), rates=(2.0,)):
                 "token_states_gb": rng.uniform(0, 40, num_steps),
                 "reservation_gb": rng.uniform(0, 5, num_steps),
                 "internal_frag_gb": rng.uniform(0, 1, num_steps),
+                "external_frag_gb": rng.uniform(0, 2, num_steps),
                 "workload": "azure_conv", "request_rate": rate, "allocator": allocator,
             }))  # fmt: skip
     return pd.concat(frames, ignore_index=True)
@@ -77,6 +78,15 @@ def test_memory_chart_rows_thin_each_run_on_both_lines_and_keep_thinned_rows_who
     held = held_gb(steps).groupby(steps["allocator"]).max()
     assert held_gb(rows).groupby(rows["allocator"]).max().equals(held)
     assert memory_chart_rows(rows).index.equals(rows.index)  # thinning twice changes nothing
+
+
+def test_held_memory_is_every_category_but_free():
+    # A buddy allocator out of memory: 2 GB of tokens, 1 reserved, 0.5 past the requests' ends,
+    # 4 stranded between extents, 0.5 free. Held is the 7.5 GB no waiting request can get.
+    step = pd.DataFrame({"token_states_gb": [2.0], "reservation_gb": [1.0],
+                         "internal_frag_gb": [0.5], "external_frag_gb": [4.0],
+                         "free_gb": [0.5]})  # fmt: skip
+    assert held_gb(step).tolist() == [7.5]
 
 
 def test_a_500k_step_run_is_drawn_with_a_few_thousand_points(tmp_path, monkeypatch):

@@ -13,7 +13,6 @@ from kvbench.tasks.simulate.run_summary import (
     FileEntry,
     files_text,
     fixed_width_table,
-    held_gb,
     rate_text,
     size_text,
     summary_cells,
@@ -36,8 +35,8 @@ def summary_row(allocator, rate, **values):
         "experiment": "demo", "model": "llama-2-70b", "hardware": "a100-80gb", "num_gpus": 4,
         "workload": "sharegpt", "block_size": 16, "preemption": "recompute", "n": 1,
         "beam_width": 1, "allocator": allocator, "request_rate": rate, "num_requests": 100,
-        "kv_pool_gb": 200.0, "free_pct": 90.0, "token_states_pct": 2.5,
-        "token_states_pct_of_used": 25.0, "token_states_gb": 5.0, "mean_batch_size": 12.34,
+        "kv_pool_gb": 200.0, "free_pct": 90.0, "kv_held_gb": 20.0, "token_states_pct": 2.5,
+        "token_states_pct_of_held": 25.0, "token_states_gb": 5.0, "mean_batch_size": 12.34,
         "request_throughput": 1.9, "ttft_p50_s": 0.0418, "ttft_p99_s": 0.188,
         "tpot_p50_s": 0.0256, "tpot_p99_s": 0.0281, "num_rejected": 0,
     }  # fmt: skip
@@ -48,14 +47,14 @@ def summary_row(allocator, rate, **values):
 def test_cells_are_the_summary_columns_formatted():
     summary = pd.DataFrame([
         summary_row("naive_max", 2.0),
-        summary_row("paged", 2.0, free_pct=97.4, token_states_pct=2.5,
-                    token_states_pct_of_used=96.15, num_rejected=3, ttft_p99_s=float("nan")),
+        summary_row("paged", 2.0, free_pct=97.4, kv_held_gb=5.2, token_states_pct=2.5,
+                    token_states_pct_of_held=96.15, num_rejected=3, ttft_p99_s=float("nan")),
     ])  # fmt: skip
     cells = summary_cells(summary)
     assert [column.title for column in cells.columns] == HEADLINE_COLUMNS
     assert cells.rows[0] == ["naive_max", "2", "25.0", "20.0", "5.00", "12.3", "1.90", "0.0418",
                              "0.188", "25.6", "28.1", "0"]  # fmt: skip
-    # held = pool x (100 - free %) = 200 x 2.6 % = 5.2 GB; a missing figure reads "-".
+    # held GB is kv_held_gb; a missing figure reads "-".
     assert cells.rows[1] == ["paged", "2", "96.2", "5.20", "5.00", "12.3", "1.90", "0.0418",
                              "-", "25.6", "28.1", "3"]  # fmt: skip
     assert cells.num_label_columns == 2
@@ -129,11 +128,16 @@ def test_held_and_used_gb_agree_with_the_share_of_held_memory_a_run_reports(smal
     cfg, deployment, raw, out = small_run
     summary = run_study(cfg, deployment, raw, out)
     capsys.readouterr()
-    ratio = summary["token_states_gb"] / held_gb(summary) * 100
-    for measured, reported in zip(ratio, summary["token_states_pct_of_used"], strict=True):
+    held_gb = summary["kv_held_gb"]
+    for held, pool, free_pct in zip(held_gb, summary["kv_pool_gb"], summary["free_pct"],
+                                    strict=True):  # fmt: skip
+        assert math.isclose(held, pool * (100 - free_pct) / 100, rel_tol=1e-9)
+    ratio = summary["token_states_gb"] / held_gb * 100
+    for measured, reported in zip(ratio, summary["token_states_pct_of_held"], strict=True):
         assert math.isclose(measured, reported, rel_tol=1e-9)
-    paged = summary[summary["allocator"] == "paged"]
-    assert (held_gb(paged) < held_gb(summary[summary["allocator"] == "naive_max"]).values).all()
+    by_allocator = held_gb.groupby(summary["allocator"]).apply(list)
+    assert all(paged < naive for paged, naive in zip(by_allocator["paged"],
+                                                     by_allocator["naive_max"], strict=True))
 
 
 def test_the_switch_silences_the_table_and_progress_false_does_not(small_run, capsys):
@@ -163,7 +167,7 @@ def test_the_cli_prints_the_table_and_the_files_at_the_end(tmp_path):
     summary = pd.read_parquet(out / "summary.parquet").set_index("allocator")
     for allocator, cells in rows.items():
         assert float(cells[2]) == pytest.approx(
-            summary.loc[allocator, "token_states_pct_of_used"], abs=0.05)
+            summary.loc[allocator, "token_states_pct_of_held"], abs=0.05)
         assert int(cells[-1]) == summary.loc[allocator, "num_rejected"]
     listing = lines[lines.index("results in run") + 1 :]  # the folder as the user named it
     listed = {line.split()[0] for line in listing}

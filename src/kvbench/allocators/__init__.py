@@ -81,6 +81,7 @@ def make_allocator(
     radix_page_tokens: int = 1,
     cpu_cache_slots: int = 0,
     hybrid_pool: HybridPool | None = None,
+    generated_slot_ahead: bool = False,
     vattention: VAttentionSettings | None = None,
 ) -> Allocator:
     """A fresh allocator of kind ``name`` over ``num_slots`` token slots.
@@ -91,7 +92,9 @@ def make_allocator(
     (whole blocks or pages); the others have no cache to offload. ``hybrid_pool``
     (``core.kv_capacity.hybrid_pool``) gives ``paged_hybrid`` and ``paged_hybrid_prefix`` the
     model's KV-cache groups and vLLM's block count, and its slots replace ``num_slots``; the
-    other allocators ignore it.
+    other allocators ignore it, and ``generated_slot_ahead`` (``PagedHybridAllocator``: True
+    under kvbench's vLLM-v0 engine, whose sequences hold a slot for the token their last step
+    sampled).
     ``vattention`` sets the ``vattention`` allocator's pages and spans (ignored by the others).
     ValueError names the allowed names when ``name`` is unknown.
     """
@@ -113,6 +116,7 @@ def make_allocator(
             hybrid_pool.num_slots, block_size, max_model_len,
             layout=hybrid_pool.layout, num_blocks=hybrid_pool.num_blocks,
             enable_prefix_caching=name == "paged_hybrid_prefix",
+            generated_slot_ahead=generated_slot_ahead,
         )  # fmt: skip
     return factory(num_slots, block_size, max_model_len)
 

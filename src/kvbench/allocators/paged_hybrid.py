@@ -86,6 +86,11 @@ class PagedHybridAllocator:
         num_blocks: blocks in the pool (vLLM's count); None: as many as ``num_slots`` holds.
         enable_prefix_caching: share prompt prefixes across requests where every group hits
             (``prefix_cache``, a ``HybridPrefixCache``; None without).
+        generated_slot_ahead: a sequence holds a slot for the token its last step sampled,
+            whose K/V the next step computes (kvbench's vLLM-v0 engine: an admission holds the
+            prompt and its first token). A growth then places the windows after all held tokens
+            but the last, the ones computed before that step; by default after all of them, as
+            vLLM v1 grows a sequence (every held token computed).
     """
 
     name = "paged_hybrid"
@@ -100,6 +105,7 @@ class PagedHybridAllocator:
         layout: KvGroupLayout | None = None,
         num_blocks: int | None = None,
         enable_prefix_caching: bool = False,
+        generated_slot_ahead: bool = False,
     ) -> None:
         if block_size < 1:
             raise ValueError(f"block_size={block_size}: must be >= 1")
@@ -120,6 +126,7 @@ class PagedHybridAllocator:
                 f"{self.layout.group_size} layers exceed the {num_slots}-slot pool"
             )
         self.num_copy_on_writes = 0
+        self._num_uncomputed_tokens = 1 if generated_slot_ahead else 0
         # A prefix hit revives a cached free block: only then does the pool need the queue that
         # blocks can leave from the middle.
         self._pool = BlockPool(num_blocks, revivable=enable_prefix_caching)
@@ -224,15 +231,18 @@ class PagedHybridAllocator:
         copying a shared partial last block first. False if no room (no change).
 
         The window is placed after ``num_processed_tokens`` tokens: by default every held token
-        (all are computed); fewer while a step that computes the rest is still in flight (vLLM's
-        async scheduling frees on the processed-token basis). With a prefix cache, the full
-        blocks of the first ``num_cacheable_tokens`` tokens are cached (default: every held
-        token; under async scheduling, a token in flight is not known yet: ``cache_blocks``
-        catches up)."""
+        (all are computed; all but the last with ``generated_slot_ahead``); fewer while a step
+        that computes the rest is still in flight (vLLM's async scheduling frees on the
+        processed-token basis). With a prefix cache, the full blocks of the first
+        ``num_cacheable_tokens`` tokens are cached (default: every held token; under async
+        scheduling, a token in flight is not known yet: ``cache_blocks`` catches up)."""
         check_token_count(num_tokens)
         seq = self._sequences[seq_id]
-        every_token_processed = num_processed_tokens in (None, seq.num_tokens)
-        if num_tokens == 1 and every_token_processed and self._append_within_last_blocks(seq):
+        default_processed = self._computed_tokens(seq)
+        if num_processed_tokens is None:
+            num_processed_tokens = default_processed
+        if (num_tokens == 1 and num_processed_tokens == default_processed
+                and self._append_within_last_blocks(seq, num_processed_tokens)):  # fmt: skip
             return True
         plan = self._append_plan(seq, num_tokens, num_processed_tokens)
         if plan.num_blocks_needed > self._pool.num_free_blocks + plan.num_blocks_released:
@@ -270,7 +280,7 @@ class PagedHybridAllocator:
         sequence is preempted): with a prefix cache, that order decides what is evicted first."""
         seq = self._sequences[seq_id]
         if num_processed_tokens is None:
-            num_processed_tokens = seq.num_tokens
+            num_processed_tokens = self._computed_tokens(seq)
         for group, table in enumerate(seq.tables):
             end = self._skipped_blocks(group, num_processed_tokens, len(table))
             if seq.first_live[group] < end:
@@ -411,9 +421,10 @@ class PagedHybridAllocator:
             // self._num_layers,
         )
 
-    def _append_within_last_blocks(self, seq: _HybridSequence) -> bool:
+    def _append_within_last_blocks(self, seq: _HybridSequence, num_processed_tokens: int) -> bool:
         """The common decode step, done in O(1) when it can be: one token into partially filled,
-        unshared last blocks, with no block leaving a window. False (nothing done) otherwise."""
+        unshared last blocks, with no block leaving a window placed after
+        ``num_processed_tokens``. False (nothing done) otherwise."""
         num_tokens = seq.num_tokens
         block_size = self.block_size
         filled = num_tokens % block_size
@@ -426,7 +437,7 @@ class PagedHybridAllocator:
         if self._pool.ref_counts[key] > 1:
             return False  # shared: copy on write
         for group, window in self._sliding_groups:
-            if max(0, num_tokens - window + 1) // block_size > seq.first_live[group]:
+            if max(0, num_processed_tokens - window + 1) // block_size > seq.first_live[group]:
                 return False  # a block leaves this window
         old_filled, old_usable = self._partial[key]
         usable = min(max(seq.final_tokens, num_tokens + 1) - (num_tokens - filled), block_size)
@@ -508,11 +519,15 @@ class PagedHybridAllocator:
         num_skipped_tokens = max(0, num_computed_tokens - window + 1)
         return min(num_skipped_tokens // self.block_size, num_table_blocks)
 
+    def _computed_tokens(self, seq: _HybridSequence) -> int:
+        """The sequence's tokens whose K/V is computed when it next grows (class doc)."""
+        return max(0, seq.num_tokens - self._num_uncomputed_tokens)
+
     def _append_plan(
         self, seq: _HybridSequence, num_tokens: int, num_processed_tokens: int | None = None
     ) -> _AppendPlan:
         if num_processed_tokens is None:
-            num_processed_tokens = seq.num_tokens
+            num_processed_tokens = self._computed_tokens(seq)
         freed = []
         num_new_blocks = []
         copies = []

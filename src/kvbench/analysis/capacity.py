@@ -63,7 +63,7 @@ def with_fleet_memory(fleet: pd.DataFrame, operating: pd.DataFrame) -> pd.DataFr
     keys = [key for key in curve_keys(operating) if key in fleet.columns] + ["allocator"]
     per_replica = operating[keys].assign(
         kv_pool_gb_fleet=operating["kv_pool_gb"],
-        kv_held_gb=operating["kv_pool_gb"] * (100 - operating["free_pct"]) / 100,
+        kv_held_gb=operating["kv_held_gb"],
         kv_used_gb=operating["token_states_gb"],
         operating_latency_s_per_token=operating["normalized_latency_s_per_token"],
     )

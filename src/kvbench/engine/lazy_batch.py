@@ -245,7 +245,7 @@ class LazyBatch:
         free_base_slots = usage.free + (usage.external_frag if memory_blocked else 0)
         token_states = usage.token_states
         internal_frag = usage.internal_frag
-        held_slots = token_states + usage.reservation + internal_frag
+        in_use_slots = token_states + usage.reservation + internal_frag
         num_rejected = 0
         num_taken_slots = 0
         num_rounds = 0
@@ -270,7 +270,7 @@ class LazyBatch:
             append_num_waiting(len(waiting))
             append_token_states(token_states)
             append_internal_frag(internal_frag)
-            append_reservation(held_slots + taken_slots - token_states - internal_frag)
+            append_reservation(in_use_slots + taken_slots - token_states - internal_frag)
             append_free(free_base_slots - taken_slots)
             now_s += duration_s
             context_tokens += num_seqs

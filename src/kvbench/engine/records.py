@@ -120,8 +120,8 @@ class StepRecords:
         columns["free_slots"].append(usage.free)
         columns["shared_slots"].append(usage.shared_slots)
         columns["saved_slots"].append(usage.saved_slots)
-        held_slots = usage.token_states + usage.reservation + usage.internal_frag
-        columns["num_blocks_in_use"].append(held_slots // self.block_size)
+        in_use_slots = usage.token_states + usage.reservation + usage.internal_frag
+        columns["num_blocks_in_use"].append(in_use_slots // self.block_size)
         for name, tokens in zip(PREFIX_LOOKUP_COLUMNS, prefix_lookups, strict=True):
             columns[name].append(tokens)
         if self.sink is not None and len(step_column) >= CHUNK_ROWS:
@@ -175,13 +175,13 @@ class StepRecords:
         for name in PREFIX_LOOKUP_COLUMNS:
             self.columns[name].extend(repeat(0, num_rows))
         columns = self.columns
-        held_slots = (
+        in_use_slots = (
             int(columns["token_states_slots"][row])
             + int(columns["reservation_slots"][row])
             + int(columns["internal_frag_slots"][row])
             for row in range(-num_rows, 0)
         )
-        columns["num_blocks_in_use"].extend(slots // self.block_size for slots in held_slots)
+        columns["num_blocks_in_use"].extend(slots // self.block_size for slots in in_use_slots)
         if self.sink is not None and len(step_column) >= CHUNK_ROWS:
             self._flush_full_chunks()
 

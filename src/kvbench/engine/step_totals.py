@@ -28,9 +28,9 @@ SLOT_COLUMNS = (
     "shared_slots",
     "saved_slots",
 )
-# Columns whose duration-weighted sums (slots x s) the summary uses; held = token states +
-# reservation + internal fragmentation.
-WEIGHTED_COLUMNS = (*SLOT_COLUMNS, "held_slots")
+# Columns whose duration-weighted sums (slots x s) the summary uses; in use = token states +
+# reservation + internal fragmentation (docs/metrics.md, the words).
+WEIGHTED_COLUMNS = (*SLOT_COLUMNS, "in_use_slots")
 
 
 @dataclass
@@ -59,13 +59,13 @@ class StepTotals:
         self.num_steps += len(durations_s)
         self.duration_s += float(durations_s.sum())
         self.batch_size_sum += int(np.asarray(columns["batch_size"], dtype=np.int64).sum())
-        held_slots = (
+        in_use_slots = (
             np.asarray(columns["token_states_slots"], dtype=np.int64)
             + np.asarray(columns["reservation_slots"], dtype=np.int64)
             + np.asarray(columns["internal_frag_slots"], dtype=np.int64)
         )
         for name in WEIGHTED_COLUMNS:
-            slots = held_slots if name == "held_slots" else np.asarray(columns[name], np.int64)
+            slots = in_use_slots if name == "in_use_slots" else np.asarray(columns[name], np.int64)
             self.weighted[name] += float((slots.astype(np.float64) * durations_s).sum())
         saved_slots = np.asarray(columns["saved_slots"], dtype=np.int64)
         self.max_saved_slots = max(self.max_saved_slots, int(saved_slots.max()))

@@ -20,15 +20,10 @@ from kvbench.analysis.paper import FIG2_BREAKDOWN_PCT
 from kvbench.plots.figure import allocator_color, figure_size, save_figure
 
 # An allocator is memory-bound at a rate when less than this share of its pool is free
-# (time-weighted; the rest is held or lost to fragmentation), or when it preempted.
+# (time-weighted; the rest is held), or when it preempted.
 MEMORY_BOUND_FREE_PCT = 10.0
 PAPER_COLOR = "#adb5bd"
 POOL_COLOR = "#e9ecef"
-
-
-def held_gb(summary: pd.DataFrame) -> pd.Series:
-    """KV memory not free per row (GB): ``kv_pool_gb x (100 - free_pct) / 100``."""
-    return summary["kv_pool_gb"] * (100.0 - summary["free_pct"]) / 100.0
 
 
 def memory_bound(summary: pd.DataFrame) -> pd.Series:
@@ -62,16 +57,15 @@ def headline_rows(summary: pd.DataFrame) -> pd.DataFrame:
 
 def finding(rows: pd.DataFrame) -> str:
     """One line: the allocator holding the most per token vs the one holding the least."""
-    ratio = 100.0 / rows["token_states_pct_of_used"]
+    ratio = 100.0 / rows["token_states_pct_of_held"]
     worst, best = rows.loc[ratio.idxmax()], rows.loc[ratio.idxmin()]
     if worst["allocator"] == best["allocator"]:
-        return f"{best['allocator']} holds {held_gb(rows).loc[ratio.idxmin()]:.1f} GB"
-    held = held_gb(rows)
+        return f"{best['allocator']} holds {best['kv_held_gb']:.1f} GB"
     batch_gain = best["mean_batch_size"] / worst["mean_batch_size"]
     return (
-        f"{worst['allocator']} holds {held.loc[worst.name]:.1f} GB of KV for "
+        f"{worst['allocator']} holds {worst['kv_held_gb']:.1f} GB of KV for "
         f"{worst['token_states_gb']:.1f} GB of tokens ({ratio.loc[worst.name]:.1f}x); "
-        f"{best['allocator']} {held.loc[best.name]:.1f} GB for {best['token_states_gb']:.1f} GB "
+        f"{best['allocator']} {best['kv_held_gb']:.1f} GB for {best['token_states_gb']:.1f} GB "
         f"({ratio.loc[best.name]:.2f}x) and batches {batch_gain:.1f}x the requests"
     )
 
@@ -85,7 +79,7 @@ def _bars(ax: Axes, rows: pd.DataFrame, values: list[float]) -> None:
 
 
 def _share_panel(ax: Axes, rows: pd.DataFrame, with_paper: bool) -> None:
-    shares = list(rows["token_states_pct_of_used"])
+    shares = list(rows["token_states_pct_of_held"])
     _bars(ax, rows, shares)
     for i, (name, share) in enumerate(zip(rows["allocator"], shares, strict=True)):
         text = f" {share:.1f} %"
@@ -102,7 +96,7 @@ def _share_panel(ax: Axes, rows: pd.DataFrame, with_paper: bool) -> None:
 
 
 def _memory_panel(ax: Axes, rows: pd.DataFrame) -> None:
-    held = list(held_gb(rows))
+    held = list(rows["kv_held_gb"])
     used = list(rows["token_states_gb"])
     _bars(ax, rows, held)
     ax.barh(range(len(used)), used, color="#2b2b2b", height=0.25)

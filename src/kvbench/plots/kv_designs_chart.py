@@ -20,7 +20,7 @@ from kvbench.plots.figure import allocator_color, figure_size, save_figure
 
 # (column of ``kv_designs_rows``, panel title, label format)
 PANELS = (
-    ("token_states_pct_of_used", "token states, % of held memory", "{:.0f} %"),
+    ("token_states_pct_of_held", "token states, % of held memory", "{:.0f} %"),
     ("mean_batch_size", "mean batch (seqs)", "{:.0f}"),
     ("knee_rate", "knee (req/s; +: never crossed)", "{:.1f}"),
     ("ttft_p50_s", "TTFT p50 (s)", "{:.2g}"),
@@ -38,13 +38,13 @@ def kv_designs_rows(summary: pd.DataFrame, knees: pd.DataFrame) -> pd.DataFrame:
         summary: ``summary.parquet`` rows of one experiment (every rate, both KV dtypes).
         knees: ``knees_frame`` of those rows.
     Returns:
-        columns workload, allocator, kv_dtype, request_rate, token_states_pct_of_used,
+        columns workload, allocator, kv_dtype, request_rate, token_states_pct_of_held,
         mean_batch_size, ttft_p50_s, knee_rate, knee_censored; allocators in the summary's
         order, the model's dtype before fp8.
     """
     keys = ["workload", "allocator", "kv_dtype"]
     top = summary.loc[summary.groupby(keys, sort=False)["request_rate"].idxmax()]
-    columns = [*keys, "request_rate", "token_states_pct_of_used", "mean_batch_size",
+    columns = [*keys, "request_rate", "token_states_pct_of_held", "mean_batch_size",
                "ttft_p50_s"]  # fmt: skip
     rows = top[columns].reset_index(drop=True)
     if knees.empty:

@@ -1,5 +1,6 @@
 """``experiment=paper_executed``'s chart: paged's throughput over the baselines, measured on a
-real model beside the simulations and the paper's range, and the KV memory each allocator held.
+real model beside the simulations and the paper's range, and the KV memory in use by each
+allocator's requests.
 
 Drawn from ``paper_executed.parquet`` (docs/paper_executed.md); the highest request rate's rows.
 """
@@ -23,7 +24,8 @@ BASELINES = ("naive_max", "naive_oracle")
 
 def paper_executed_chart(table: pd.DataFrame, out_dir: Path) -> None:
     """Left: paged / baseline output throughput per source, the paper's ShareGPT range shaded.
-    Right: KV held (bar) and storing tokens (black tick) per allocator and source, GB."""
+    Right: KV in use by requests (bar) and storing tokens (black tick) per allocator and source,
+    GB."""
     rows = table[table["request_rate"] == table["request_rate"].max()]
     sources = [source for source in SOURCE_HATCHES if source in set(rows["source"])]
     fig, (ratio_ax, memory_ax) = plt.subplots(1, 2, figsize=figure_size(11, 4.5),
@@ -70,11 +72,11 @@ def _draw_memory(ax: plt.Axes, rows: pd.DataFrame, sources: list[str]) -> None:
                 continue
             row = indexed.loc[(source, allocator)]
             x = position - 0.4 + width * (index + 0.5)
-            ax.bar(x, row["kv_held_gb"], width * 0.9, color=allocator_color(allocator),
+            ax.bar(x, row["kv_in_use_gb"], width * 0.9, color=allocator_color(allocator),
                    edgecolor="black", hatch=SOURCE_HATCHES[source])  # fmt: skip
             ax.hlines(row["kv_used_gb"], x - width * 0.45, x + width * 0.45, color="black",
                       linewidth=2)  # fmt: skip
     ax.set_xticks(range(len(allocators)), allocators)
     ax.set_ylabel("KV memory, GB (time-weighted mean)")
-    ax.set_title("KV held (bar) and storing tokens (tick)", fontsize=10)
+    ax.set_title("KV in use (bar) and storing tokens (tick)", fontsize=10)
     ax.margins(y=0.1)

@@ -140,7 +140,7 @@ def plot_breakdown(summary: pd.DataFrame, out_dir: Path, with_paper: bool = Fals
 
 
 def plot_memory_over_time(steps: pd.DataFrame, out_dir: Path) -> None:
-    """Token states and held memory (GB) over time, one panel per workload and rate.
+    """Token states and held memory (GB, not free) over time, one panel per workload and rate.
 
     Each line draws its per-pixel envelope (``memory_chart_rows``): every peak of a run of
     millions of steps, at a few thousand points.

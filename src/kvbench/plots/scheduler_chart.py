@@ -19,7 +19,7 @@ PANELS = (
     ("mean_batch_size", "mean batch (seqs)", False),
     ("request_throughput", "finished req/s", False),
     ("ttft_p50_s", "TTFT p50 (s)", True),
-    ("token_states_pct_of_used", "token states, % of KV held", False),
+    ("token_states_pct_of_held", "token states, % of KV held", False),
 )
 SCHEDULER_LINESTYLES = {"vllm_v0": "-", "vllm_v1": "--"}
 MAX_WORKLOADS = 3

@@ -21,7 +21,8 @@ CHART_BUCKETS = 1000
 # The memory-over-time chart: x, its two lines per run, and the columns that tell runs apart.
 MEMORY_X = "time_s"
 MEMORY_RUN_KEYS = ("workload", "request_rate", "allocator")
-HELD_COLUMNS = ("token_states_gb", "reservation_gb", "internal_frag_gb")
+# Held memory: every category but free (docs/metrics.md, the words); token states first.
+HELD_COLUMNS = ("token_states_gb", "reservation_gb", "internal_frag_gb", "external_frag_gb")
 
 
 def envelope_rows(
@@ -64,9 +65,11 @@ def _first_row_per_bucket(
 
 
 def held_gb(steps: pd.DataFrame) -> pd.Series:
-    """The KV memory held per step (GB): token states, reservation and internal fragmentation."""
-    tokens, reservation, internal_frag = HELD_COLUMNS
-    return steps[tokens] + steps[reservation] + steps[internal_frag]
+    """The KV memory held (not free) per step (GB): token states, reservation, internal and
+    external fragmentation. A flat line at the pool is an allocator out of memory, whether
+    requests hold it or fragmentation strands it."""
+    tokens, reservation, internal_frag, external_frag = HELD_COLUMNS
+    return steps[tokens] + steps[reservation] + steps[internal_frag] + steps[external_frag]
 
 
 def memory_chart_rows(steps: pd.DataFrame, num_buckets: int = CHART_BUCKETS) -> pd.DataFrame:

@@ -227,7 +227,7 @@ def run_sharegpt(num_requests: int, request_rate: float, out_dir: Path) -> dict[
         "peak_rss_mib": peak_rss_mib,
         "mean_batch_size": summary["mean_batch_size"],
         "num_finished": summary["num_finished"],
-        "token_states_pct_of_used": summary["token_states_pct_of_used"],
+        "token_states_pct_of_held": summary["token_states_pct_of_held"],
         "steps_parquet_rows": steps_out.num_rows,
     }
 

@@ -20,15 +20,15 @@ from kvbench.tasks.simulate.table import GB, requests_frame, summarize
 
 MEASURED = "measured"
 SOURCES = (MEASURED, "profiled", "roofline")
-# What a request holds: its slots storing tokens, reserved for them, or never to be used.
-HELD_CATEGORIES = ("token_states", "reservation", "internal_frag")
+# What requests hold, memory in use: slots storing tokens, reserved for them, or never to be used.
+IN_USE_CATEGORIES = ("token_states", "reservation", "internal_frag")
 # The run figures a table row holds (medians over a source's runs).
 FIGURES = (
     "output_token_throughput",
     "mean_batch_size",
-    "kv_held_gb",
+    "kv_in_use_gb",
     "kv_used_gb",
-    "peak_kv_held_gb",
+    "peak_kv_in_use_gb",
     "duration_s",
     "normalized_latency_s_per_token",
     "num_finished",
@@ -45,22 +45,22 @@ PAGED = "paged"
 
 
 def run_figures(result: SimulationResult, deployment: Deployment) -> dict[str, float]:
-    """One run's figures: output tokens/s, mean batch, KV held and storing tokens (GB,
-    time-weighted over the run's iterations), the most KV held at once (GB), its duration and
-    normalized latency."""
+    """One run's figures: output tokens/s, mean batch, KV in use by requests and storing tokens
+    (GB, time-weighted over the run's iterations), the most KV in use at once (GB), its duration
+    and normalized latency."""
     summary = summarize(requests_frame(result), result, deployment)
     pool_gb = float(summary["kv_pool_gb"])
-    held_pct = sum(float(summary[f"{category}_pct"]) for category in HELD_CATEGORIES)
+    in_use_pct = sum(float(summary[f"{category}_pct"]) for category in IN_USE_CATEGORIES)
     columns = result.steps.columns
-    held_slots = sum(np.asarray(columns[f"{category}_slots"], dtype=np.float64)
-                     for category in HELD_CATEGORIES)  # fmt: skip
-    peak_held_slots = float(np.max(held_slots)) if len(columns["token_states_slots"]) else 0.0
+    in_use_slots = sum(np.asarray(columns[f"{category}_slots"], dtype=np.float64)
+                       for category in IN_USE_CATEGORIES)  # fmt: skip
+    peak_in_use_slots = float(np.max(in_use_slots)) if len(columns["token_states_slots"]) else 0.0
     return {
         "output_token_throughput": float(summary["output_token_throughput"]),
         "mean_batch_size": float(summary["mean_batch_size"]),
-        "kv_held_gb": pool_gb * held_pct / 100,
+        "kv_in_use_gb": pool_gb * in_use_pct / 100,
         "kv_used_gb": pool_gb * float(summary["token_states_pct"]) / 100,
-        "peak_kv_held_gb": deployment.slots_to_bytes(peak_held_slots) / GB,
+        "peak_kv_in_use_gb": deployment.slots_to_bytes(peak_in_use_slots) / GB,
         "duration_s": float(summary["duration_s"]),
         "normalized_latency_s_per_token": float(summary["normalized_latency_s_per_token"]),
         "num_finished": float(summary["num_finished"]),
@@ -110,14 +110,14 @@ def _ratio(throughput: dict[RowKey, float], numerator: RowKey, denominator: RowK
 def markdown_rows(table: pd.DataFrame) -> str:
     """The table as markdown: one row per source and allocator, throughput, batch, memory."""
     header = ["req/s", "source", "allocator", "runs", "output tok/s", "spread %",
-              "tok/s / measured", "mean batch", "KV held GB", "KV used GB", "peak KV held GB",
+              "tok/s / measured", "mean batch", "KV in use GB", "KV used GB", "peak KV in use GB",
               "paged / naive_max", "paged / naive_oracle",
               "probes (4 / 16 seqs) / profile"]  # fmt: skip
     rows: list[Sequence[object]] = [
         [row.request_rate, row.source, row.allocator, int(row.num_runs),
          row.output_token_throughput, row.output_token_throughput_spread_pct,
          row.throughput_over_measured,
-         row.mean_batch_size, row.kv_held_gb, row.kv_used_gb, row.peak_kv_held_gb,
+         row.mean_batch_size, row.kv_in_use_gb, row.kv_used_gb, row.peak_kv_in_use_gb,
          row.paged_over_naive_max, row.paged_over_naive_oracle, _probes(row)]
         for row in table.itertuples()
     ]  # fmt: skip

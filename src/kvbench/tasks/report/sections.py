@@ -112,20 +112,20 @@ def fig2_section(summary: pd.DataFrame) -> str:
         # The paper's bars are shares of memory not free. Its saturated naive engines leave
         # almost nothing free, so their bars read as % of the pool too; paged at 2 req/s leaves
         # half of it free, so its bar (96.3 token states, an unlabeled 3.7 rest) compares with
-        # the share of used memory only.
+        # the share of held memory only.
         of_pool = paper if row.allocator in NAIVE else {}
         cells = [row.allocator]
         for category in ("token_states", "reservation", "internal_frag", "external_frag"):
             cells.append(_with_paper(getattr(row, f"{category}_pct"), of_pool.get(category)))
         cells += [f"{row.free_pct:.1f}",
-                  _with_paper(row.token_states_pct_of_used, paper.get("token_states"))]  # fmt: skip
+                  _with_paper(row.token_states_pct_of_held, paper.get("token_states"))]  # fmt: skip
         table.append(cells)
     header = ["allocator", "token states", "reservation", "internal", "external", "free",
-              "token states of used"]  # fmt: skip
+              "token states % of held"]  # fmt: skip
     return (
         "## Fig. 2: KV cache usage breakdown (ShareGPT, 2 req/s, OPT-13B)\n\n"
         "% of the KV pool, time-weighted; the paper's value in brackets. Its bars have no free "
-        "category: they are shares of the memory not free, which *token states of used* is "
+        "category: they are shares of the memory not free, which *token states % of held* is "
         "(the naive engines, saturated, leave almost nothing free; paged leaves half).\n\n"
         + markdown_table(header, table)
         + "\n\nWhy the numbers differ: `docs/reproduction.md`, *Fig. 2 and Fig. 13* (kvbench's "

@@ -19,7 +19,7 @@ from kvbench.allocators import Allocator, VAttentionAllocator, VAttentionSetting
 from kvbench.allocators.radix import unbounded_radix_hits
 from kvbench.allocators.vattention import page_bytes_of
 from kvbench.config import KvbenchConfig, run_workloads
-from kvbench.core.kv_capacity import hybrid_pool, pool_slots
+from kvbench.core.kv_capacity import HybridPool, hybrid_pool, pool_slots
 from kvbench.core.request import Request
 from kvbench.core.specs import GIB, Deployment
 from kvbench.engine import PageMapping, RooflineCostModel, Scheduler, SchedulerLimits, simulate
@@ -88,6 +88,23 @@ def v1_memory(name: str, allocator: Allocator, limits: V1Limits) -> V1Memory:
     if name in ("paged_hybrid", "paged_hybrid_prefix"):
         return HybridV1Memory(allocator, limits)  # type: ignore[arg-type]
     return ReservingV1Memory(allocator, limits.max_model_len)
+
+
+def allocator_for(
+    cfg: KvbenchConfig, deployment: Deployment, name: str, num_slots: int,
+    groups_pool: HybridPool | None,
+) -> Allocator:  # fmt: skip
+    """A fresh allocator ``name`` for one run of ``cfg``: ``num_slots`` slots (``groups_pool``
+    for the hybrid ones), the config's block or page size and CPU tier."""
+    return make_allocator(
+        name, num_slots, cfg.allocator.block_size, deployment.model.max_model_len,
+        radix_page_tokens=cfg.allocator.radix_page_tokens,
+        cpu_cache_slots=int(cfg.allocator.cpu_cache_gib * GIB // deployment.kv_bytes_per_token),
+        hybrid_pool=groups_pool,
+        # The v0 engine gives a sampled token its slot a step before it computes its K/V.
+        generated_slot_ahead=cfg.scheduler.name == "vllm_v0",
+        vattention=vattention_settings(cfg, deployment, name),
+    )  # fmt: skip
 
 
 def vattention_settings(
@@ -232,15 +249,7 @@ def run_experiment(
                 # Checkpoint before a run, not after: the last run's tables are written once.
                 if tables is not None and tables.num_runs and checkpoint.is_due():
                     checkpoint.write(tables.write_whole)
-                settings = vattention_settings(cfg, deployment, name)
-                allocator = make_allocator(
-                    name, num_slots, cfg.allocator.block_size, max_model_len,
-                    radix_page_tokens=cfg.allocator.radix_page_tokens,
-                    cpu_cache_slots=int(cfg.allocator.cpu_cache_gib * GIB
-                                        // deployment.kv_bytes_per_token),
-                    hybrid_pool=groups_pool,
-                    vattention=settings,
-                )
+                allocator = allocator_for(cfg, deployment, name, num_slots, groups_pool)
                 costs = cost_model(cfg, deployment, name)
                 labels = _run_labels(cfg, deployment, workload_label, name, rate)
                 if name == "radix":  # its block-table entry is a page: hit rates count pages
@@ -282,6 +291,7 @@ def run_experiment(
                 summary = {**labels, **summarize(request_table, result, deployment), **ideal,
                            **measured}  # fmt: skip
                 summary["simulation_wall_s"] = wall_s
+                settings = vattention_settings(cfg, deployment, name)  # None but for vattention
                 summary.update(_virtual_columns(allocator, settings, deployment))
                 summaries.append(summary)
                 if streamed:

@@ -54,11 +54,6 @@ class FileEntry:
     num_files: int = 1
 
 
-def held_gb(summary: pd.DataFrame) -> pd.Series:
-    """KV memory an allocator holds, time-weighted (GB): the pool less its free part."""
-    return summary["kv_pool_gb"] * (100 - summary["free_pct"]) / 100
-
-
 def summary_cells(summary: pd.DataFrame) -> SummaryCells:
     """The table's cells: per row, the allocator, the rate, the labels that vary, the share of
     held memory storing tokens, held and used GB, mean batch, throughput, TTFT and TPOT p50/p99,
@@ -73,15 +68,14 @@ def summary_cells(summary: pd.DataFrame) -> SummaryCells:
         Column("TTFT", "p50 s"), Column("TTFT", "p99 s"),
         Column("TPOT", "p50 ms"), Column("TPOT", "p99 ms"), Column("", "rejected"),
     ]  # fmt: skip
-    held = held_gb(summary)
     rows = []
-    for index, row in enumerate(summary.itertuples(index=False)):
+    for row in summary.itertuples(index=False):
         values = row._asdict()
         cells = [str(values["allocator"]), rate_text(values["request_rate"])]
         cells += [str(values[name]) for name in labels]
         cells += [
-            _fixed(values["token_states_pct_of_used"], 1),
-            _three_figures(float(held.iloc[index])),
+            _fixed(values["token_states_pct_of_held"], 1),
+            _three_figures(values["kv_held_gb"]),
             _three_figures(values["token_states_gb"]),
             _fixed(values["mean_batch_size"], 1),
             _three_figures(values["request_throughput"]),

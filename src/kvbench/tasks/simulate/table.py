@@ -105,10 +105,11 @@ def summarize(
     for category in USAGE_CATEGORIES:
         row[f"{category}_pct"] = _time_weighted_pct(totals, f"{category}_slots", num_slots)
     row["shared_pct"] = _time_weighted_pct(totals, "shared_slots", num_slots)
-    used_pct = 100 - row["free_pct"]
-    row["token_states_pct_of_used"] = (
-        row["token_states_pct"] / used_pct * 100 if used_pct > 0 else float("nan")
+    held_pct = 100 - row["free_pct"]  # held: not free (docs/metrics.md, the words)
+    row["token_states_pct_of_held"] = (
+        row["token_states_pct"] / held_pct * 100 if held_pct > 0 else float("nan")
     )
+    row["kv_held_gb"] = row["kv_pool_gb"] * held_pct / 100
     row["token_states_gb"] = row["kv_pool_gb"] * row["token_states_pct"] / 100
     row.update(_sharing(totals, requests, deployment))
     row["mean_batch_size"] = (
@@ -132,7 +133,7 @@ def _sharing(
 ) -> dict[str, float]:
     """What sharing saved: peak saved slots, the paper's Fig. 15 saving, prefix-cache hits."""
     saved_slot_s = totals.weighted["saved_slots"]
-    without_sharing = saved_slot_s + totals.weighted["held_slots"]
+    without_sharing = saved_slot_s + totals.weighted["in_use_slots"]
     admitted = requests[requests["admit_s"].notna()]
     prompt_tokens = admitted["prompt_tokens"].sum()
     saved_slots = totals.max_saved_slots
