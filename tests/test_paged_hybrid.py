@@ -1,4 +1,5 @@
-"""``paged_hybrid``: vLLM v1's hybrid KV-cache manager, on cases worked out by hand.
+"""``paged_hybrid``: vLLM v1's hybrid KV-cache manager, on cases worked out by hand, and grown
+one slot ahead (the vLLM-v0 engine's way) beside vLLM's own manager (``peer``).
 
 The issue's case: a Mistral-7B-v0.1-shaped model (every layer slides over 4,096 tokens) and one
 request of 8,000 prompt + 100 output tokens. After its last append the sequence holds 8,100
@@ -10,11 +11,13 @@ keeps every token) holds ceil(8,100 / 16) = 507 blocks, 8,112 slots, for the 8,1
 
 from __future__ import annotations
 
+import random
 from collections import Counter
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from referee_support import peer
 
 from kvbench.allocators import PagedHybridAllocator, make_allocator
 from kvbench.core.catalog import get_deployment, get_model
@@ -209,6 +212,36 @@ def test_hybrid_pool_sizes_the_allocator_the_registry_builds() -> None:
     # whole slots with the rest), the fraction of a block past them is external.
     assert abs(usage.free - 8192 * BLOCK * 10 / 62) < 1
     assert usage.free + usage.external_frag == pool.num_slots
+
+
+@peer
+@pytest.mark.parametrize("seed", range(40))
+def test_a_slot_ahead_growth_frees_as_vllm_does_with_a_lookahead_slot(seed: int) -> None:
+    from kvbench.referee.vllm_hybrid_prefix import vllm_slot_ahead_tables
+
+    rng = random.Random(seed)
+    windows = [rng.randint(1, 12) for _ in range(rng.randint(1, 2))] + [None] * rng.randint(0, 1)
+    block_size, prompt, num_steps = rng.randint(1, 4), rng.randint(1, 30), rng.randint(1, 30)
+    hybrid = PagedHybridAllocator(1000 * block_size, block_size, 4096,
+                                  layout=kv_group_layout(windows), num_blocks=1000,
+                                  generated_slot_ahead=True)  # fmt: skip
+    assert hybrid.admit(0, Request(0, 0.0, prompt, num_steps), prompt + 1)
+    ours = [_live_entries(hybrid)]
+    for _ in range(num_steps):
+        assert hybrid.append(0, 1)
+        ours.append(_live_entries(hybrid))
+    # kvbench's layout merges layers of one window into a group, as vLLM's does: one per window.
+    theirs = vllm_slot_ahead_tables(_group_windows(hybrid), block_size, prompt, num_steps)
+    assert ours == theirs
+
+
+def _live_entries(hybrid: PagedHybridAllocator) -> tuple[tuple[bool, ...], ...]:
+    return tuple(tuple(block is not None for block in table)
+                 for table in hybrid.group_tables(0))  # fmt: skip
+
+
+def _group_windows(hybrid: PagedHybridAllocator) -> list[int | None]:
+    return [group.window_tokens for group in hybrid.layout.groups]
 
 
 @pytest.mark.parametrize(("scheduler", "num_sliding_blocks"), [("vllm_v0", 9), ("vllm_v1", 8)])
