@@ -116,3 +116,21 @@ def test_the_docs_block_is_what_the_report_makes_of_the_committed_runs():
     expected = sim_to_real_runs_section(tables)
     text = (root / "docs" / "sim_to_real.md").read_text()
     assert _block_body(text, "sim_to_real_runs") == expected.strip()
+
+
+def test_the_intel_tables_in_the_docs_are_what_the_report_makes_of_the_committed_runs():
+    """docs/sim_to_real.md's "Again on an Intel Xeon" tables = the report on those runs (its
+    headings one level down, under that section)."""
+    from kvbench.tasks.report.aggregate import load_tables
+    from kvbench.tasks.report.sim_to_real_runs import ENGINE_TABLES, sim_to_real_runs_section
+
+    root = Path(__file__).resolve().parents[1]
+    runs = root / "results" / "reference" / "sim_to_real_runs" / "intel-xeon-2026-12-04"
+    tables = {name: load_tables([runs], name) for name, _, _ in ENGINE_TABLES}
+    assert [tables[name]["run_dir"].nunique() for name, _, _ in ENGINE_TABLES] == [2, 2]
+    expected = sim_to_real_runs_section(tables).strip().replace("\n### ", "\n#### ")
+    expected = expected.removeprefix("### ")
+    text = (root / "docs" / "sim_to_real.md").read_text()
+    section = text.split("## Again on an Intel Xeon (2026-12-04)", 1)[1]
+    assert "#### " + expected in section
+
