@@ -230,7 +230,7 @@ def test_a_slot_ahead_growth_frees_as_vllm_does_with_a_lookahead_slot(seed: int)
     for _ in range(num_steps):
         assert hybrid.append(0, 1)
         ours.append(_live_entries(hybrid))
-    # kvbench's layout merges layers of one window into a group, as vLLM's does: one per window.
+    # vLLM gets kvbench's groups (layers of one window grouped as vLLM groups them), a spec each.
     theirs = vllm_slot_ahead_tables(_group_windows(hybrid), block_size, prompt, num_steps)
     assert ours == theirs
 
