@@ -201,9 +201,10 @@ def test_paper_executed_serves_one_workload_at_the_rates_given_for_it():
         validate_config(two)
 
 
-def test_the_amd_figures_the_docs_quote_are_the_committed_run_s():
+@pytest.mark.parametrize("run", ["amd-epyc-2026-12-03", "intel-xeon-2026-12-04"])
+def test_the_figures_the_docs_quote_are_the_committed_run_s(run):
     root = Path(__file__).resolve().parents[1]
-    table = pd.read_parquet(root / "results/reference/paper_executed/amd-epyc-2026-12-03"
+    table = pd.read_parquet(root / "results/reference/paper_executed" / run
                             / "paper_executed.parquet").set_index(["source", "allocator"])
     measured = "measured " + " / ".join(
         f"{table.loc[('measured', name), 'output_token_throughput']:.1f}"
