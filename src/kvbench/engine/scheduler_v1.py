@@ -498,7 +498,7 @@ class V1StepScheduler:
                 budget -= 1
                 index += 1
                 continue
-            num_tokens = self._chunk(seq, budget)
+            num_tokens = self._chunk(seq, budget, seq.num_computed_tokens)
             while not kv_cache.can_grow(seq, num_tokens):
                 victim = running.pop()  # the last running request: recompute it later
                 self._preempt(victim)
@@ -519,11 +519,9 @@ class V1StepScheduler:
         while budget > 0 and self._queued and len(self._running) < self._limits.max_num_seqs:
             seq = self._queued[0]
             hits = kv_cache.find_hit(seq)
-            seq.num_computed_tokens = len(hits) * kv_cache.block_size
-            num_tokens = self._chunk(seq, budget)
+            num_tokens = self._chunk(seq, budget, len(hits) * kv_cache.block_size)
             # vLLM 0.32 (scheduler_reserve_full_isl): the whole input must fit, not just a chunk.
             if not kv_cache.can_admit(seq, hits, num_tokens):
-                seq.num_computed_tokens = 0  # it waits on, nothing computed
                 self.last_batch.memory_blocked = True
                 return
             self._queued.popleft()
@@ -535,10 +533,11 @@ class V1StepScheduler:
             scheduled.append((seq, num_tokens))
             budget -= num_tokens
 
-    def _chunk(self, seq: V1Sequence, budget: int) -> int:
-        """Tokens the request computes this step: what it lacks, within budget and length."""
-        uncomputed = seq.num_tokens + seq.num_output_placeholders - seq.num_computed_tokens
-        room = self._limits.max_model_len - seq.num_computed_tokens - 1
+    def _chunk(self, seq: V1Sequence, budget: int, num_computed_tokens: int) -> int:
+        """Tokens the request computes this step, past its first ``num_computed_tokens``: what
+        it lacks, within budget and length."""
+        uncomputed = seq.num_tokens + seq.num_output_placeholders - num_computed_tokens
+        room = self._limits.max_model_len - num_computed_tokens - 1
         return min(uncomputed, budget, room)
 
     def _preempt(self, seq: V1Sequence) -> None:

@@ -26,7 +26,7 @@ from typing import Any
 
 from kvbench.core.request import Request
 from kvbench.referee.token_ids import own_token_id, prompt_token_ids
-from kvbench.referee.vllm_v1 import _import_vllm, group_spec
+from kvbench.referee.vllm_v1 import _import_vllm, build_kv_cache_config
 
 # One operation: ("admit", request index), ("decode", request index, tokens), ("free", index).
 Operation = tuple[Any, ...]
@@ -127,16 +127,8 @@ def _manager(
     """vLLM's ``KVCacheManager`` over one KV-cache group per window (None: full attention),
     with ``num_blocks`` blocks besides its null block."""
     from vllm.v1.core.kv_cache_manager import KVCacheManager
-    from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheGroupSpec
 
-    groups = [
-        KVCacheGroupSpec([f"layers.{group}"], group_spec(vllm, window, block_size))
-        for group, window in enumerate(windows)
-    ]
-    # Retention 0: vLLM 0.32's default (CacheConfig.prefix_cache_retention_interval), which
-    # KVCacheConfig's own default (None: every block, dense) is not.
-    config = KVCacheConfig(num_blocks=num_blocks + 1, kv_cache_tensors=[], kv_cache_groups=groups,
-                           prefix_cache_retention_interval=0)  # fmt: skip
+    config = build_kv_cache_config(vllm, windows, block_size, num_blocks + 1)
     return KVCacheManager(
         config, max_model_len, scheduler_block_size=block_size, hash_block_size=block_size,
         enable_caching=enable_caching,

@@ -339,19 +339,8 @@ def _build_scheduler(vllm: Any, limits: RefereeLimits) -> Any:
     if limits.async_scheduling:  # as on a GPU: the CPU platform turns it off in the config
         config.scheduler_config.async_scheduling = True
     _check_effective_config(config, limits)
-    kv_cache_config = vllm.KVCacheConfig(
-        num_blocks=limits.num_gpu_blocks,
-        kv_cache_tensors=[],
-        kv_cache_groups=[
-            vllm.KVCacheGroupSpec([f"layers.{group}"], group_spec(vllm, window, limits.block_size))
-            for group, window in enumerate(limits.windows)
-        ],
-    )
-    if any(window is not None for window in limits.windows):
-        # vLLM 0.32's serving default (CacheConfig.prefix_cache_retention_interval=0: a sliding
-        # group caches only the tails a later request can resume at), which a KVCacheConfig
-        # built by hand (None: dense) does not get.
-        kv_cache_config.prefix_cache_retention_interval = 0
+    kv_cache_config = build_kv_cache_config(vllm, limits.windows, limits.block_size,
+                                            limits.num_gpu_blocks)  # fmt: skip
     config.cache_config.num_gpu_blocks = limits.num_gpu_blocks
     scheduler_class = vllm.AsyncScheduler if limits.async_scheduling else vllm.Scheduler
     scheduler = scheduler_class(
@@ -365,7 +354,28 @@ def _build_scheduler(vllm: Any, limits: RefereeLimits) -> Any:
     return scheduler
 
 
-def group_spec(vllm: Any, window: int | None, block_size: int) -> Any:
+def build_kv_cache_config(
+    vllm: Any, windows: Sequence[int | None], block_size: int, num_blocks: int
+) -> Any:
+    """vLLM's ``KVCacheConfig`` of ``num_blocks`` blocks (its null block among them) over one
+    KV-cache group per entry of ``windows`` (None: full attention)."""
+    kv_cache_config = vllm.KVCacheConfig(
+        num_blocks=num_blocks,
+        kv_cache_tensors=[],
+        kv_cache_groups=[
+            vllm.KVCacheGroupSpec([f"layers.{group}"], _group_spec(vllm, window, block_size))
+            for group, window in enumerate(windows)
+        ],
+    )
+    if any(window is not None for window in windows):
+        # vLLM 0.32's serving default (CacheConfig.prefix_cache_retention_interval=0: a sliding
+        # group caches only the tails a later request can resume at), which a KVCacheConfig
+        # built by hand (None: dense) does not get; full-attention groups ignore it.
+        kv_cache_config.prefix_cache_retention_interval = 0
+    return kv_cache_config
+
+
+def _group_spec(vllm: Any, window: int | None, block_size: int) -> Any:
     """One KV-cache group's spec (``window`` None: full attention). The scheduler only counts
     blocks and the hit rule does not depend on a page's bytes: a one-layer, one-head spec stands
     for any model's group."""
