@@ -51,14 +51,16 @@ def kvbench_v1_steps(
     *,
     prefix_caching: bool = False,
     windows: tuple[int | None, ...] = (None,),
+    num_cpu_blocks: int = 0,
 ) -> list[V1Step]:
     """kvbench's ``vllm_v1`` steps over vLLM's ``num_gpu_blocks`` (its null block included);
-    ``windows`` other than one full group: ``paged_hybrid``, one one-layer group per window."""
+    ``windows`` other than one full group: ``paged_hybrid``, one one-layer group per window;
+    ``num_cpu_blocks`` > 0: vLLM's CPU offloading with that many blocks."""
     num_blocks = num_gpu_blocks - NUM_NULL_BLOCKS
     if windows == (None,):
         allocator: PagedAllocator | PagedHybridAllocator = PagedAllocator(
             num_blocks * block_size, block_size, limits.max_model_len,
-            enable_prefix_caching=prefix_caching,
+            enable_prefix_caching=prefix_caching, cpu_cache_blocks=num_cpu_blocks,
         )  # fmt: skip
     else:
         layout = KvGroupLayout(tuple(KvCacheGroup(window, 1) for window in windows),
@@ -79,7 +81,8 @@ def _comparable(step: Any, prefix_caching: bool) -> tuple:
     if not prefix_caching:
         return scheduled
     return (*scheduled, step.prefix_query_tokens, step.prefix_hit_tokens,
-            step.resumed_query_tokens, step.resumed_hit_tokens)  # fmt: skip
+            step.resumed_query_tokens, step.resumed_hit_tokens, step.cpu_hit_tokens,
+            step.num_cpu_blocks)  # fmt: skip
 
 
 def agrees_with_vllm(
@@ -87,10 +90,12 @@ def agrees_with_vllm(
     *,
     prefix_caching: bool,
     windows: tuple[int | None, ...] = (None,),
+    num_cpu_blocks: int = 0,
 ) -> int:
     """Assert kvbench's ``vllm_v1`` steps equal real vLLM's, one by one, on ``case`` (requests,
     block size, vLLM's num_gpu_blocks, limits, arrival steps), with KV-cache groups of
-    ``windows`` (``kvbench_v1_steps``); the number of steps compared."""
+    ``windows`` and a CPU tier of ``num_cpu_blocks`` (``kvbench_v1_steps``); the number of steps
+    compared."""
     from kvbench.referee.vllm_v1 import RefereeLimits, run_referee
 
     requests, block_size, num_gpu_blocks, limits, arrival_steps = case
@@ -100,11 +105,13 @@ def agrees_with_vllm(
                       max_num_seqs=limits.max_num_seqs,
                       max_num_batched_tokens=limits.max_num_batched_tokens,
                       max_model_len=limits.max_model_len, enable_prefix_caching=prefix_caching,
-                      async_scheduling=limits.async_scheduling, windows=windows),
+                      async_scheduling=limits.async_scheduling, windows=windows,
+                      num_cpu_blocks=num_cpu_blocks),
         arrival_steps,
     )  # fmt: skip
     ours = kvbench_v1_steps(requests, block_size, num_gpu_blocks, limits, arrival_steps,
-                            prefix_caching=prefix_caching, windows=windows)  # fmt: skip
+                            prefix_caching=prefix_caching, windows=windows,
+                            num_cpu_blocks=num_cpu_blocks)  # fmt: skip
     for vllm_step, kvbench_step in zip(referee, ours, strict=False):
         assert _comparable(kvbench_step, prefix_caching) == _comparable(vllm_step, prefix_caching)
     assert len(ours) == len(referee)

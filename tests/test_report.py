@@ -93,6 +93,17 @@ def test_cli_reports_and_rejects_missing_or_empty_folders(results, tmp_path):
     assert empty.returncode == 3 and "no summary.parquet" in empty.stderr
 
 
+def test_a_folder_of_vllm_v1_runs_only_is_told_apart_from_an_empty_one(tmp_path, capsys):
+    from kvbench.tasks.report.__main__ import main
+
+    run_dir = tmp_path / "v1" / "run"
+    run_dir.mkdir(parents=True)
+    pd.DataFrame({"scheduler": ["vllm_v1"], "allocator": ["paged"]}).to_parquet(
+        run_dir / "summary.parquet")  # fmt: skip
+    assert main([str(tmp_path / "v1"), "--out", str(tmp_path / "out")]) == 3
+    assert "all of scheduler=vllm_v1 runs" in capsys.readouterr().err
+
+
 def test_every_column_the_report_and_the_study_write_is_documented(results, tmp_path):
     from test_metrics_docs import _documented
 

@@ -103,8 +103,9 @@ class AllocatorConfig:
     num_gpu_blocks: int | None = MISSING
     # Tokens per page of the radix allocator (SGLang's page_size; 1 matches token by token).
     radix_page_tokens: int = MISSING
-    # CPU memory (GiB, over all GPUs of the deployment) holding the prefix blocks the GPU cache
-    # evicts, for paged_prefix and radix (vLLM's CPU offloading, LMCache); 0: no CPU tier.
+    # CPU memory (GiB, over all GPUs of the deployment) holding prefix blocks for paged_prefix
+    # and radix: those the GPU cache evicts under vllm_v0, vLLM's own CPU offloading (stored on
+    # compute) under vllm_v1; 0: no CPU tier.
     cpu_cache_gib: float = MISSING
     # vattention: bytes of one physical page (64/128/256 KiB, 2 MiB); vattention_64k ... _2m fix it.
     page_bytes: int = MISSING
@@ -886,6 +887,13 @@ def _check_v1_run(cfg: KvbenchConfig) -> None:
             f"{workload.beam_width}: parallel sampling and beam search are modelled under "
             "scheduler=vllm_v0 only; use it, or set both to 1",
         )
+    # vLLM v1's CPU tier (engine.cpu_tier_v1) is refereed with synchronous scheduling only.
+    _require(
+        cfg.allocator.cpu_cache_gib == 0 or not scheduler.async_scheduling,
+        f"allocator.cpu_cache_gib={cfg.allocator.cpu_cache_gib} with "
+        "scheduler.async_scheduling=true: vLLM v1's CPU offloading is modelled with synchronous "
+        "scheduling only; set scheduler.async_scheduling=false (or allocator.cpu_cache_gib=0)",
+    )
     _require(
         cfg.executor.kind != "real",
         "executor=real drives a real model with scheduler=vllm_v0's batches; scheduler=vllm_v1 "

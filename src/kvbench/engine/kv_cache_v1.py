@@ -27,12 +27,18 @@ token ids (``referee.token_ids``) give vLLM the same equalities.
 from __future__ import annotations
 
 from collections import OrderedDict
+from typing import TYPE_CHECKING
 
 from kvbench.allocators.base import MemoryUsage
 from kvbench.allocators.prefix_hashes import prompt_block_hashes
 from kvbench.core.request import Request
 
+if TYPE_CHECKING:
+    from kvbench.engine.cpu_tier_v1 import CpuOffloadTier
+
 _OWN_BLOCK_TAG = 3  # keeps a request's own blocks apart from prefix identities (tags 1, 2)
+
+NOT_LOADING, LOADING, LOADED = 0, 1, 2  # V1Sequence.load_state
 
 
 class V1Sequence:
@@ -52,11 +58,15 @@ class V1Sequence:
         num_preemptions: times it was preempted (its lookups are then counted apart).
         blocks: its block table (pool block ids).
         num_cached_blocks: leading blocks already offered to the prefix cache.
+        load_state: its load from a CPU tier (``engine.cpu_tier_v1``): ``NOT_LOADING``,
+            ``LOADING`` (admitted with blocks, waiting outside the batch), ``LOADED`` (the copy
+            completed; it computes from the next step it is scheduled).
     """
 
     __slots__ = (
         "_hashes",
         "blocks",
+        "load_state",
         "num_cached_blocks",
         "num_computed_tokens",
         "num_in_flight_tokens",
@@ -75,6 +85,7 @@ class V1Sequence:
         self.num_preemptions = 0
         self.blocks: list[int] = []
         self.num_cached_blocks = 0
+        self.load_state = NOT_LOADING
         self._hashes: list[int] | None = None
 
     @property
@@ -120,9 +131,13 @@ class V1KVCache:
         *,
         enable_caching: bool,
         num_slots: int | None = None,
+        cpu_tier: CpuOffloadTier | None = None,
     ) -> None:
         """``num_slots``: the pool's slots when they are more than ``num_blocks`` whole blocks
-        (the rest is external fragmentation, as for the ``paged`` allocator)."""
+        (the rest is external fragmentation, as for the ``paged`` allocator); ``cpu_tier``: the
+        host memory vLLM's CPU offloading stores prompt blocks in (prefix caching on)."""
+        if cpu_tier is not None and not enable_caching:
+            raise ValueError("a CPU tier holds prefix blocks: it needs enable_caching")
         if block_size < 1 or num_blocks < 0:
             raise ValueError(f"block_size={block_size}, num_blocks={num_blocks}: invalid pool")
         self.num_slots = num_blocks * block_size if num_slots is None else num_slots
@@ -139,6 +154,10 @@ class V1KVCache:
         self._blocks_of_hash: dict[int, dict[int, None]] = {}
         self._num_shared_blocks = 0
         self.num_evicted_blocks = 0
+        self.cpu_tier = cpu_tier
+        # Blocks handed to requests in the current step (new, or cached ones hit): a store of a
+        # finished request's blocks among them is copied at once (``CpuOffloadTier``).
+        self.step_allocated_blocks: set[int] = set()
 
     @property
     def num_free_blocks(self) -> int:
@@ -168,13 +187,47 @@ class V1KVCache:
 
     def can_admit(self, seq: V1Sequence, hits: list[int], num_new_tokens: int) -> bool:
         """Whether the sequence's whole input fits (vLLM 0.32's ``full_sequence_must_fit``):
-        the blocks it lacks beyond its hits, plus the hits that wait in the free queue. Its
-        first ``num_new_tokens`` then fit too (they are part of it)."""
+        the blocks it lacks beyond those it holds (a loaded request) and its hits, plus the
+        hits that wait in the free queue. Its first ``num_new_tokens`` then fit too (they are
+        part of it)."""
         num_tokens = min(seq.num_tokens, self.max_model_len)
+        return self._num_blocks_for(seq, hits, num_tokens) <= len(self._free_queue)
+
+    def can_load(self, seq: V1Sequence, hits: list[int], num_load_blocks: int,
+                 num_reserved_blocks: int) -> bool:  # fmt: skip
+        """Whether a waiting sequence may be admitted to load ``num_load_blocks`` blocks from
+        the CPU tier after its hits: its whole input fits (``can_admit``), and the blocks of
+        its hits and loads fit beside the ``num_reserved_blocks`` that requests still
+        prefilling need (vLLM keeps those for them while a load holds its blocks)."""
+        if not self.can_admit(seq, hits, 0):
+            return False
+        num_tokens = (len(hits) + num_load_blocks) * self.block_size
+        num_blocks = self._num_blocks_for(seq, hits, num_tokens)
+        return num_blocks <= len(self._free_queue) - num_reserved_blocks
+
+    def admit_to_load(self, seq: V1Sequence, hits: list[int], num_load_blocks: int) -> None:
+        """Give a waiting sequence its hits and fresh blocks for the ``num_load_blocks`` blocks
+        it loads (the caller checked ``can_load``); they are cached once loaded
+        (``cache_computed``)."""
+        for block_id in hits:
+            self._touch(block_id)
+        seq.blocks = list(hits) + self._take_free_blocks(num_load_blocks)
+        seq.num_cached_blocks = len(hits)
+        seq.num_computed_tokens = len(seq.blocks) * self.block_size
+
+    def remaining_blocks(self, seq: V1Sequence) -> int:
+        """Blocks a request still needs to hold its whole input (vLLM's reservation for a
+        request still prefilling)."""
+        num_tokens = min(seq.num_tokens, self.max_model_len)
+        return max(-(-num_tokens // self.block_size) - len(seq.blocks), 0)
+
+    def _num_blocks_for(self, seq: V1Sequence, hits: list[int], num_tokens: int) -> int:
+        """Free blocks ``num_tokens`` tokens take beyond the sequence's blocks and hits, the
+        hits waiting in the free queue included (touching takes them out)."""
         num_required = -(-num_tokens // self.block_size)
         ref_counts = self._ref_counts
         num_free_hits = sum(1 for block_id in hits if ref_counts[block_id] == 0)
-        return max(num_required - len(hits), 0) + num_free_hits <= len(self._free_queue)
+        return max(num_required - len(seq.blocks) - len(hits), 0) + num_free_hits
 
     def admit(self, seq: V1Sequence, hits: list[int], num_new_tokens: int) -> None:
         """Give a waiting sequence its hits and blocks for ``num_new_tokens`` more tokens (the
@@ -276,6 +329,8 @@ class V1KVCache:
         return max(-(-num_tokens // self.block_size) - len(seq.blocks), 0)
 
     def _touch(self, block_id: int) -> None:
+        if self.cpu_tier is not None:
+            self.step_allocated_blocks.add(block_id)
         num_refs = self._ref_counts[block_id]
         if num_refs == 0:
             del self._free_queue[block_id]
@@ -289,6 +344,8 @@ class V1KVCache:
         block_ids = [popitem(last=False)[0] for _ in range(num_blocks)]
         ref_counts = self._ref_counts
         hash_of_block = self._hash_of_block
+        if self.cpu_tier is not None:
+            self.step_allocated_blocks.update(block_ids)
         for block_id in block_ids:
             ref_counts[block_id] = 1
             block_hash = hash_of_block[block_id]

@@ -43,7 +43,8 @@ from kvbench.allocators.base import Allocator, MemoryUsage
 from kvbench.allocators.hybrid_prefix import HybridHit
 from kvbench.allocators.paged_hybrid import PagedHybridAllocator
 from kvbench.core.request import Request
-from kvbench.engine.kv_cache_v1 import V1KVCache, V1Sequence
+from kvbench.engine.cpu_tier_v1 import CpuOffloadTier
+from kvbench.engine.kv_cache_v1 import LOADED, LOADING, NOT_LOADING, V1KVCache, V1Sequence
 
 _AllocatorT = TypeVar("_AllocatorT", Allocator, PagedHybridAllocator)
 
@@ -85,6 +86,8 @@ class V1Step:
         prefix_hit_tokens: of those, tokens found cached.
         resumed_query_tokens: tokens looked up by preempted requests resuming in this step.
         resumed_hit_tokens: of those, tokens found cached.
+        cpu_hit_tokens: tokens requests admitted in this step load from the CPU tier.
+        num_cpu_blocks: blocks the CPU tier holds after the step's scheduling (0 without one).
     """
 
     step_index: int
@@ -98,6 +101,8 @@ class V1Step:
     prefix_hit_tokens: int = 0
     resumed_query_tokens: int = 0
     resumed_hit_tokens: int = 0
+    cpu_hit_tokens: int = 0
+    num_cpu_blocks: int = 0
 
 
 class V1Memory(Protocol):
@@ -336,7 +341,10 @@ class V1Batch:
 
     Attributes:
         scheduled: (sequence, tokens computed before the step, tokens scheduled), in order.
-        admitted: (sequence, prefix-hit tokens) of the sequences admitted in the step.
+        admitted: (sequence, prefix-hit tokens) of the sequences admitted in the step (to
+            compute, or to load from the CPU tier first: their hits include the loaded tokens).
+        loaded: (sequence, tokens) of the sequences admitted in the step to load from the CPU
+            tier.
         preempted: the sequences preempted in the step.
         sampled: the sequences that produced a token (their prompt is computed).
         finished: (sequence, slots it held) of those whose last token was taken in: produced in
@@ -349,6 +357,7 @@ class V1Batch:
 
     scheduled: list[tuple[V1Sequence, int, int]] = field(default_factory=list)
     admitted: list[tuple[V1Sequence, int]] = field(default_factory=list)
+    loaded: list[tuple[V1Sequence, int]] = field(default_factory=list)
     preempted: list[V1Sequence] = field(default_factory=list)
     sampled: list[V1Sequence] = field(default_factory=list)
     finished: list[tuple[V1Sequence, int]] = field(default_factory=list)
@@ -375,6 +384,15 @@ class V1StepScheduler:
         self._limits = limits
         self._running: list[V1Sequence] = []
         self._queued: deque[V1Sequence] = deque()  # waiting: new, and preempted at the front
+        # vLLM's CPU offloading (a V1KVCache's tier): requests loading from it, or loaded and not
+        # yet scheduled, wait apart (vLLM's kv_holding_waiting), served before the others; the
+        # requests still prefilling keep the blocks they lack from a load's admission.
+        self._tiered_cache = kv_cache if isinstance(kv_cache, V1KVCache) else None
+        self._cpu_tier = kv_cache.cpu_tier if isinstance(kv_cache, V1KVCache) else None
+        if self._cpu_tier is not None and limits.async_scheduling:
+            raise ValueError("a CPU tier is modelled with synchronous scheduling only")
+        self._holding: deque[V1Sequence] = deque()
+        self._prefilling: dict[V1Sequence, None] = {}
         # Async scheduling: the sequences whose token of the last step is not taken in yet, and
         # what the last step scheduled (its tokens are in flight until then).
         self._in_flight: list[V1Sequence] = []
@@ -398,8 +416,8 @@ class V1StepScheduler:
 
     @property
     def num_waiting(self) -> int:
-        """Sequences waiting: never admitted, or preempted."""
-        return len(self._queued)
+        """Sequences waiting: never admitted, or preempted, or loading from the CPU tier."""
+        return len(self._queued) + len(self._holding)
 
     def add(self, request: Request) -> V1Sequence:
         """Queue a request (vLLM's ``add_request``): it waits behind those queued before."""
@@ -409,13 +427,28 @@ class V1StepScheduler:
 
     def drop_first_waiting(self) -> V1Sequence:
         """Take the first waiting request out for good (one that can never fit: the caller
-        rejects it)."""
-        return self._queued.popleft()
+        rejects it), with the blocks it holds (one loaded from the CPU tier)."""
+        if not self._holding:
+            return self._queued.popleft()
+        seq = self._holding.popleft()
+        self._prefilling.pop(seq, None)
+        self._kv_cache.free(seq)
+        return seq
+
+    @property
+    def awaits_cpu_tier(self) -> bool:
+        """Whether a waiting request may wait on the CPU tier alone: a load to take in, or a
+        store in flight (a step that ran nothing then is not stuck)."""
+        if self._cpu_tier is None:
+            return False
+        return self._cpu_tier.has_copies_in_flight or any(
+            seq.load_state == LOADED for seq in self._holding
+        )
 
     @property
     def has_unfinished(self) -> bool:
         """Whether any request runs or waits."""
-        return bool(self._running or self._queued)
+        return bool(self._running or self._queued or self._holding)
 
     def step(self) -> V1Step:
         """Schedule one step and apply the model runner's answer to it."""
@@ -423,6 +456,10 @@ class V1StepScheduler:
         preempted: list[int] = []
         lookups = _Lookups()
         self.last_batch = batch = V1Batch()
+        tier = self._cpu_tier
+        if tier is not None:
+            assert self._tiered_cache is not None
+            self._tiered_cache.step_allocated_blocks.clear()
         budget = self._schedule_running(scheduled, preempted, self._limits.max_num_batched_tokens)
         if not preempted:
             self._schedule_waiting(scheduled, budget, lookups)
@@ -441,8 +478,11 @@ class V1StepScheduler:
             if computed >= request.prompt_tokens + generated:
                 computed_inputs.append(seq)
         if self._record_usage:
-            batch.usage = self._kv_cache.usage(self._running)
+            holders = self._running + list(self._holding) if self._holding else self._running
+            batch.usage = self._kv_cache.usage(holders)
         batch.sampled = computed_inputs
+        if tier is not None:
+            self._offload(tier)
         if self._limits.async_scheduling:
             for seq in computed_inputs:
                 seq.num_output_placeholders += 1
@@ -462,14 +502,31 @@ class V1StepScheduler:
             preempted_request_ids=tuple(sorted(preempted)),
             finished_request_ids=tuple(sorted(finished)),
             num_running=len(self._running),
-            num_waiting=len(self._queued),
+            num_waiting=self.num_waiting,
             prefix_query_tokens=lookups.query_tokens,
             prefix_hit_tokens=lookups.hit_tokens,
             resumed_query_tokens=lookups.resumed_query_tokens,
             resumed_hit_tokens=lookups.resumed_hit_tokens,
+            cpu_hit_tokens=sum(num_tokens for _, num_tokens in batch.loaded),
+            num_cpu_blocks=tier.num_held_blocks if tier is not None else 0,
         )
         self._num_steps += 1
         return step
+
+    def _offload(self, tier: CpuOffloadTier) -> None:
+        """After scheduling (vLLM's ``build_connector_meta``), the CPU tier stores the prompt
+        blocks the step's tokens complete; then the worker's copies complete (loads of this
+        step, stores of the last), and a loaded request computes from the next step."""
+        for seq, computed_before, num_tokens in self.last_batch.scheduled:
+            tier.offer(seq, computed_before + num_tokens, len(seq.blocks))
+            if seq.num_computed_tokens >= seq.num_tokens:
+                self._prefilling.pop(seq, None)
+        assert self._tiered_cache is not None
+        tier.end_schedule(self._tiered_cache.step_allocated_blocks)
+        loaded = set(tier.complete_step())
+        for seq in self._holding:
+            if seq.request_id in loaded:
+                seq.load_state = LOADED
 
     def _schedule_running(
         self, scheduled: list[tuple[V1Sequence, int]], preempted: list[int], budget: int
@@ -516,22 +573,89 @@ class V1StepScheduler:
         self, scheduled: list[tuple[V1Sequence, int]], budget: int, lookups: _Lookups
     ) -> None:
         kv_cache = self._kv_cache
-        while budget > 0 and self._queued and len(self._running) < self._limits.max_num_seqs:
-            seq = self._queued[0]
-            hits = kv_cache.find_hit(seq)
-            num_tokens = self._chunk(seq, budget, len(hits) * kv_cache.block_size)
+        tier = self._cpu_tier
+        # Requests skipped for this step (a load in flight, a hit still being copied) keep
+        # their places at the front of their queues, as vLLM's are.
+        skipped_holding: list[V1Sequence] = []
+        skipped_waiting: list[V1Sequence] = []
+        while budget > 0 and len(self._running) < self._limits.max_num_seqs:
+            queue = self._holding or self._queued
+            if not queue:
+                break
+            seq = queue[0]
+            if seq.load_state == LOADING:
+                skipped_holding.append(queue.popleft())
+                continue
+            if seq.load_state == LOADED:
+                self._take_in_load(seq)
+            hits: list[int] = []
+            if not seq.num_computed_tokens:  # a loaded request looks nothing up
+                hits = kv_cache.find_hit(seq)
+            if tier is not None and not seq.num_computed_tokens:
+                num_load_blocks = tier.lookup(seq, len(hits))
+                if num_load_blocks is None:
+                    skipped_waiting.append(queue.popleft())
+                    continue
+                if num_load_blocks:
+                    if not self._admit_to_load(seq, hits, num_load_blocks, tier, lookups):
+                        break
+                    skipped_holding.append(queue.popleft())
+                    continue
+            num_computed = seq.num_computed_tokens or len(hits) * kv_cache.block_size
+            num_tokens = self._chunk(seq, budget, num_computed)
             # vLLM 0.32 (scheduler_reserve_full_isl): the whole input must fit, not just a chunk.
             if not kv_cache.can_admit(seq, hits, num_tokens):
                 self.last_batch.memory_blocked = True
-                return
-            self._queued.popleft()
-            kv_cache.admit(seq, hits, num_tokens)
-            if kv_cache.enable_caching:
-                lookups.record(seq, len(hits) * kv_cache.block_size)
-            self.last_batch.admitted.append((seq, len(hits) * kv_cache.block_size))
+                break
+            queue.popleft()
+            if seq.num_computed_tokens:
+                kv_cache.grow(seq, num_tokens)
+            else:
+                kv_cache.admit(seq, hits, num_tokens)
+                if kv_cache.enable_caching:
+                    lookups.record(seq, len(hits) * kv_cache.block_size)
+                self.last_batch.admitted.append((seq, len(hits) * kv_cache.block_size))
             self._running.append(seq)
             scheduled.append((seq, num_tokens))
             budget -= num_tokens
+            if tier is not None and seq.num_computed_tokens + num_tokens < seq.num_tokens:
+                self._prefilling[seq] = None
+        self._holding.extendleft(reversed(skipped_holding))
+        self._queued.extendleft(reversed(skipped_waiting))
+
+    def _admit_to_load(
+        self,
+        seq: V1Sequence,
+        hits: list[int],
+        num_load_blocks: int,
+        tier: CpuOffloadTier,
+        lookups: _Lookups,
+    ) -> bool:
+        """Admit a waiting request to load ``num_load_blocks`` blocks from the CPU tier past its
+        hits (it waits outside the batch meanwhile); False when its blocks do not fit."""
+        kv_cache = self._tiered_cache
+        assert kv_cache is not None
+        reserved = sum(kv_cache.remaining_blocks(other) for other in self._prefilling)
+        if not kv_cache.can_load(seq, hits, num_load_blocks, reserved):
+            self.last_batch.memory_blocked = True
+            return False
+        kv_cache.admit_to_load(seq, hits, num_load_blocks)
+        tier.start_load(seq, len(hits), num_load_blocks)
+        seq.load_state = LOADING
+        block_size = kv_cache.block_size
+        lookups.record(seq, len(hits) * block_size)
+        self.last_batch.admitted.append((seq, seq.num_computed_tokens))
+        self.last_batch.loaded.append((seq, num_load_blocks * block_size))
+        self._prefilling[seq] = None
+        return True
+
+    def _take_in_load(self, seq: V1Sequence) -> None:
+        """A loaded request's blocks join the prefix cache; a load of its whole input leaves
+        its last token to compute, to sample from (vLLM's ``_update_waiting_for_remote_kv``)."""
+        self._kv_cache.cache_computed(seq, seq.num_computed_tokens)
+        if seq.num_computed_tokens == seq.num_tokens:
+            seq.num_computed_tokens -= 1
+        seq.load_state = NOT_LOADING
 
     def _chunk(self, seq: V1Sequence, budget: int, num_computed_tokens: int) -> int:
         """Tokens the request computes this step, past its first ``num_computed_tokens``: what
@@ -541,6 +665,7 @@ class V1StepScheduler:
         return min(uncomputed, budget, room)
 
     def _preempt(self, seq: V1Sequence) -> None:
+        self._prefilling.pop(seq, None)
         self._kv_cache.free(seq)
         seq.num_computed_tokens = 0
         seq.num_output_placeholders = 0  # a token in flight is still taken in, as stale
@@ -568,6 +693,9 @@ class V1StepScheduler:
                 if is_running:
                     self.last_batch.finished.append((seq, kv_cache.held_slots(seq)))
                     self._running.remove(seq)
+                    if self._cpu_tier is not None:
+                        self._cpu_tier.finished(seq)
+                        self._prefilling.pop(seq, None)
                     kv_cache.free(seq)
                 else:
                     self.last_batch.finished.append((seq, 0))
@@ -599,9 +727,12 @@ class _Lookups:
 
 def is_stuck(step: V1Step) -> bool:
     """Whether the step changed nothing while requests wait and none runs: the pool never fits
-    the first waiting request (an async step that only took in finishing tokens did change)."""
+    the first waiting request (an async step that only took in finishing tokens did change, as
+    did one that preempted the last running request beside one loaded from the CPU tier, or
+    admitted a request to load from it)."""
     return (not step.scheduled_tokens and not step.finished_request_ids
-            and not step.num_running and bool(step.num_waiting))  # fmt: skip
+            and not step.num_running and not step.cpu_hit_tokens
+            and not step.preempted_request_ids and bool(step.num_waiting))  # fmt: skip
 
 
 def run_v1_steps(
@@ -632,6 +763,6 @@ def run_v1_steps(
             scheduler.add(requests[pending.pop()])
         step = scheduler.step()
         steps.append(step)
-        if is_stuck(step):
+        if is_stuck(step) and not scheduler.awaits_cpu_tier:
             raise ValueError(f"step {step.step_index}: no waiting request fits the pool")
     return steps

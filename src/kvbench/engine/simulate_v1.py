@@ -108,6 +108,12 @@ def simulate_v1(
                 num_ended += num_finished
             elif step.finished_request_ids:  # async: it only took the last step's tokens in
                 num_ended += _record_finished(scheduler.last_batch, record_of, now_s)
+            elif step.cpu_hit_tokens or step.preempted_request_ids or scheduler.awaits_cpu_tier:
+                # With a CPU tier, a step may compute nothing: it admitted loads (it lasts their
+                # copy), preempted the last running request beside a loaded one, or waits for a
+                # store a request would hit.
+                now_s += _record_uncomputed_step(step, scheduler.last_batch, record_of, now_s,
+                                                 cost_model)  # fmt: skip
             else:
                 # Nothing runs and the first waiting request does not fit the empty pool (a
                 # contiguous allocator's reservation larger than it): it never will.
@@ -135,6 +141,10 @@ def _record_step(
     usage = batch.usage.with_free_blocked() if batch.memory_blocked else batch.usage
     shape, num_prefill_seqs = step_shape(batch)
     duration_s = cost_model.iteration_time_s(shape)
+    if step.cpu_hit_tokens:
+        # Loads from the CPU tier overlap the step (vLLM copies asynchronously) and complete by
+        # its end: a load longer than the step's compute lengthens it.
+        duration_s = max(duration_s, cost_model.swap_time_s(step.cpu_hit_tokens))
     if idle_s > 0:
         duration_s += cost_model.wake_time_s(idle_s)
     end_s = now_s + duration_s
@@ -153,8 +163,7 @@ def _record_step(
         prefix_lookups=(step.prefix_query_tokens, step.prefix_hit_tokens,
                         step.resumed_query_tokens, step.resumed_hit_tokens),
     )  # fmt: skip
-    for seq, hit_tokens in batch.admitted:
-        record_of[seq.request_id].mark_admitted(now_s, hit_tokens)
+    _record_admitted(batch, record_of, now_s)
     for seq in batch.preempted:
         record_of[seq.request_id].mark_preempted(swapped=False)
     for seq in batch.sampled:
@@ -163,6 +172,29 @@ def _record_step(
     # Async, the step's finished requests sampled their last token in the step before it.
     finished_s = now_s if scheduler.limits.async_scheduling else end_s
     return end_s, _record_finished(batch, record_of, finished_s)
+
+
+def _record_uncomputed_step(
+    step: V1Step,
+    batch: V1Batch,
+    record_of: dict[int, RequestRecord],
+    now_s: float,
+    cost_model: CostModel,
+) -> float:
+    """Note a step that computed nothing (no step row: no model ran); its duration, the copy
+    of the loads it admitted."""
+    _record_admitted(batch, record_of, now_s)
+    for seq in batch.preempted:
+        record_of[seq.request_id].mark_preempted(swapped=False)
+    return cost_model.swap_time_s(step.cpu_hit_tokens) if step.cpu_hit_tokens else 0.0
+
+
+def _record_admitted(batch: V1Batch, record_of: dict[int, RequestRecord], now_s: float) -> None:
+    """Note the step's admissions at ``now_s`` (and what they load from the CPU tier)."""
+    for seq, num_tokens in batch.loaded:
+        record_of[seq.request_id].mark_cpu_hit(num_tokens)
+    for seq, hit_tokens in batch.admitted:
+        record_of[seq.request_id].mark_admitted(now_s, hit_tokens)
 
 
 def _record_finished(batch: V1Batch, record_of: dict[int, RequestRecord], finished_s: float) -> int:

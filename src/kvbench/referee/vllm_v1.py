@@ -60,6 +60,12 @@ class RefereeLimits:
         windows: one entry per KV-cache group, sharing the pool: None for full attention, else
             the group's sliding window in tokens (a hybrid model; ``core.kv_groups``). One full
             group is a uniform model.
+        num_cpu_blocks: > 0: vLLM's CPU offloading (``OffloadingConnector``, what
+            ``--kv-offloading-size`` starts) with a CPU tier of this many blocks, its defaults
+            otherwise (LRU, chunks of one block, prompt blocks only). The referee's model runner
+            is its worker: a load completes in the step that issued it, a store in the next
+            (the worker submits stores at the start of the following step), as when copies are
+            shorter than a step.
     """
 
     block_size: int
@@ -70,6 +76,7 @@ class RefereeLimits:
     enable_prefix_caching: bool
     async_scheduling: bool = False
     windows: tuple[int | None, ...] = (None,)
+    num_cpu_blocks: int = 0
 
 
 @dataclass(frozen=True)
@@ -92,7 +99,12 @@ class RefereeStep:
         resumed_query_tokens: tokens looked up by preempted requests resuming in this step.
         resumed_hit_tokens: of those, tokens found cached.
         num_running: requests running after the step.
-        num_waiting: requests waiting (never admitted or preempted) after the step.
+        num_waiting: requests waiting (never admitted or preempted) after the step, those
+            loading from the CPU tier included.
+        cpu_hit_tokens: tokens requests admitted in this step load from the CPU tier (they
+            wait outside the batch until the load completes).
+        num_cpu_blocks: blocks the CPU tier holds after the step's scheduling, stores still
+            in flight included.
     """
 
     step_index: int
@@ -106,6 +118,8 @@ class RefereeStep:
     resumed_hit_tokens: int
     num_running: int
     num_waiting: int
+    cpu_hit_tokens: int = 0
+    num_cpu_blocks: int = 0
 
 
 def run_referee(
@@ -134,6 +148,7 @@ def run_referee(
     steps: list[RefereeStep] = []
     # Scheduled steps whose output the scheduler has not taken in yet (at most one, async).
     in_flight: list[tuple[Any, Any]] = []
+    worker = _OffloadWorker(vllm, limits.block_size) if limits.num_cpu_blocks else None
     while pending or scheduler.get_num_unfinished_requests():
         step_index = len(steps)
         if step_index >= max_steps:
@@ -141,7 +156,8 @@ def run_referee(
         while pending and arrivals[pending[-1]] <= step_index:
             index = pending.pop()
             scheduler.add_request(_vllm_request(vllm, requests[index], index, hasher))
-        steps.append(_step(vllm, scheduler, step_index, in_flight, limits.async_scheduling))
+        steps.append(_step(vllm, scheduler, step_index, in_flight, limits.async_scheduling,
+                           worker))  # fmt: skip
         _check_progress(steps[-1], scheduler, limits)
     return steps
 
@@ -163,8 +179,13 @@ def _check_requests(requests: Sequence[Request], limits: RefereeLimits) -> None:
 def _check_progress(step: RefereeStep, scheduler: Any, limits: RefereeLimits) -> None:
     """A step that schedules nothing while requests wait and none runs would repeat forever
     (unless, async, it took in finishing tokens: their memory is free for the next)."""
-    stuck = not step.scheduled_tokens and not step.finished_request_ids and not scheduler.running
-    if stuck and scheduler.get_num_unfinished_requests():
+    stuck = not (step.scheduled_tokens or step.finished_request_ids or scheduler.running
+                 or step.preempted_request_ids)  # fmt: skip
+    # A request may wait a step for the CPU tier: its load, or a store it would hit, in flight.
+    loading = scheduler.connector is not None and (
+        scheduler.finished_recving_kv_req_ids or scheduler.connector.has_pending_push_work()
+    )
+    if stuck and not loading and scheduler.get_num_unfinished_requests():
         raise ValueError(
             f"step {step.step_index}: no waiting request fits {limits.num_gpu_blocks} blocks of "
             f"{limits.block_size} tokens; raise num_gpu_blocks"
@@ -172,11 +193,26 @@ def _check_progress(step: RefereeStep, scheduler: Any, limits: RefereeLimits) ->
 
 
 def _step(
-    vllm: Any, scheduler: Any, step_index: int, in_flight: list[tuple[Any, Any]], lag: bool
+    vllm: Any,
+    scheduler: Any,
+    step_index: int,
+    in_flight: list[tuple[Any, Any]],
+    lag: bool,
+    worker: _OffloadWorker | None,
 ) -> RefereeStep:
     """One ``schedule()``, and the model runner's answer to it taken in at once, or (``lag``,
     async scheduling) the previous step's answer taken in after it."""
     output = scheduler.schedule()
+    if worker is not None:
+        # The connector visits a step's newly finished requests in this set's order: a plain
+        # set of string ids iterates in an order Python's hash randomization picks. The referee
+        # pins it to finishing order (one of vLLM's possible orders), as kvbench follows.
+        scheduler.finished_req_ids = _InsertionOrderedSet()
+    cpu_hit_tokens = num_cpu_blocks = 0
+    connector_output = None
+    if worker is not None:
+        cpu_hit_tokens, connector_output = worker.run(output.kv_connector_metadata)
+        num_cpu_blocks = len(scheduler.connector.connector_scheduler.manager._policy.chunks)
     # Stats are reset inside update_from_output: read (and reset) this step's before it.
     stats = scheduler.kv_cache_manager.make_prefix_cache_stats()
     block_pool = scheduler.kv_cache_manager.block_pool
@@ -189,6 +225,7 @@ def _step(
         req_ids=request_ids,
         req_id_to_index={request_id: i for i, request_id in enumerate(request_ids)},
         sampled_token_ids=sampled,
+        kv_connector_output=connector_output,
     )
     in_flight.append((output, runner_output))
     finished = []
@@ -210,7 +247,52 @@ def _step(
         resumed_hit_tokens=stats.preempted_hits,
         num_running=len(scheduler.running),
         num_waiting=scheduler.get_num_unfinished_requests() - len(scheduler.running),
+        cpu_hit_tokens=cpu_hit_tokens,
+        num_cpu_blocks=num_cpu_blocks,
     )
+
+
+class _InsertionOrderedSet(set):
+    """A set that iterates in the order its members were added."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._order: list[Any] = []
+
+    def add(self, item: Any) -> None:
+        if item not in self:
+            self._order.append(item)
+        super().add(item)
+
+    def __iter__(self) -> Any:
+        return iter([item for item in self._order if item in self])
+
+
+class _OffloadWorker:
+    """The offloading connector's worker side, with copies that take no time: the loads a step
+    issues complete in it, and its stores in the next step (vLLM's worker defers a store to the
+    start of the following step; a store the scheduler flushes, because its blocks are
+    preempted or reused, completes at once)."""
+
+    def __init__(self, vllm: Any, block_size: int) -> None:
+        self._vllm = vllm
+        self._block_size = block_size
+        self._deferred_stores: list[int] = []
+
+    def run(self, metadata: Any) -> tuple[int, Any]:
+        """This step's copies: (tokens its loads bring in, the ``KVConnectorOutput``)."""
+        flushed = metadata.jobs_to_flush or set()
+        completed = [*self._deferred_stores, *metadata.load_jobs]
+        completed += [job_id for job_id in metadata.store_jobs if job_id in flushed]
+        self._deferred_stores = [job for job in metadata.store_jobs if job not in flushed]
+        loaded_blocks = sum(len(job.src_spec.block_ids) for job in metadata.load_jobs.values())
+        output = self._vllm.KVConnectorOutput(
+            finished_recving={job.req_id for job in metadata.load_jobs.values()},
+            kv_connector_worker_meta=self._vllm.OffloadingWorkerMetadata(
+                completed_jobs=dict.fromkeys(completed, 1)
+            ),
+        )
+        return loaded_blocks * self._block_size, output
 
 
 def _sampled_tokens(vllm_request: Any) -> list[int]:
@@ -248,7 +330,16 @@ def _import_vllm() -> Any:
     try:
         import torch
         import vllm
-        from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig
+        from vllm.config import (
+            CacheConfig,
+            KVTransferConfig,
+            ModelConfig,
+            SchedulerConfig,
+            VllmConfig,
+        )
+        from vllm.distributed.kv_transfer.kv_connector.v1.offloading.common import (
+            OffloadingWorkerMetadata,
+        )
         from vllm.sampling_params import SamplingParams
         from vllm.utils.hashing import sha256
         from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
@@ -260,7 +351,7 @@ def _import_vllm() -> Any:
             KVCacheGroupSpec,
             SlidingWindowSpec,
         )
-        from vllm.v1.outputs import ModelRunnerOutput
+        from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
         from vllm.v1.request import Request as VllmRequest
         from vllm.v1.structured_output import StructuredOutputManager
     except ImportError as error:
@@ -290,6 +381,9 @@ def _import_vllm() -> Any:
         KVCacheConfig=KVCacheConfig,
         KVCacheGroupSpec=KVCacheGroupSpec,
         ModelRunnerOutput=ModelRunnerOutput,
+        KVConnectorOutput=KVConnectorOutput,
+        KVTransferConfig=KVTransferConfig,
+        OffloadingWorkerMetadata=OffloadingWorkerMetadata,
         Request=VllmRequest,
         StructuredOutputManager=StructuredOutputManager,
     )
@@ -338,6 +432,8 @@ def _build_scheduler(vllm: Any, limits: RefereeLimits) -> Any:
         raise RefereeConfigError(f"vLLM refuses these limits: {reason}") from None
     if limits.async_scheduling:  # as on a GPU: the CPU platform turns it off in the config
         config.scheduler_config.async_scheduling = True
+    if limits.num_cpu_blocks:
+        config.kv_transfer_config = _offloading_config(vllm, limits)
     _check_effective_config(config, limits)
     kv_cache_config = build_kv_cache_config(vllm, limits.windows, limits.block_size,
                                             limits.num_gpu_blocks)  # fmt: skip
@@ -352,6 +448,23 @@ def _build_scheduler(vllm: Any, limits: RefereeLimits) -> Any:
     )
     _check_scheduler(scheduler, limits)
     return scheduler
+
+
+def _offloading_config(vllm: Any, limits: RefereeLimits) -> Any:
+    """What ``--kv-offloading-size`` sets (``VllmConfig._post_init_kv_transfer_config``), sized
+    in bytes to ``limits.num_cpu_blocks`` of the stand-in group's blocks: vLLM rounds a block's
+    bytes (``_group_spec``'s page: K and V of one fp32 value per token) up to its CPU region's
+    alignment."""
+    from vllm.v1.kv_offload.cpu.spec import CPUOffloadingSpec
+
+    page_bytes = 2 * limits.block_size * 4
+    alignment = CPUOffloadingSpec.BLOCK_SIZE_ALIGNMENT
+    block_bytes = -(-page_bytes // alignment) * alignment
+    return vllm.KVTransferConfig(
+        kv_connector="OffloadingConnector",
+        kv_role="kv_both",
+        kv_connector_extra_config={"cpu_bytes_to_use": limits.num_cpu_blocks * block_bytes},
+    )
 
 
 def build_kv_cache_config(
@@ -428,6 +541,13 @@ def _check_scheduler(scheduler: Any, limits: RefereeLimits) -> None:
         raise RefereeConfigError(
             f"vLLM's block pool has {pool_blocks} blocks where {limits.num_gpu_blocks} were asked"
         )
+    if limits.num_cpu_blocks:
+        cpu_blocks = scheduler.connector.connector_scheduler.manager._num_chunks
+        if cpu_blocks != limits.num_cpu_blocks:
+            raise RefereeConfigError(
+                f"vLLM's CPU tier has {cpu_blocks} blocks where {limits.num_cpu_blocks} were "
+                "asked"
+            )
     enable_caching = scheduler.kv_cache_manager.enable_caching
     if enable_caching != limits.enable_prefix_caching:
         raise RefereeConfigError(

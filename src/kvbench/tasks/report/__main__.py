@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from kvbench.plots import CHART_FORMATS, DEFAULT_CHART_FORMATS, chart_formats
+from kvbench.tasks.report.aggregate import find_tables
 from kvbench.tasks.report.run import write_report
 
 
@@ -32,14 +33,24 @@ def main(argv: list[str] | None = None) -> int:
     with chart_formats(args.formats):
         tables = write_report(args.results, args.out, args.docs)
     if tables.empty:
-        print("kvbench.tasks.report: no summary.parquet, sim_to_real.parquet or "
-              "sim_to_vllm.parquet under the folders given", file=sys.stderr)  # fmt: skip
+        print(f"kvbench.tasks.report: {_nothing_found(args.results)}", file=sys.stderr)
         return 3
     num_runs = sum(t["run_dir"].nunique() for t in tables.sim_to_real.values() if not t.empty)
     print(f"kvbench.tasks.report: {len(tables.summary)} summary rows, {len(tables.knees)} knees, "
           f"{len(tables.capacity)} capacity rows, {num_runs} sim-to-real runs "
           f"-> {args.out}")  # fmt: skip
     return 0
+
+
+def _nothing_found(roots: list[Path]) -> str:
+    """Why the folders gave no report: no table, or summaries of ``vllm_v1`` runs only (the
+    report reproduces the paper's engine)."""
+    if not find_tables(roots):
+        return ("no summary.parquet, sim_to_real.parquet or sim_to_vllm.parquet under the "
+                "folders given")  # fmt: skip
+    return ("the summaries under the folders given are all of scheduler=vllm_v1 runs, and the "
+            "report reproduces the paper's engine (scheduler=vllm_v0); a vllm_v1 run's own "
+            "report.md and plots/ are in its run folder")  # fmt: skip
 
 
 if __name__ == "__main__":

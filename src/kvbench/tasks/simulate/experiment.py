@@ -24,6 +24,7 @@ from kvbench.core.request import Request
 from kvbench.core.specs import GIB, Deployment
 from kvbench.engine import PageMapping, RooflineCostModel, Scheduler, SchedulerLimits, simulate
 from kvbench.engine.cost_model import CostModel
+from kvbench.engine.cpu_tier_v1 import CpuOffloadTier
 from kvbench.engine.kv_cache_v1 import V1KVCache
 from kvbench.engine.scheduler import rejection_reason
 from kvbench.engine.scheduler_v1 import HybridV1Memory, ReservingV1Memory, V1Limits, V1Memory
@@ -78,12 +79,17 @@ def v1_memory(name: str, allocator: Allocator, limits: V1Limits) -> V1Memory:
     ``paged_prefix`` (on), its hybrid manager for ``paged_hybrid`` and ``paged_hybrid_prefix``,
     the allocator reserving whole spans at admission for the naive ones."""
     if name in ("paged", "paged_prefix"):
+        # vLLM's CPU offloading, in blocks of the pool's size (allocator.cpu_cache_gib).
+        prefix_cache = getattr(allocator, "prefix_cache", None)
+        num_cpu_blocks = prefix_cache.cpu_cache_blocks if prefix_cache is not None else 0
+        cpu_tier = CpuOffloadTier(num_cpu_blocks, allocator.block_size) if num_cpu_blocks else None
         return V1KVCache(
             allocator.num_slots // allocator.block_size,
             allocator.block_size,
             limits.max_model_len,
             enable_caching=name == "paged_prefix",
             num_slots=allocator.num_slots,
+            cpu_tier=cpu_tier,
         )
     if name in ("paged_hybrid", "paged_hybrid_prefix"):
         return HybridV1Memory(allocator, limits)  # type: ignore[arg-type]

@@ -1,0 +1,207 @@
+"""vLLM v1's CPU offloading (``engine.cpu_tier_v1``, ``scheduler=vllm_v1`` with a CPU tier)
+against the real ``OffloadingConnector`` driven by vLLM's scheduler (``referee.vllm_v1`` with
+``num_cpu_blocks``), step for step: every compared field of every step, the tokens loaded from
+the CPU and the blocks the tier holds included, must be identical."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from referee_support import agrees_with_vllm, kvbench_v1_steps, peer
+from test_scheduler_v1_prefix_referee import PREFIX_TRACE_SLICES, SLICE_LIMITS, trace_slice
+from test_scheduler_v1_prefix_referee import workloads as prefix_workloads
+
+from kvbench.core.kv_capacity import NUM_NULL_BLOCKS
+from kvbench.core.request import Request
+from kvbench.engine.cpu_tier_v1 import CpuOffloadTier
+from kvbench.engine.kv_cache_v1 import V1Sequence
+from kvbench.engine.scheduler_v1 import V1Limits
+
+Case = tuple[list[Request], int, int, V1Limits, "list[int] | None"]
+SHARED = dict(prefix_group=1, prefix_tokens=48)
+
+
+def _evicting_case() -> Case:
+    """A pool of 8 blocks of 16: request 1 (100 tokens) evicts request 0's prompt from the GPU
+    but for one block; requests 2 and 3 share that prompt's 48 tokens."""
+    requests = [Request(0, 0.0, 50, 20, **SHARED), Request(1, 0.0, 100, 3),  # type: ignore[arg-type]
+                Request(2, 0.0, 50, 3, **SHARED), Request(3, 0.0, 50, 3, **SHARED)]  # type: ignore[arg-type]  # fmt: skip
+    return requests, 16, 9, V1Limits(4, 128, 128), [0, 30, 40, 41]
+
+
+def _steps_of(case: Case, num_cpu_blocks: int):  # type: ignore[no-untyped-def]
+    requests, block_size, num_gpu_blocks, limits, arrivals = case
+    return kvbench_v1_steps(requests, block_size, num_gpu_blocks, limits, arrivals,
+                            prefix_caching=True, num_cpu_blocks=num_cpu_blocks)  # fmt: skip
+
+
+def test_a_request_loads_what_the_gpu_evicted_and_waits_a_step_outside_the_batch() -> None:
+    # What real vLLM does on this case (test below): request 2 hits one block on the GPU and
+    # loads two from the CPU in step 40, holding 3 blocks while it waits; in step 41 it computes
+    # its last 2 tokens, and request 3 finds all 48 shared tokens on the GPU, cached at the load.
+    steps = {step.step_index: step for step in _steps_of(_evicting_case(), 20)}
+    load = steps[40]
+    assert (load.scheduled_tokens, load.num_blocks_in_use, load.num_waiting) == ((), 3, 1)
+    assert (load.prefix_hit_tokens, load.cpu_hit_tokens) == (16, 32)
+    assert steps[41].scheduled_tokens == ((2, 2), (3, 2))
+    assert steps[41].prefix_hit_tokens == 48
+    # Prompt blocks only: request 0's 70 tokens fill 4 blocks, its prompt 3; request 1 adds 6.
+    assert [steps[i].num_cpu_blocks for i in (0, 30, 40)] == [3, 9, 9]
+
+
+def test_without_a_cpu_tier_the_evicted_prompt_is_recomputed() -> None:
+    steps = {step.step_index: step for step in _steps_of(_evicting_case(), 0)}
+    assert steps[40].scheduled_tokens == ((2, 34),)
+    assert all(step.cpu_hit_tokens == 0 for step in steps.values())
+
+
+def test_a_store_is_readable_a_step_later_and_a_block_being_loaded_is_waited_for() -> None:
+    shared = dict(prefix_group=1, prefix_tokens=8)
+    first, second, third = (V1Sequence(Request(i, 0.0, 8, 1, **shared)) for i in range(3))  # type: ignore[arg-type]
+    tier = CpuOffloadTier(num_blocks=4, block_size=4)
+    tier.offer(first, 8, 2)
+    tier.end_schedule(set())
+    tier.complete_step()  # the worker copies it at the start of the next step
+    assert tier.lookup(second, 0) is None  # a hit still being stored: wait a step
+    tier.end_schedule(set())
+    tier.complete_step()
+    assert tier.lookup(second, 0) == 2  # the whole prompt (the GPU then recomputes its last)
+    tier.start_load(second, 0, 2)
+    assert tier.lookup(third, 0) is None  # its blocks are being loaded for another request
+    tier.end_schedule(set())
+    assert tier.complete_step() == [1]  # a load completes in its step
+    assert tier.lookup(third, 0) == 2
+
+
+def test_a_tier_full_of_blocks_in_flight_drops_the_offer_and_retries_it() -> None:
+    tier = CpuOffloadTier(num_blocks=2, block_size=4)
+    first, second = V1Sequence(Request(0, 0.0, 8, 1)), V1Sequence(Request(1, 0.0, 8, 1))
+    tier.offer(first, 8, 2)
+    tier.offer(second, 8, 2)  # both of the tier's blocks are still being stored
+    assert (tier.num_stored_blocks, tier.num_dropped_offers) == (2, 1)
+    tier.end_schedule(set())
+    tier.complete_step()
+    tier.end_schedule(set())
+    tier.complete_step()  # the first request's store completes: readable, evictable
+    tier.offer(second, 8, 2)  # retried: evicts the first request's blocks
+    assert (tier.num_stored_blocks, tier.num_held_blocks) == (4, 2)
+    assert tier.lookup(first, 0) == 0
+    assert tier.lookup(second, 0) is None  # its own store is in flight: it would wait
+
+
+def test_the_least_recently_used_block_goes_first_and_a_finished_prompt_head_last() -> None:
+    tier = CpuOffloadTier(num_blocks=3, block_size=1)
+    seq = V1Sequence(Request(0, 0.0, 3, 1))
+    tier.offer(seq, 3, 3)
+    tier.end_schedule(set())
+    tier.complete_step()
+    tier.complete_step()  # readable
+    tier.finished(seq)
+    tier.end_schedule(set())  # its blocks used again, the first one last
+    newcomer = V1Sequence(Request(1, 0.0, 1, 1))
+    tier.offer(newcomer, 1, 1)  # evicts one block: the prompt's tail
+    assert tier.lookup(V1Sequence(Request(0, 0.0, 3, 1)), 0) == 2
+
+
+def test_the_cpu_tier_rejects_an_empty_size() -> None:
+    with pytest.raises(ValueError, match="num_blocks=0"):
+        CpuOffloadTier(num_blocks=0, block_size=16)
+
+
+@peer
+def test_the_hand_cases_are_vllms() -> None:
+    assert agrees_with_vllm(_evicting_case(), prefix_caching=True, num_cpu_blocks=20) == 44
+    assert agrees_with_vllm(_evicting_case(), prefix_caching=True, num_cpu_blocks=2) == 44
+
+
+@st.composite
+def shared_prompt_workloads(draw: st.DrawFn) -> Case:
+    """Requests most of which open with one of four shared prompts, arriving over 80 steps on a
+    pool little larger than the largest: the GPU evicts prompts the CPU tier still holds."""
+    block_size = draw(st.sampled_from([1, 2, 4, 8, 16]))
+    requests = []
+    for request_id in range(draw(st.integers(2, 20))):
+        identity: dict[str, int] = {}
+        prompt_tokens = draw(st.integers(1, 120))
+        if draw(st.booleans()) or draw(st.booleans()):
+            shared_tokens = draw(st.integers(8, 100))
+            identity = dict(prefix_group=draw(st.integers(0, 3)), prefix_tokens=shared_tokens)
+            prompt_tokens = min(shared_tokens + draw(st.integers(0, 40)), 200)
+        requests.append(Request(request_id, 0.0, prompt_tokens, draw(st.integers(1, 20)),
+                                **identity))  # type: ignore[arg-type]  # fmt: skip
+    largest_blocks = max(-(-request.total_tokens // block_size) for request in requests)
+    limits = V1Limits(max_num_seqs=draw(st.integers(1, 8)),
+                      max_num_batched_tokens=draw(st.integers(16, 256)),
+                      max_model_len=256)  # fmt: skip
+    arrivals = sorted(draw(st.lists(st.integers(0, 80), min_size=len(requests),
+                                    max_size=len(requests))))  # fmt: skip
+    num_gpu_blocks = largest_blocks + NUM_NULL_BLOCKS + draw(st.integers(0, 10))
+    return requests, block_size, num_gpu_blocks, limits, arrivals
+
+
+TIER_SIZES = st.integers(1, 100)
+
+
+@peer
+@settings(max_examples=60, deadline=None)
+@given(case=st.one_of(prefix_workloads(), shared_prompt_workloads()), num_cpu_blocks=TIER_SIZES)
+def test_kvbench_v1_with_a_cpu_tier_agrees_with_vllm_step_for_step(case, num_cpu_blocks) -> None:  # type: ignore[no-untyped-def]
+    agrees_with_vllm(case, prefix_caching=True, num_cpu_blocks=num_cpu_blocks)
+
+
+@peer
+@pytest.mark.slow
+@settings(max_examples=1000, deadline=None)
+@given(case=st.one_of(prefix_workloads(), shared_prompt_workloads()), num_cpu_blocks=TIER_SIZES)
+def test_kvbench_v1_with_a_cpu_tier_agrees_with_vllm_on_a_thousand(case, num_cpu_blocks) -> None:  # type: ignore[no-untyped-def]
+    agrees_with_vllm(case, prefix_caching=True, num_cpu_blocks=num_cpu_blocks)
+
+
+@peer
+@pytest.mark.parametrize(("trace", "system_prompt_tokens"), PREFIX_TRACE_SLICES)
+@pytest.mark.parametrize("num_cpu_blocks", [300, 3000])
+def test_kvbench_v1_with_a_cpu_tier_agrees_with_vllm_on_trace_slices(
+    shared_traces, trace, system_prompt_tokens, num_cpu_blocks
+) -> None:  # type: ignore[no-untyped-def]
+    requests, arrivals = trace_slice(shared_traces / trace, system_prompt_tokens)
+    case = (requests, 16, 1200, SLICE_LIMITS, arrivals)  # a pool that preempts and evicts
+    assert agrees_with_vllm(case, prefix_caching=True, num_cpu_blocks=num_cpu_blocks) > 80
+
+
+def test_a_prompt_larger_than_the_tier_is_not_stored_at_all() -> None:
+    # vLLM stores a request's new blocks all or none: 3 prompt blocks never fit 2.
+    steps = _steps_of(_evicting_case(), 2)
+    assert {step.num_cpu_blocks for step in steps[:30]} == {0}
+    assert sum(step.cpu_hit_tokens for step in steps) == 0
+
+
+def test_simulated_on_the_clock_a_load_is_a_hit_of_the_cpu_tier_and_takes_its_copy_time() -> None:
+    from kvbench.core.catalog import get_deployment
+    from kvbench.engine import RooflineCostModel
+    from kvbench.engine.kv_cache_v1 import V1KVCache
+    from kvbench.engine.simulate_v1 import chunks_shape, simulate_v1
+
+    requests, block_size, num_gpu_blocks, limits, _ = _evicting_case()
+    # Arrivals far apart: each request runs alone, request 2 after request 1 evicted the prompt.
+    requests = [dataclasses.replace(request, arrival_s=10.0 * index)
+                for index, request in enumerate(requests)]  # fmt: skip
+    cost_model = RooflineCostModel(get_deployment("opt-13b", "a100-40gb"))
+    num_blocks = num_gpu_blocks - NUM_NULL_BLOCKS
+    records = {}
+    for num_cpu_blocks in (0, 20):
+        tier = CpuOffloadTier(num_cpu_blocks, block_size) if num_cpu_blocks else None
+        memory = V1KVCache(num_blocks, block_size, limits.max_model_len, enable_caching=True,
+                           cpu_tier=tier)  # fmt: skip
+        result = simulate_v1(requests, memory, limits, cost_model, num_blocks * block_size)
+        records[num_cpu_blocks] = {record.request_id: record for record in result.requests}
+    loaded = records[20][2]
+    assert (loaded.cached_prompt_tokens, loaded.cpu_cached_prompt_tokens) == (48, 32)
+    assert records[0][2].cpu_cached_prompt_tokens == 0
+    # The load-only step lasts the copy; then the request computes its last 2 tokens alone
+    # (tokens 48-49 of its prompt): here a step longer than recomputing 34 tokens would save.
+    last_chunk_s = cost_model.iteration_time_s(chunks_shape([(50, 48, 2)]))
+    expected_s = cost_model.swap_time_s(32) + last_chunk_s
+    assert loaded.first_token_s - loaded.admit_s == pytest.approx(expected_s, rel=1e-9)
