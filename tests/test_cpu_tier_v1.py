@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from referee_support import agrees_with_vllm, kvbench_v1_steps, peer
 from test_scheduler_v1_prefix_referee import PREFIX_TRACE_SLICES, SLICE_LIMITS, trace_slice
@@ -145,10 +145,48 @@ def shared_prompt_workloads(draw: st.DrawFn) -> Case:
 TIER_SIZES = st.integers(1, 100)
 
 
+def _livelocks_vllm(case: Case) -> bool:
+    """A 1-token prompt with blocks of 1 token: vLLM reloads it whole forever (below)."""
+    requests, block_size, *_ = case
+    return block_size == 1 and any(request.prompt_tokens == 1 for request in requests)
+
+
+def _one_token_prompt_case() -> Case:
+    shared = dict(prefix_group=1, prefix_tokens=1)
+    requests = [Request(0, 0.0, 1, 1, **shared), Request(1, 0.0, 8, 1),  # type: ignore[arg-type]
+                Request(2, 0.0, 1, 1, **shared)]  # type: ignore[arg-type]  # fmt: skip
+    return requests, 1, 10, V1Limits(4, 16, 16), [0, 3, 6]
+
+
+def test_a_one_token_prompt_loaded_whole_computes_its_token_and_finishes() -> None:
+    steps = _steps_of(_one_token_prompt_case(), 4)
+    load = next(step for step in steps if step.cpu_hit_tokens)
+    assert (load.step_index, load.cpu_hit_tokens) == (6, 1)
+    assert steps[7].scheduled_tokens == ((2, 1),) and steps[7].finished_request_ids == (2,)
+
+
+@peer
+def test_vllm_reloads_a_one_token_prompt_loaded_whole_forever() -> None:
+    # vLLM 0.32 sets a request whose whole input was loaded to recompute its last token, here
+    # its only one: 0 computed tokens, which its scheduler reads as a new request, so it looks
+    # the prompt up and loads it again, every step. kvbench lets it compute (docs/referee.md).
+    from kvbench.referee.vllm_v1 import RefereeLimits, run_referee
+
+    requests, block_size, num_gpu_blocks, limits, arrivals = _one_token_prompt_case()
+    referee_limits = RefereeLimits(block_size=block_size, num_gpu_blocks=num_gpu_blocks,
+                                   max_num_seqs=limits.max_num_seqs,
+                                   max_num_batched_tokens=limits.max_num_batched_tokens,
+                                   max_model_len=limits.max_model_len, enable_prefix_caching=True,
+                                   num_cpu_blocks=4)  # fmt: skip
+    with pytest.raises(RuntimeError, match="ran 300 steps without finishing"):
+        run_referee(requests, referee_limits, arrivals, max_steps=300)
+
+
 @peer
 @settings(max_examples=60, deadline=None)
 @given(case=st.one_of(prefix_workloads(), shared_prompt_workloads()), num_cpu_blocks=TIER_SIZES)
 def test_kvbench_v1_with_a_cpu_tier_agrees_with_vllm_step_for_step(case, num_cpu_blocks) -> None:  # type: ignore[no-untyped-def]
+    assume(not _livelocks_vllm(case))
     agrees_with_vllm(case, prefix_caching=True, num_cpu_blocks=num_cpu_blocks)
 
 
@@ -157,6 +195,7 @@ def test_kvbench_v1_with_a_cpu_tier_agrees_with_vllm_step_for_step(case, num_cpu
 @settings(max_examples=1000, deadline=None)
 @given(case=st.one_of(prefix_workloads(), shared_prompt_workloads()), num_cpu_blocks=TIER_SIZES)
 def test_kvbench_v1_with_a_cpu_tier_agrees_with_vllm_on_a_thousand(case, num_cpu_blocks) -> None:  # type: ignore[no-untyped-def]
+    assume(not _livelocks_vllm(case))
     agrees_with_vllm(case, prefix_caching=True, num_cpu_blocks=num_cpu_blocks)
 
 

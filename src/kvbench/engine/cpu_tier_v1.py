@@ -76,7 +76,7 @@ class CpuOffloadTier:
         self._num_evictable = 0
         self._states: dict[int, _RequestState] = {}  # request id -> state
         self._being_loaded: set[int] = set()
-        # Copies issued this step and last: (hashes, request id, is_load).
+        # Copies (hashes, request id, is_load) issued this step, and stores issued last step.
         self._issued: list[tuple[list[int], int, bool]] = []
         self._deferred_stores: list[tuple[list[int], int, bool]] = []  # copied next step
         self._flushed: list[tuple[list[int], int, bool]] = []  # stores copied this step
@@ -192,15 +192,20 @@ class CpuOffloadTier:
             return False
         heap = self._evictable_heap
         chosen: list[tuple[int, int]] = []
+        chosen_hashes: set[int] = set()
         kept: list[tuple[int, int]] = []
         while heap and len(chosen) < num_to_evict:
             entry = heapq.heappop(heap)
             rank, block_hash = entry
             if self._pins.get(block_hash) != 0 or self._ranks.get(block_hash) != rank:
                 continue  # stale
-            if any(block_hash == other for _, other in chosen):
-                continue
-            (kept if block_hash in protected else chosen).append(entry)
+            if block_hash in chosen_hashes:
+                continue  # pinned and unpinned again at the same rank: two entries
+            if block_hash in protected:
+                kept.append(entry)
+            else:
+                chosen.append(entry)
+                chosen_hashes.add(block_hash)
         for entry in kept:
             heapq.heappush(heap, entry)
         if len(chosen) < num_to_evict:

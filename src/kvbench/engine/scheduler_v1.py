@@ -588,10 +588,14 @@ class V1StepScheduler:
                 continue
             if seq.load_state == LOADED:
                 self._take_in_load(seq)
+            # A loaded request holds its blocks and looks nothing up. (vLLM looks up again one
+            # whose computed tokens are 0: a 1-token prompt loaded whole, with blocks of 1
+            # token, then loads again every step, forever; docs/referee.md.)
+            loaded = bool(seq.blocks)
             hits: list[int] = []
-            if not seq.num_computed_tokens:  # a loaded request looks nothing up
+            if not loaded:
                 hits = kv_cache.find_hit(seq)
-            if tier is not None and not seq.num_computed_tokens:
+            if tier is not None and not loaded:
                 num_load_blocks = tier.lookup(seq, len(hits))
                 if num_load_blocks is None:
                     skipped_waiting.append(queue.popleft())
@@ -601,14 +605,14 @@ class V1StepScheduler:
                         break
                     skipped_holding.append(queue.popleft())
                     continue
-            num_computed = seq.num_computed_tokens or len(hits) * kv_cache.block_size
+            num_computed = seq.num_computed_tokens if loaded else len(hits) * kv_cache.block_size
             num_tokens = self._chunk(seq, budget, num_computed)
             # vLLM 0.32 (scheduler_reserve_full_isl): the whole input must fit, not just a chunk.
             if not kv_cache.can_admit(seq, hits, num_tokens):
                 self.last_batch.memory_blocked = True
                 break
             queue.popleft()
-            if seq.num_computed_tokens:
+            if loaded:
                 kv_cache.grow(seq, num_tokens)
             else:
                 kv_cache.admit(seq, hits, num_tokens)
