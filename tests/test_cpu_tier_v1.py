@@ -98,6 +98,7 @@ def test_the_least_recently_used_block_goes_first_and_a_finished_prompt_head_las
     tier.offer(seq, 3, 3)
     tier.end_schedule(set())
     tier.complete_step()
+    tier.end_schedule(set())
     tier.complete_step()  # readable
     tier.finished(seq)
     tier.end_schedule(set())  # its blocks used again, the first one last
@@ -111,9 +112,26 @@ def test_the_cpu_tier_rejects_an_empty_size() -> None:
         CpuOffloadTier(num_blocks=0, block_size=16)
 
 
+def test_async_a_load_is_taken_in_a_step_later_and_its_blocks_wait_for_it() -> None:
+    # Real vLLM, async (test below): request 2 loads in step 40; the answer comes back after
+    # step 41 is scheduled, in which request 3, whose GPU hit ends where the load begins, is
+    # skipped; both compute in step 42.
+    requests, block_size, num_gpu_blocks, limits, arrivals = _evicting_case()
+    case = (requests, block_size, num_gpu_blocks,
+            dataclasses.replace(limits, async_scheduling=True), arrivals)  # fmt: skip
+    steps = {step.step_index: step for step in _steps_of(case, 20)}
+    assert steps[40].cpu_hit_tokens == 32
+    assert (steps[41].scheduled_tokens, steps[41].num_waiting) == ((), 2)
+    assert steps[42].scheduled_tokens == ((2, 2), (3, 2))
+
+
 @peer
 def test_the_hand_cases_are_vllms() -> None:
     assert agrees_with_vllm(_evicting_case(), prefix_caching=True, num_cpu_blocks=20) == 44
+    requests, block_size, num_gpu_blocks, limits, arrivals = _evicting_case()
+    async_case = (requests, block_size, num_gpu_blocks,
+                  dataclasses.replace(limits, async_scheduling=True), arrivals)  # fmt: skip
+    agrees_with_vllm(async_case, prefix_caching=True, num_cpu_blocks=20)
     assert agrees_with_vllm(_evicting_case(), prefix_caching=True, num_cpu_blocks=2) == 44
 
 
@@ -182,10 +200,20 @@ def test_vllm_reloads_a_one_token_prompt_loaded_whole_forever() -> None:
         run_referee(requests, referee_limits, arrivals, max_steps=300)
 
 
+@st.composite
+def tiered_workloads(draw: st.DrawFn) -> tuple[Case, int]:
+    """A workload of either kind above, scheduled synchronously or not, and a tier's size."""
+    requests, block_size, num_gpu_blocks, limits, arrivals = draw(
+        st.one_of(prefix_workloads(), shared_prompt_workloads()))  # fmt: skip
+    limits = dataclasses.replace(limits, async_scheduling=draw(st.booleans()))
+    return (requests, block_size, num_gpu_blocks, limits, arrivals), draw(TIER_SIZES)
+
+
 @peer
 @settings(max_examples=60, deadline=None)
-@given(case=st.one_of(prefix_workloads(), shared_prompt_workloads()), num_cpu_blocks=TIER_SIZES)
-def test_kvbench_v1_with_a_cpu_tier_agrees_with_vllm_step_for_step(case, num_cpu_blocks) -> None:  # type: ignore[no-untyped-def]
+@given(case_and_tier=tiered_workloads())
+def test_kvbench_v1_with_a_cpu_tier_agrees_with_vllm_step_for_step(case_and_tier) -> None:  # type: ignore[no-untyped-def]
+    case, num_cpu_blocks = case_and_tier
     assume(not _livelocks_vllm(case))
     agrees_with_vllm(case, prefix_caching=True, num_cpu_blocks=num_cpu_blocks)
 
@@ -193,8 +221,9 @@ def test_kvbench_v1_with_a_cpu_tier_agrees_with_vllm_step_for_step(case, num_cpu
 @peer
 @pytest.mark.slow
 @settings(max_examples=1000, deadline=None)
-@given(case=st.one_of(prefix_workloads(), shared_prompt_workloads()), num_cpu_blocks=TIER_SIZES)
-def test_kvbench_v1_with_a_cpu_tier_agrees_with_vllm_on_a_thousand(case, num_cpu_blocks) -> None:  # type: ignore[no-untyped-def]
+@given(case_and_tier=tiered_workloads())
+def test_kvbench_v1_with_a_cpu_tier_agrees_with_vllm_on_a_thousand(case_and_tier) -> None:  # type: ignore[no-untyped-def]
+    case, num_cpu_blocks = case_and_tier
     assume(not _livelocks_vllm(case))
     agrees_with_vllm(case, prefix_caching=True, num_cpu_blocks=num_cpu_blocks)
 

@@ -887,13 +887,6 @@ def _check_v1_run(cfg: KvbenchConfig) -> None:
             f"{workload.beam_width}: parallel sampling and beam search are modelled under "
             "scheduler=vllm_v0 only; use it, or set both to 1",
         )
-    # vLLM v1's CPU tier (engine.cpu_tier_v1) is refereed with synchronous scheduling only.
-    _require(
-        cfg.allocator.cpu_cache_gib == 0 or not scheduler.async_scheduling,
-        f"allocator.cpu_cache_gib={cfg.allocator.cpu_cache_gib} with "
-        "scheduler.async_scheduling=true: vLLM v1's CPU offloading is modelled with synchronous "
-        "scheduling only; set scheduler.async_scheduling=false (or allocator.cpu_cache_gib=0)",
-    )
     _require(
         cfg.executor.kind != "real",
         "executor=real drives a real model with scheduler=vllm_v0's batches; scheduler=vllm_v1 "

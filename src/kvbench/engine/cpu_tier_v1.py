@@ -26,11 +26,13 @@ same block in both tiers.
 from __future__ import annotations
 
 import heapq
+from collections import deque
 from collections.abc import Iterable
 
 from kvbench.engine.kv_cache_v1 import V1Sequence
 
 _STORING = -1  # a chunk's pin count while its store is in flight: not readable, not evictable
+_Copy = tuple[list[int], int, bool]  # (block hashes, request id, is a load)
 
 
 class _RequestState:
@@ -76,16 +78,19 @@ class CpuOffloadTier:
         self._num_evictable = 0
         self._states: dict[int, _RequestState] = {}  # request id -> state
         self._being_loaded: set[int] = set()
-        # Copies (hashes, request id, is_load) issued this step, and stores issued last step.
-        self._issued: list[tuple[list[int], int, bool]] = []
-        self._deferred_stores: list[tuple[list[int], int, bool]] = []  # copied next step
-        self._flushed: list[tuple[list[int], int, bool]] = []  # stores copied this step
+        # Copies (hashes, request id, is_load) issued by the step being scheduled; those of the
+        # steps whose answer is not taken in yet (its loads and flushed stores complete in it);
+        # the stores of the last step taken in (they complete in the next).
+        self._issued: list[_Copy] = []
+        self._flushed: list[_Copy] = []
+        self._unanswered: deque[tuple[list[_Copy], list[_Copy]]] = deque()
+        self._deferred_stores: list[_Copy] = []
         self._finished_since_schedule: list[V1Sequence] = []
 
     @property
     def has_copies_in_flight(self) -> bool:
-        """Whether a store is still to complete (a request hitting it waits for it)."""
-        return bool(self._deferred_stores)
+        """Whether a copy is still to complete (a request waiting on it runs later)."""
+        return bool(self._deferred_stores) or any(copies for copies, _ in self._unanswered)
 
     @property
     def num_held_blocks(self) -> int:
@@ -243,6 +248,9 @@ class CpuOffloadTier:
             if not state.num_jobs:
                 del self._states[seq.request_id]
         self._finished_since_schedule = []
+        self._unanswered.append((self._issued, self._flushed))
+        self._issued = []
+        self._flushed = []
 
     def _touch(self, hashes: Iterable[int]) -> None:
         for block_hash in hashes:
@@ -253,16 +261,21 @@ class CpuOffloadTier:
             if self._pins[block_hash] == 0:
                 heapq.heappush(self._evictable_heap, (self._next_rank, block_hash))
 
-    def complete_step(self) -> list[int]:
-        """The worker's answer: last step's stores and this step's loads (and flushed stores)
-        complete, this step's stores wait for the next. The ids of the requests whose load
-        completed."""
+    def complete_step(self, num_unanswered: int = 0) -> list[int]:
+        """Take in the worker's answers to the steps scheduled so far but the last
+        ``num_unanswered`` (1 under async scheduling): in each, its loads and flushed stores
+        complete, and the stores of the step before it; its own stores wait for the next. The
+        ids of the requests whose load completed."""
+        loaded: list[int] = []
+        while len(self._unanswered) > num_unanswered:
+            issued, flushed = self._unanswered.popleft()
+            completed = self._deferred_stores + flushed + [job for job in issued if job[2]]
+            self._deferred_stores = [job for job in issued if not job[2]]
+            loaded += self._complete(completed)
+        return loaded
+
+    def _complete(self, completed: list[_Copy]) -> list[int]:
         loaded = []
-        issued_now = self._issued
-        completed = self._deferred_stores + self._flushed + [job for job in issued_now if job[2]]
-        self._deferred_stores = [job for job in issued_now if not job[2]]
-        self._issued = []
-        self._flushed = []
         pins = self._pins
         for keys, request_id, is_load in completed:
             for block_hash in keys:

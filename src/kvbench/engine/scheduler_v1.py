@@ -389,10 +389,11 @@ class V1StepScheduler:
         # requests still prefilling keep the blocks they lack from a load's admission.
         self._tiered_cache = kv_cache if isinstance(kv_cache, V1KVCache) else None
         self._cpu_tier = kv_cache.cpu_tier if isinstance(kv_cache, V1KVCache) else None
-        if self._cpu_tier is not None and limits.async_scheduling:
-            raise ValueError("a CPU tier is modelled with synchronous scheduling only")
         self._holding: deque[V1Sequence] = deque()
         self._prefilling: dict[V1Sequence, None] = {}
+        # vLLM defers freeing a request's blocks while a step in flight may write them, when a
+        # KV connector could load into them (``Scheduler.defer_block_free``).
+        self._defers_frees = self._cpu_tier is not None and limits.async_scheduling
         # Async scheduling: the sequences whose token of the last step is not taken in yet, and
         # what the last step scheduled (its tokens are in flight until then).
         self._in_flight: list[V1Sequence] = []
@@ -437,12 +438,12 @@ class V1StepScheduler:
 
     @property
     def awaits_cpu_tier(self) -> bool:
-        """Whether a waiting request may wait on the CPU tier alone: a load to take in, or a
-        store in flight (a step that ran nothing then is not stuck)."""
+        """Whether a waiting request may wait on the CPU tier alone: a load in flight or to
+        take in, or a store in flight (a step that ran nothing then is not stuck)."""
         if self._cpu_tier is None:
             return False
         return self._cpu_tier.has_copies_in_flight or any(
-            seq.load_state == LOADED for seq in self._holding
+            seq.load_state != NOT_LOADING for seq in self._holding
         )
 
     @property
@@ -519,11 +520,12 @@ class V1StepScheduler:
         step, stores of the last), and a loaded request computes from the next step."""
         for seq, computed_before, num_tokens in self.last_batch.scheduled:
             tier.offer(seq, computed_before + num_tokens, len(seq.blocks))
-            if seq.num_computed_tokens >= seq.num_tokens:
+            if seq.num_computed_tokens >= seq.num_tokens + seq.num_output_placeholders:
                 self._prefilling.pop(seq, None)
         assert self._tiered_cache is not None
         tier.end_schedule(self._tiered_cache.step_allocated_blocks)
-        loaded = set(tier.complete_step())
+        # Async, the answer taken in is the last step's (its loads complete a step later).
+        loaded = set(tier.complete_step(1 if self._limits.async_scheduling else 0))
         for seq in self._holding:
             if seq.request_id in loaded:
                 seq.load_state = LOADED
@@ -557,6 +559,10 @@ class V1StepScheduler:
                 continue
             num_tokens = self._chunk(seq, budget, seq.num_computed_tokens)
             while not kv_cache.can_grow(seq, num_tokens):
+                if self._defers_frees and self._in_flight_step_holds(running[-1]):
+                    # vLLM with a connector, async: the step in flight may still write the
+                    # victim's blocks, so freeing them waits for its answer; no preemption now.
+                    return budget
                 victim = running.pop()  # the last running request: recompute it later
                 self._preempt(victim)
                 self.last_batch.preempted.append(victim)
@@ -568,6 +574,10 @@ class V1StepScheduler:
             budget -= num_tokens
             index += 1
         return budget
+
+    def _in_flight_step_holds(self, seq: V1Sequence) -> bool:
+        """Whether the step in flight (async) computes tokens of ``seq``."""
+        return any(other is seq for other, _ in self._in_flight_scheduled)
 
     def _schedule_waiting(
         self, scheduled: list[tuple[V1Sequence, int]], budget: int, lookups: _Lookups
