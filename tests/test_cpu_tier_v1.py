@@ -273,3 +273,37 @@ def test_simulated_on_the_clock_a_load_is_a_hit_of_the_cpu_tier_and_takes_its_co
     last_chunk_s = cost_model.iteration_time_s(chunks_shape([(50, 48, 2)]))
     expected_s = cost_model.swap_time_s(32) + last_chunk_s
     assert loaded.first_token_s - loaded.admit_s == pytest.approx(expected_s, rel=1e-9)
+
+
+def test_a_load_longer_than_a_step_overlaps_the_steps_of_the_others() -> None:
+    from kvbench.core.catalog import get_deployment
+    from kvbench.engine import RooflineCostModel
+    from kvbench.engine.kv_cache_v1 import V1KVCache
+    from kvbench.engine.simulate_v1 import chunks_shape, simulate_v1
+
+    # OPT-13B on an A100: 928 tokens of K/V take longer over PCIe than a decode step computes.
+    # Request 0 leaves its 1,000-token prompt in the CPU tier; request 1 evicts most of it from
+    # the GPU's 100 blocks (not from the CPU's 400); request 2 decodes for long; request 3 loads
+    # the rest meanwhile.
+    shared = dict(prefix_group=4, prefix_tokens=1000)
+    requests = [Request(0, 0.0, 1000, 1, **shared), Request(1, 1.0, 1500, 1),  # type: ignore[arg-type]
+                Request(2, 2.0, 10, 300), Request(3, 2.5, 1000, 2, **shared)]  # type: ignore[arg-type]  # fmt: skip
+    cost_model = RooflineCostModel(get_deployment("opt-13b", "a100-40gb"))
+    limits = V1Limits(8, 2048, 2048)
+    memory = V1KVCache(100, 16, limits.max_model_len, enable_caching=True,
+                       cpu_tier=CpuOffloadTier(400, 16))  # fmt: skip
+    result = simulate_v1(requests, memory, limits, cost_model, 100 * 16)
+    loaded = {record.request_id: record for record in result.requests}[3]
+    # 4 blocks of its prompt stay on the GPU (the free queue evicts request 0's tail first).
+    assert (loaded.cached_prompt_tokens, loaded.cpu_cached_prompt_tokens) == (992, 928)
+    copy_s = cost_model.swap_time_s(928)
+    decode_s = cost_model.iteration_time_s(chunks_shape([(10, 100, 1)]))
+    assert copy_s > decode_s  # the copy outlasts a step
+    steps = result.steps.columns
+    # Request 2's steps while the copy runs are priced as decodes alone: none is stretched.
+    rows = zip(steps["time_s"], steps["duration_s"], strict=True)
+    during = [duration for time_s, duration in rows
+              if loaded.admit_s <= time_s < loaded.admit_s + copy_s]  # fmt: skip
+    assert len(during) >= 2 and max(during) < copy_s
+    # The request computes its last prompt tokens once the copy is in.
+    assert loaded.first_token_s >= loaded.admit_s + copy_s

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from kvbench.engine.kv_cache_v1 import V1Sequence
 
@@ -38,13 +38,13 @@ _Copy = tuple[list[int], int, bool]  # (block hashes, request id, is a load)
 class _RequestState:
     """What the connector remembers of one request (vLLM's ``RequestOffloadState``)."""
 
-    __slots__ = ("block_ids", "is_finished", "next_stored_block", "num_jobs", "seen_blocks")
+    __slots__ = ("block_ids", "finish_signaled", "next_stored_block", "num_jobs", "seen_blocks")
 
     def __init__(self) -> None:
         self.next_stored_block = 0
         self.seen_blocks: set[int] = set()  # block indices it stored, found stored, or loaded
         self.num_jobs = 0  # copies in flight (one load, or stores)
-        self.is_finished = False
+        self.finish_signaled = False  # its finish was seen by a step's schedule
         self.block_ids: list[int] = []  # its GPU blocks when it finished
 
 
@@ -85,12 +85,15 @@ class CpuOffloadTier:
         self._flushed: list[_Copy] = []
         self._unanswered: deque[tuple[list[_Copy], list[_Copy]]] = deque()
         self._deferred_stores: list[_Copy] = []
+        self._loads_in_flight: list[_Copy] = []  # answered, but not copied yet (long copies)
         self._finished_since_schedule: list[V1Sequence] = []
 
     @property
     def has_copies_in_flight(self) -> bool:
         """Whether a copy is still to complete (a request waiting on it runs later)."""
-        return bool(self._deferred_stores) or any(copies for copies, _ in self._unanswered)
+        return bool(self._deferred_stores or self._loads_in_flight) or any(
+            copies for copies, _ in self._unanswered
+        )
 
     @property
     def num_held_blocks(self) -> int:
@@ -226,7 +229,6 @@ class CpuOffloadTier:
     def finished(self, seq: V1Sequence) -> None:
         """The sequence's last token was taken in (before its blocks are freed)."""
         state = self._state(seq)
-        state.is_finished = True
         state.block_ids = list(seq.blocks)
         self._finished_since_schedule.append(seq)
 
@@ -245,6 +247,7 @@ class CpuOffloadTier:
             state = self._states[seq.request_id]
             hashes = seq.block_hashes(max(state.seen_blocks, default=-1) + 1, self.block_size)
             self._touch(hashes[index] for index in sorted(state.seen_blocks, reverse=True))
+            state.finish_signaled = True
             if not state.num_jobs:
                 del self._states[seq.request_id]
         self._finished_since_schedule = []
@@ -261,17 +264,23 @@ class CpuOffloadTier:
             if self._pins[block_hash] == 0:
                 heapq.heappush(self._evictable_heap, (self._next_rank, block_hash))
 
-    def complete_step(self, num_unanswered: int = 0) -> list[int]:
+    def complete_step(
+        self, num_unanswered: int = 0, load_done: Callable[[int], bool] | None = None
+    ) -> list[int]:
         """Take in the worker's answers to the steps scheduled so far but the last
         ``num_unanswered`` (1 under async scheduling): in each, its loads and flushed stores
-        complete, and the stores of the step before it; its own stores wait for the next. The
-        ids of the requests whose load completed."""
+        complete, and the stores of the step before it; its own stores wait for the next. A
+        load for which ``load_done(request id)`` is False (a copy longer than the step) waits
+        for a later answer. The ids of the requests whose load completed."""
         loaded: list[int] = []
         while len(self._unanswered) > num_unanswered:
             issued, flushed = self._unanswered.popleft()
-            completed = self._deferred_stores + flushed + [job for job in issued if job[2]]
+            self._loads_in_flight += [job for job in issued if job[2]]
+            done_loads = [job for job in self._loads_in_flight
+                          if load_done is None or load_done(job[1])]  # fmt: skip
+            self._loads_in_flight = [job for job in self._loads_in_flight if job not in done_loads]
+            loaded += self._complete(self._deferred_stores + flushed + done_loads)
             self._deferred_stores = [job for job in issued if not job[2]]
-            loaded += self._complete(completed)
         return loaded
 
     def _complete(self, completed: list[_Copy]) -> list[int]:
@@ -291,6 +300,6 @@ class CpuOffloadTier:
                 loaded.append(request_id)
             state = self._states[request_id]
             state.num_jobs -= 1
-            if not state.num_jobs and state.is_finished:
+            if not state.num_jobs and state.finish_signaled:
                 del self._states[request_id]
         return loaded

@@ -35,6 +35,7 @@ block), managed as vLLM manages it (``V1KVCache``).
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from collections.abc import Sequence as SequenceOf
 from dataclasses import dataclass, field
 from typing import Generic, Protocol, TypeVar
@@ -451,14 +452,18 @@ class V1StepScheduler:
         """Whether any request runs or waits."""
         return bool(self._running or self._queued or self._holding)
 
-    def step(self) -> V1Step:
-        """Schedule one step and apply the model runner's answer to it."""
+    def step(self, load_done: Callable[[int], bool] | None = None) -> V1Step:
+        """Schedule one step and apply the model runner's answer to it. With a CPU tier, the
+        answers to the steps before it come first: a load for which ``load_done(request id)``
+        is False (its copy still running, on the caller's clock) waits for a later answer;
+        None: every copy is shorter than a step (the referee's worker)."""
         scheduled: list[tuple[V1Sequence, int]] = []
         preempted: list[int] = []
         lookups = _Lookups()
         self.last_batch = batch = V1Batch()
         tier = self._cpu_tier
         if tier is not None:
+            self._take_in_copies(tier, load_done)
             assert self._tiered_cache is not None
             self._tiered_cache.step_allocated_blocks.clear()
         budget = self._schedule_running(scheduled, preempted, self._limits.max_num_batched_tokens)
@@ -516,19 +521,28 @@ class V1StepScheduler:
 
     def _offload(self, tier: CpuOffloadTier) -> None:
         """After scheduling (vLLM's ``build_connector_meta``), the CPU tier stores the prompt
-        blocks the step's tokens complete; then the worker's copies complete (loads of this
-        step, stores of the last), and a loaded request computes from the next step."""
+        blocks the step's tokens complete (their copies are answered before the next step)."""
         for seq, computed_before, num_tokens in self.last_batch.scheduled:
             tier.offer(seq, computed_before + num_tokens, len(seq.blocks))
             if seq.num_computed_tokens >= seq.num_tokens + seq.num_output_placeholders:
                 self._prefilling.pop(seq, None)
         assert self._tiered_cache is not None
         tier.end_schedule(self._tiered_cache.step_allocated_blocks)
-        # Async, the answer taken in is the last step's (its loads complete a step later).
-        loaded = set(tier.complete_step(1 if self._limits.async_scheduling else 0))
+
+    def _take_in_copies(
+        self, tier: CpuOffloadTier, load_done: Callable[[int], bool] | None
+    ) -> None:
+        """The worker's answers to the last step (async: the one before it, whose output is
+        taken in after the last was scheduled): a loaded request computes from this step."""
+        loaded = set(tier.complete_step(1 if self._limits.async_scheduling else 0, load_done))
         for seq in self._holding:
             if seq.request_id in loaded:
                 seq.load_state = LOADED
+
+    @property
+    def loading_request_ids(self) -> list[int]:
+        """Requests whose load from the CPU tier is not taken in yet."""
+        return [seq.request_id for seq in self._holding if seq.load_state == LOADING]
 
     def _schedule_running(
         self, scheduled: list[tuple[V1Sequence, int]], preempted: list[int], budget: int

@@ -12,7 +12,8 @@ iteration of the cost model with those prefill tokens and decode tokens. A reque
 comes out at the end of the step whose chunk completes its prompt, its last at the end of the step
 that samples it. Under async scheduling (``V1Limits.async_scheduling``) the step that takes that
 last token in, and frees the request's memory, is the next one; a step that schedules nothing and
-only takes tokens in costs no time and writes no step row (vLLM runs no model for it).
+only takes tokens in costs no time and writes no step row (vLLM runs no model for it). With a
+CPU tier (``engine.cpu_tier_v1``) a load runs beside the steps for its PCIe time (``_LoadClock``).
 """
 
 from __future__ import annotations
@@ -82,6 +83,7 @@ def simulate_v1(
     record_of: dict[int, RequestRecord] = {}
     num_arrived = 0
     idle = IdleWait()
+    loads = _LoadClock(cost_model, limits.async_scheduling)
     now_s = 0.0
     while num_arrived < len(pending) or scheduler.has_unfinished:
         if not scheduler.has_unfinished and pending[num_arrived].arrival_s > now_s:
@@ -101,7 +103,9 @@ def simulate_v1(
                 record_of[request.request_id] = record
                 scheduler.add(request)
         if scheduler.has_unfinished:
-            step = scheduler.step()
+            loads.before_step(now_s)
+            step = scheduler.step(loads.done)
+            loads.started(scheduler.last_batch, now_s)
             if step.scheduled_tokens:
                 now_s, num_finished = _record_step(step, scheduler, cost_model, now_s, steps,
                                                    record_of, idle.end(now_s))  # fmt: skip
@@ -109,11 +113,11 @@ def simulate_v1(
             elif step.finished_request_ids:  # async: it only took the last step's tokens in
                 num_ended += _record_finished(scheduler.last_batch, record_of, now_s)
             elif step.cpu_hit_tokens or step.preempted_request_ids or scheduler.awaits_cpu_tier:
-                # With a CPU tier, a step may compute nothing: it admitted loads (it lasts their
-                # copy), preempted the last running request beside a loaded one, or waits for a
-                # store a request would hit.
-                now_s += _record_uncomputed_step(step, scheduler.last_batch, record_of, now_s,
-                                                 cost_model)  # fmt: skip
+                # With a CPU tier, a step may compute nothing: it admitted loads, preempted the
+                # last running request beside a loaded one, or waits for a copy a request needs
+                # (the engine idles until the first load in flight completes).
+                _record_uncomputed_step(scheduler.last_batch, record_of, now_s)
+                now_s = max(now_s, loads.first_end_s(scheduler.loading_request_ids))
             else:
                 # Nothing runs and the first waiting request does not fit the empty pool (a
                 # contiguous allocator's reservation larger than it): it never will.
@@ -141,10 +145,6 @@ def _record_step(
     usage = batch.usage.with_free_blocked() if batch.memory_blocked else batch.usage
     shape, num_prefill_seqs = step_shape(batch)
     duration_s = cost_model.iteration_time_s(shape)
-    if step.cpu_hit_tokens:
-        # Loads from the CPU tier overlap the step (vLLM copies asynchronously) and complete by
-        # its end: a load longer than the step's compute lengthens it.
-        duration_s = max(duration_s, cost_model.swap_time_s(step.cpu_hit_tokens))
     if idle_s > 0:
         duration_s += cost_model.wake_time_s(idle_s)
     end_s = now_s + duration_s
@@ -174,19 +174,50 @@ def _record_step(
     return end_s, _record_finished(batch, record_of, finished_s)
 
 
+class _LoadClock:
+    """When each load from the CPU tier completes on the clock: it starts with the step that
+    admits it (vLLM's worker submits it before the forward pass) and lasts ``swap_time_s`` of
+    its tokens; the worker reports it with the first step that ends after it (taken in a step
+    later under async scheduling), while the other requests compute."""
+
+    def __init__(self, cost_model: CostModel, async_scheduling: bool) -> None:
+        self._cost_model = cost_model
+        self._async_scheduling = async_scheduling
+        self._end_s: dict[int, float] = {}
+        self._answered_by_s = 0.0
+        self._last_start_s = 0.0
+
+    def before_step(self, now_s: float) -> None:
+        """A step starts at ``now_s``: the answer it takes in first is that of the step that
+        ended then (async: of the step before, which ended when the last one started)."""
+        self._answered_by_s = self._last_start_s if self._async_scheduling else now_s
+        self._last_start_s = now_s
+
+    def done(self, request_id: int) -> bool:
+        """Whether the request's load had completed by the answer taken in (asked until it
+        has, then forgotten)."""
+        if self._end_s[request_id] > self._answered_by_s:
+            return False
+        del self._end_s[request_id]
+        return True
+
+    def started(self, batch: V1Batch, now_s: float) -> None:
+        """Note the loads the step just scheduled admitted."""
+        for seq, num_tokens in batch.loaded:
+            self._end_s[seq.request_id] = now_s + self._cost_model.swap_time_s(num_tokens)
+
+    def first_end_s(self, request_ids: list[int]) -> float:
+        """When the first of these loads completes (0.0 for none)."""
+        return min((self._end_s[request_id] for request_id in request_ids), default=0.0)
+
+
 def _record_uncomputed_step(
-    step: V1Step,
-    batch: V1Batch,
-    record_of: dict[int, RequestRecord],
-    now_s: float,
-    cost_model: CostModel,
-) -> float:
-    """Note a step that computed nothing (no step row: no model ran); its duration, the copy
-    of the loads it admitted."""
+    batch: V1Batch, record_of: dict[int, RequestRecord], now_s: float
+) -> None:
+    """Note a step that computed nothing (no step row: no model ran)."""
     _record_admitted(batch, record_of, now_s)
     for seq in batch.preempted:
         record_of[seq.request_id].mark_preempted(swapped=False)
-    return cost_model.swap_time_s(step.cpu_hit_tokens) if step.cpu_hit_tokens else 0.0
 
 
 def _record_admitted(batch: V1Batch, record_of: dict[int, RequestRecord], now_s: float) -> None:

@@ -178,7 +178,8 @@ def _check_requests(requests: Sequence[Request], limits: RefereeLimits) -> None:
 
 def _check_progress(step: RefereeStep, scheduler: Any, limits: RefereeLimits) -> None:
     """A step that schedules nothing while requests wait and none runs would repeat forever
-    (unless, async, it took in finishing tokens: their memory is free for the next)."""
+    (unless, async, it took in finishing tokens: their memory is free for the next; or it
+    preempted; or a copy of the CPU tier a request waits for is in flight)."""
     stuck = not (step.scheduled_tokens or step.finished_request_ids or scheduler.running
                  or step.preempted_request_ids)  # fmt: skip
     # A request may wait a step for the CPU tier: its load, or a store it would hit, in flight.
@@ -203,14 +204,13 @@ def _step(
     """One ``schedule()``, and the model runner's answer to it taken in at once, or (``lag``,
     async scheduling) the previous step's answer taken in after it."""
     output = scheduler.schedule()
+    cpu_hit_tokens = num_cpu_blocks = 0
+    connector_output = None
     if worker is not None:
         # The connector visits a step's newly finished requests in this set's order: a plain
         # set of string ids iterates in an order Python's hash randomization picks. The referee
         # pins it to finishing order (one of vLLM's possible orders), as kvbench follows.
         scheduler.finished_req_ids = _InsertionOrderedSet()
-    cpu_hit_tokens = num_cpu_blocks = 0
-    connector_output = None
-    if worker is not None:
         cpu_hit_tokens, connector_output = worker.run(output.kv_connector_metadata)
         num_cpu_blocks = len(scheduler.connector.connector_scheduler.manager._policy.chunks)
     # Stats are reset inside update_from_output: read (and reset) this step's before it.
