@@ -180,3 +180,11 @@ def test_cpu_cache_config_errors_are_one_line() -> None:
         compose_config("allocator.cpu_cache_gib=-1")
     with pytest.raises(ConfigError, match=r"none of allocators=\['paged'\].*add paged_prefix"):
         compose_config("allocator.cpu_cache_gib=4", "allocators=[paged]")
+    # Llama-3-8B: 128 KiB of K/V a token, so 0.001 GiB holds 8 tokens, less than a block of 16
+    # (it would silently be no tier); a radix page of 1 token fits.
+    with pytest.raises(ConfigError, match=r"cpu_cache_gib=0.001: holds 8 tokens of "
+                                          r"model=llama-3-8b, less than one block of 16 for "
+                                          r"paged_prefix; set it to >= 0.001953 GiB"):  # fmt: skip
+        compose_config("model=llama-3-8b", "allocator.cpu_cache_gib=0.001",
+                       "allocators=[paged_prefix]")  # fmt: skip
+    compose_config("model=llama-3-8b", "allocator.cpu_cache_gib=0.001", "allocators=[radix]")

@@ -23,7 +23,7 @@ from kvbench.allocators import ALLOCATOR_NAMES, ALLOCATOR_VARIANTS
 from kvbench.allocators.vattention import PAGE_BYTES_CHOICES, page_bytes_of
 from kvbench.core.catalog import deployment_from
 from kvbench.core.kv_capacity import NUM_NULL_BLOCKS
-from kvbench.core.specs import DTYPE_BYTES, KV_DTYPES, Deployment
+from kvbench.core.specs import DTYPE_BYTES, GIB, KV_DTYPES, Deployment
 from kvbench.engine.scheduler import POLICIES, PREEMPTION_MODES
 from kvbench.plots import CHART_FORMATS
 from kvbench.tasks.equivalence import names as equivalence_names
@@ -400,6 +400,7 @@ def validate_config(cfg: DictConfig | dict[str, Any]) -> tuple[KvbenchConfig, De
     except ValueError as error:
         raise ConfigError(str(error)) from None
     check_pages_hold_a_token(typed, deployment)
+    _check_cpu_tier_holds_a_block(typed, deployment)
     if typed.task == "profile":
         _check_profile_pools(typed.profile_grid, deployment.model.kv_bytes_per_token)
     return typed, deployment
@@ -658,6 +659,25 @@ def check_pages_hold_a_token(cfg: KvbenchConfig, deployment: Deployment) -> None
             page_bytes is None or deployment.tokens_per_page(page_bytes) >= 1,
             f"allocators contains {name!r}: a {page_bytes}-byte page holds no token of "
             f"model={deployment.model.name} on one GPU; use a larger allocator.page_bytes",
+        )
+
+
+def _check_cpu_tier_holds_a_block(cfg: KvbenchConfig, deployment: Deployment) -> None:
+    """A CPU tier of ``allocator.cpu_cache_gib`` > 0 must hold one block (page) of each
+    prefix-caching allocator run: less would silently be no tier at all."""
+    cpu_cache_gib = cfg.allocator.cpu_cache_gib
+    if cpu_cache_gib <= 0:
+        return
+    num_tokens = int(cpu_cache_gib * GIB // deployment.kv_bytes_per_token)
+    for name in set(cfg.allocators) & set(PREFIX_CACHING_ALLOCATORS):
+        allocator = cfg.allocator
+        block_tokens = allocator.radix_page_tokens if name == "radix" else allocator.block_size
+        min_gib = block_tokens * deployment.kv_bytes_per_token / GIB
+        _require(
+            num_tokens >= block_tokens,
+            f"allocator.cpu_cache_gib={cpu_cache_gib}: holds {num_tokens} tokens of "
+            f"model={deployment.model.name}, less than one block of {block_tokens} for {name}; "
+            f"set it to >= {min_gib:.4g} GiB, or 0 for no CPU tier",
         )
 
 
