@@ -60,7 +60,7 @@ def kvbench_v1_steps(
     if windows == (None,):
         allocator: PagedAllocator | PagedHybridAllocator = PagedAllocator(
             num_blocks * block_size, block_size, limits.max_model_len,
-            enable_prefix_caching=prefix_caching, cpu_cache_blocks=num_cpu_blocks,
+            enable_prefix_caching=prefix_caching,
         )  # fmt: skip
     else:
         layout = KvGroupLayout(tuple(KvCacheGroup(window, 1) for window in windows),
@@ -71,7 +71,8 @@ def kvbench_v1_steps(
                                          enable_prefix_caching=prefix_caching)  # fmt: skip
     name = "paged_hybrid" if windows != (None,) else "paged"
     name += "_prefix" if prefix_caching else ""
-    return run_v1_steps(requests, v1_memory(name, allocator, limits), limits, arrival_steps)
+    memory = v1_memory(name, allocator, limits, num_cpu_blocks * block_size)
+    return run_v1_steps(requests, memory, limits, arrival_steps)
 
 
 def _comparable(step: Any, prefix_caching: bool) -> tuple:

@@ -668,7 +668,7 @@ def _check_cpu_tier_holds_a_block(cfg: KvbenchConfig, deployment: Deployment) ->
     cpu_cache_gib = cfg.allocator.cpu_cache_gib
     if cpu_cache_gib <= 0:
         return
-    num_tokens = int(cpu_cache_gib * GIB // deployment.kv_bytes_per_token)
+    num_tokens = deployment.slots_in_gib(cpu_cache_gib)
     for name in set(cfg.allocators) & set(PREFIX_CACHING_ALLOCATORS):
         allocator = cfg.allocator
         block_tokens = allocator.radix_page_tokens if name == "radix" else allocator.block_size

@@ -223,6 +223,10 @@ class Deployment:
         """Bytes held by ``num_slots`` token slots."""
         return num_slots * self.kv_bytes_per_token
 
+    def slots_in_gib(self, gib: float) -> int:
+        """Whole token slots ``gib`` GiB of memory hold (a CPU tier's, over all GPUs)."""
+        return int(gib * GIB // self.kv_bytes_per_token)
+
     def check_fits(self) -> None:
         """Raise ValueError (one line, with the fix) when the model cannot be served here."""
         weight_gib = self.model.weight_bytes / GIB

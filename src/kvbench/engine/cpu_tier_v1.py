@@ -275,10 +275,12 @@ class CpuOffloadTier:
         loaded: list[int] = []
         while len(self._unanswered) > num_unanswered:
             issued, flushed = self._unanswered.popleft()
-            self._loads_in_flight += [job for job in issued if job[2]]
-            done_loads = [job for job in self._loads_in_flight
-                          if load_done is None or load_done(job[1])]  # fmt: skip
-            self._loads_in_flight = [job for job in self._loads_in_flight if job not in done_loads]
+            done_loads: list[_Copy] = []
+            still_loading: list[_Copy] = []
+            for job in self._loads_in_flight + [job for job in issued if job[2]]:
+                done = load_done is None or load_done(job[1])
+                (done_loads if done else still_loading).append(job)
+            self._loads_in_flight = still_loading
             loaded += self._complete(self._deferred_stores + flushed + done_loads)
             self._deferred_stores = [job for job in issued if not job[2]]
         return loaded

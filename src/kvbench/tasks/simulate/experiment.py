@@ -73,15 +73,16 @@ def v1_limits(limits: SchedulerLimits, async_scheduling: bool = False) -> V1Limi
                     async_scheduling)  # fmt: skip
 
 
-def v1_memory(name: str, allocator: Allocator, limits: V1Limits) -> V1Memory:
+def v1_memory(
+    name: str, allocator: Allocator, limits: V1Limits, num_cpu_slots: int = 0
+) -> V1Memory:
     """What ``scheduler=vllm_v1`` allocates from for the allocator ``name``
     (docs/scheduling.md): vLLM's own KV-cache manager for ``paged`` (prefix caching off) and
-    ``paged_prefix`` (on), its hybrid manager for ``paged_hybrid`` and ``paged_hybrid_prefix``,
-    the allocator reserving whole spans at admission for the naive ones."""
+    ``paged_prefix`` (on, with vLLM's CPU offloading over ``num_cpu_slots`` > 0 slots of host
+    memory), its hybrid manager for ``paged_hybrid`` and ``paged_hybrid_prefix``, the allocator
+    reserving whole spans at admission for the naive ones."""
     if name in ("paged", "paged_prefix"):
-        # vLLM's CPU offloading, in blocks of the pool's size (allocator.cpu_cache_gib).
-        prefix_cache = getattr(allocator, "prefix_cache", None)
-        num_cpu_blocks = prefix_cache.cpu_cache_blocks if prefix_cache is not None else 0
+        num_cpu_blocks = num_cpu_slots // allocator.block_size if name == "paged_prefix" else 0
         cpu_tier = CpuOffloadTier(num_cpu_blocks, allocator.block_size) if num_cpu_blocks else None
         return V1KVCache(
             allocator.num_slots // allocator.block_size,
@@ -105,7 +106,7 @@ def allocator_for(
     return make_allocator(
         name, num_slots, cfg.allocator.block_size, deployment.model.max_model_len,
         radix_page_tokens=cfg.allocator.radix_page_tokens,
-        cpu_cache_slots=int(cfg.allocator.cpu_cache_gib * GIB // deployment.kv_bytes_per_token),
+        cpu_cache_slots=deployment.slots_in_gib(cfg.allocator.cpu_cache_gib),
         hybrid_pool=groups_pool,
         # The v0 engine gives a sampled token its slot a step before it computes its K/V.
         generated_slot_ahead=cfg.scheduler.name == "vllm_v0",
@@ -285,9 +286,11 @@ def run_experiment(
                                                              allocator, bar.update)  # fmt: skip
                     elif cfg.scheduler.name == "vllm_v1":
                         engine = v1_limits(limits, cfg.scheduler.async_scheduling)
-                        result = simulate_v1(requests, v1_memory(name, allocator, engine), engine,
-                                             costs, allocator.num_slots, bar.update,
-                                             step_sink=step_sink, fast=cfg.engine.fast)
+                        cpu_slots = deployment.slots_in_gib(cfg.allocator.cpu_cache_gib)
+                        memory = v1_memory(name, allocator, engine, cpu_slots)
+                        result = simulate_v1(requests, memory, engine, costs, allocator.num_slots,
+                                             bar.update, step_sink=step_sink,
+                                             fast=cfg.engine.fast)  # fmt: skip
                     else:
                         result = simulate(requests, Scheduler(limits), allocator, costs, bar.update,
                                           beam_ancestry=beams, fast=cfg.engine.fast,
