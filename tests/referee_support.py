@@ -13,6 +13,7 @@ from kvbench.allocators.paged_hybrid import PagedHybridAllocator
 from kvbench.core.kv_capacity import NUM_NULL_BLOCKS
 from kvbench.core.kv_groups import KvCacheGroup, KvGroupLayout
 from kvbench.core.request import Request
+from kvbench.engine.cpu_tier_v1 import VLLM_DEFAULTS, CpuTierPolicy
 from kvbench.engine.scheduler_v1 import V1Limits, V1Step, run_v1_steps
 from kvbench.referee.vllm_v1 import INSTALL_HINT, VLLM_VERSION
 from kvbench.tasks.simulate.experiment import v1_memory
@@ -52,10 +53,12 @@ def kvbench_v1_steps(
     prefix_caching: bool = False,
     windows: tuple[int | None, ...] = (None,),
     num_cpu_blocks: int = 0,
+    cpu_tier_policy: CpuTierPolicy = VLLM_DEFAULTS,
 ) -> list[V1Step]:
     """kvbench's ``vllm_v1`` steps over vLLM's ``num_gpu_blocks`` (its null block included);
     ``windows`` other than one full group: ``paged_hybrid``, one one-layer group per window;
-    ``num_cpu_blocks`` > 0: vLLM's CPU offloading with that many blocks."""
+    ``num_cpu_blocks`` > 0: vLLM's CPU offloading with that many blocks, evicting and storing
+    by ``cpu_tier_policy``."""
     num_blocks = num_gpu_blocks - NUM_NULL_BLOCKS
     if windows == (None,):
         allocator: PagedAllocator | PagedHybridAllocator = PagedAllocator(
@@ -71,7 +74,7 @@ def kvbench_v1_steps(
                                          enable_prefix_caching=prefix_caching)  # fmt: skip
     name = "paged_hybrid" if windows != (None,) else "paged"
     name += "_prefix" if prefix_caching else ""
-    memory = v1_memory(name, allocator, limits, num_cpu_blocks * block_size)
+    memory = v1_memory(name, allocator, limits, num_cpu_blocks * block_size, cpu_tier_policy)
     return run_v1_steps(requests, memory, limits, arrival_steps)
 
 
@@ -92,11 +95,12 @@ def agrees_with_vllm(
     prefix_caching: bool,
     windows: tuple[int | None, ...] = (None,),
     num_cpu_blocks: int = 0,
+    cpu_tier_policy: CpuTierPolicy = VLLM_DEFAULTS,
 ) -> int:
     """Assert kvbench's ``vllm_v1`` steps equal real vLLM's, one by one, on ``case`` (requests,
     block size, vLLM's num_gpu_blocks, limits, arrival steps), with KV-cache groups of
-    ``windows`` and a CPU tier of ``num_cpu_blocks`` (``kvbench_v1_steps``); the number of steps
-    compared."""
+    ``windows`` and a CPU tier of ``num_cpu_blocks`` run by ``cpu_tier_policy``
+    (``kvbench_v1_steps``); the number of steps compared."""
     from kvbench.referee.vllm_v1 import RefereeLimits, run_referee
 
     requests, block_size, num_gpu_blocks, limits, arrival_steps = case
@@ -107,12 +111,13 @@ def agrees_with_vllm(
                       max_num_batched_tokens=limits.max_num_batched_tokens,
                       max_model_len=limits.max_model_len, enable_prefix_caching=prefix_caching,
                       async_scheduling=limits.async_scheduling, windows=windows,
-                      num_cpu_blocks=num_cpu_blocks),
+                      num_cpu_blocks=num_cpu_blocks, cpu_tier_policy=cpu_tier_policy),
         arrival_steps,
     )  # fmt: skip
     ours = kvbench_v1_steps(requests, block_size, num_gpu_blocks, limits, arrival_steps,
                             prefix_caching=prefix_caching, windows=windows,
-                            num_cpu_blocks=num_cpu_blocks)  # fmt: skip
+                            num_cpu_blocks=num_cpu_blocks,
+                            cpu_tier_policy=cpu_tier_policy)  # fmt: skip
     for vllm_step, kvbench_step in zip(referee, ours, strict=False):
         assert _comparable(kvbench_step, prefix_caching) == _comparable(vllm_step, prefix_caching)
     assert len(ours) == len(referee)

@@ -16,7 +16,8 @@ from test_scheduler_v1_prefix_referee import workloads as prefix_workloads
 
 from kvbench.core.kv_capacity import NUM_NULL_BLOCKS
 from kvbench.core.request import Request
-from kvbench.engine.cpu_tier_v1 import CpuOffloadTier
+from kvbench.engine.cpu_tier_policy_v1 import ArcPolicy, LruPolicy
+from kvbench.engine.cpu_tier_v1 import VLLM_DEFAULTS, CpuOffloadTier, CpuTierPolicy
 from kvbench.engine.kv_cache_v1 import V1Sequence
 from kvbench.engine.scheduler_v1 import V1Limits
 
@@ -32,10 +33,11 @@ def _evicting_case() -> Case:
     return requests, 16, 9, V1Limits(4, 128, 128), [0, 30, 40, 41]
 
 
-def _steps_of(case: Case, num_cpu_blocks: int):  # type: ignore[no-untyped-def]
+def _steps_of(case: Case, num_cpu_blocks: int, policy: CpuTierPolicy = VLLM_DEFAULTS):  # type: ignore[no-untyped-def]
     requests, block_size, num_gpu_blocks, limits, arrivals = case
     return kvbench_v1_steps(requests, block_size, num_gpu_blocks, limits, arrivals,
-                            prefix_caching=True, num_cpu_blocks=num_cpu_blocks)  # fmt: skip
+                            prefix_caching=True, num_cpu_blocks=num_cpu_blocks,
+                            cpu_tier_policy=policy)  # fmt: skip
 
 
 def test_a_request_loads_what_the_gpu_evicted_and_waits_a_step_outside_the_batch() -> None:
@@ -306,3 +308,129 @@ def test_a_load_longer_than_a_step_overlaps_the_steps_of_the_others() -> None:
     assert len(during) >= 2 and max(during) < copy_s
     # The request computes its last prompt tokens once the copy is in.
     assert loaded.first_token_s >= loaded.admit_s + copy_s
+
+
+def _scan_case() -> Case:
+    """Requests 0 and 1 share a 48-token prompt (3 blocks of 16; 1 finds it in both tiers), then
+    three one-off prompts pass one at a time (a scan), then request 5 asks for the shared prompt
+    again, which the scan pushed out of the GPU's 8 blocks. The CPU tier holds 6 blocks."""
+    shared = [Request(request_id, 0.0, 50, 3, **SHARED) for request_id in (0, 1, 5)]  # type: ignore[arg-type]
+    requests = [*shared[:2], *(Request(request_id, 0.0, 50, 3) for request_id in (2, 3, 4)),
+                shared[2]]  # fmt: skip
+    return requests, 16, 9, V1Limits(4, 128, 128), [0, 10, 20, 30, 40, 50]
+
+
+def _cpu_hits_by_step(steps) -> dict[int, int]:  # type: ignore[no-untyped-def]
+    return {step.step_index: step.cpu_hit_tokens for step in steps if step.prefix_query_tokens}
+
+
+def test_arc_keeps_a_reused_prompt_through_a_scan_that_lru_evicts() -> None:
+    # LRU: the second scan prompt evicts the shared one, the least recently used. ARC: request 1
+    # reused it (T2); the scan's prompts were used once (T1), and T1 goes first.
+    lru = _cpu_hits_by_step(_steps_of(_scan_case(), 6, CpuTierPolicy("lru")))
+    arc = _cpu_hits_by_step(_steps_of(_scan_case(), 6, CpuTierPolicy("arc")))
+    assert lru[50] == 0
+    assert arc[50] == 48
+    assert {index: hits for index, hits in arc.items() if index != 50} == {
+        index: hits for index, hits in lru.items() if index != 50}  # fmt: skip
+
+
+def test_a_store_threshold_stores_a_block_at_its_second_offer_and_no_one_off() -> None:
+    steps = {step.step_index: step for step in _steps_of(_scan_case(), 6, CpuTierPolicy("lru", 2))}
+    assert steps[0].num_cpu_blocks == 0  # request 0 offers the shared prompt once
+    assert steps[10].num_cpu_blocks == 3  # request 1 offers it again: stored
+    assert max(step.num_cpu_blocks for step in steps.values()) == 3  # the scan is never stored
+    assert steps[50].cpu_hit_tokens == 48
+
+
+@pytest.mark.parametrize(("max_tracker_size", "num_stored"), [(64_000, 3), (2, 2), (1, 1)])
+def test_a_full_offer_table_counts_no_more_blocks(max_tracker_size, num_stored) -> None:  # type: ignore[no-untyped-def]
+    # Two requests offer the same 3 blocks. A full table forgets only blocks the offer does not
+    # count: a table of 2 counts blocks 0 and 1 twice and block 2 never; one of 1, block 0.
+    tier = CpuOffloadTier(10, 1, CpuTierPolicy("lru", 2, max_tracker_size))
+    for request_id in (0, 1):
+        prompt = Request(request_id, 0.0, 3, 1, prefix_group=1, prefix_tokens=3)
+        tier.offer(V1Sequence(prompt), 3, 3)
+    assert tier.num_stored_blocks == num_stored
+
+
+def test_arc_evicts_from_t1_first_and_learns_from_a_ghost_hit() -> None:
+    pins: dict[int, int] = {}
+    arc = ArcPolicy(num_blocks=2, pins=pins)
+    for block_hash in (1, 2):
+        pins[block_hash] = 0
+        arc.insert(block_hash)
+    arc.on_request_finished([1], insertion_only=set(), reused={1})  # 1 reused: T2
+    assert (list(arc.t1), list(arc.t2)) == ([2], [1])
+    assert arc.evict(1, protected=set()) == [2]  # target 0: T1 first
+    del pins[2]
+    assert list(arc.b1) == [2]
+    arc.on_store_miss([2])  # asked again: recency matters more
+    assert arc.target_t1_blocks == 1.0
+    assert arc.evict(2, protected=set()) is None  # only one evictable block: nothing moves
+    assert (list(arc.t2), list(arc.b2)) == ([1], [])
+
+
+def test_lru_evicts_by_recency_whatever_was_reused() -> None:
+    pins = {1: 0, 2: 0}
+    lru = LruPolicy(pins)
+    for block_hash in (1, 2):
+        lru.insert(block_hash)
+        lru.mark_evictable(block_hash)
+    lru.on_request_finished([1], insertion_only=set(), reused={1})
+    assert lru.evict(1, protected={1}) == [2]
+    assert lru.evict(1, protected={1}) is None
+
+
+@pytest.mark.parametrize(("policy", "message"), [
+    (dict(eviction_policy="fifo"), "eviction_policy='fifo'"),
+    (dict(store_threshold=-1), "store_threshold=-1"),
+    (dict(max_tracker_size=0), "max_tracker_size=0"),
+])  # fmt: skip
+def test_the_tier_refuses_an_unknown_policy(policy, message) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(ValueError, match=message):
+        CpuTierPolicy(**policy)
+
+
+@peer
+@pytest.mark.parametrize(("policy", "num_steps"), [
+    (CpuTierPolicy("lru"), 53), (CpuTierPolicy("arc"), 54), (CpuTierPolicy("lru", 2), 54),
+    (CpuTierPolicy("arc", 3), 53),  # offered twice: never stored
+])  # fmt: skip
+def test_the_scan_case_is_vllms(policy, num_steps) -> None:  # type: ignore[no-untyped-def]
+    # Request 5 waits a step outside the batch where it loads the shared prompt.
+    assert agrees_with_vllm(_scan_case(), prefix_caching=True, num_cpu_blocks=6,
+                            cpu_tier_policy=policy) == num_steps  # fmt: skip
+
+
+# Small offer tables too: full tables forget blocks (or, full of this offer's, count none).
+POLICIES = st.builds(CpuTierPolicy, st.sampled_from(["lru", "arc"]), st.sampled_from([0, 2, 3]),
+                     st.sampled_from([64_000, 1, 4, 16]))  # fmt: skip
+
+
+@peer
+@settings(max_examples=60, deadline=None)
+@given(case_and_tier=tiered_workloads(), policy=POLICIES.filter(lambda p: p != CpuTierPolicy()))
+def test_kvbench_v1_with_arc_or_a_store_threshold_agrees_with_vllm(case_and_tier, policy) -> None:  # type: ignore[no-untyped-def]
+    agrees_with_vllm(case_and_tier[0], prefix_caching=True, num_cpu_blocks=case_and_tier[1],
+                     cpu_tier_policy=policy)  # fmt: skip
+
+
+@peer
+@pytest.mark.slow
+@settings(max_examples=1000, deadline=None)
+@given(case_and_tier=tiered_workloads(), policy=POLICIES)
+def test_any_tier_policy_agrees_with_vllm_on_a_thousand(case_and_tier, policy) -> None:  # type: ignore[no-untyped-def]
+    agrees_with_vllm(case_and_tier[0], prefix_caching=True, num_cpu_blocks=case_and_tier[1],
+                     cpu_tier_policy=policy)  # fmt: skip
+
+
+@peer
+@pytest.mark.parametrize(("trace", "system_prompt_tokens"), PREFIX_TRACE_SLICES)
+def test_kvbench_v1_with_arc_and_a_store_threshold_agrees_with_vllm_on_trace_slices(
+    shared_traces, trace, system_prompt_tokens
+) -> None:  # type: ignore[no-untyped-def]
+    requests, arrivals = trace_slice(shared_traces / trace, system_prompt_tokens)
+    case = (requests, 16, 1200, SLICE_LIMITS, arrivals)
+    assert agrees_with_vllm(case, prefix_caching=True, num_cpu_blocks=300,
+                            cpu_tier_policy=CpuTierPolicy("arc", 2)) > 80  # fmt: skip

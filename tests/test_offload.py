@@ -12,6 +12,7 @@ from kvbench.allocators import PagedAllocator, RadixAllocator, make_allocator
 from kvbench.config import ConfigError
 from kvbench.core.catalog import get_deployment
 from kvbench.core.request import Request
+from kvbench.core.specs import GIB
 from kvbench.engine import RooflineCostModel, Scheduler, SchedulerLimits, simulate
 from kvbench.engine.cost_model import IterationShape
 
@@ -188,3 +189,39 @@ def test_cpu_cache_config_errors_are_one_line() -> None:
         compose_config("model=llama-3-8b", "allocator.cpu_cache_gib=0.001",
                        "allocators=[paged_prefix]")  # fmt: skip
     compose_config("model=llama-3-8b", "allocator.cpu_cache_gib=0.001", "allocators=[radix]")
+
+
+def test_the_v1_tier_options_are_refused_where_no_engine_runs_them() -> None:
+    with pytest.raises(ConfigError, match=r"cpu_eviction_policy='fifo': vLLM's CPU tier evicts "
+                                          r"by lru or arc"):  # fmt: skip
+        compose_config("scheduler=vllm_v1", "allocator.cpu_eviction_policy=fifo")
+    with pytest.raises(ConfigError, match=r"cpu_store_threshold=-2: must be >= 0"):
+        compose_config("scheduler=vllm_v1", "allocator.cpu_store_threshold=-2")
+    # vllm_v0's tier keeps what the GPU evicts, by LRU: it has no ARC and no reuse filter.
+    with pytest.raises(ConfigError, match=r"options of vLLM v1's CPU offloading; "
+                                          r"scheduler=vllm_v0's tier is LRU"):  # fmt: skip
+        compose_config("allocator.cpu_eviction_policy=arc")
+    compose_config("scheduler=vllm_v1", "allocator.cpu_eviction_policy=arc",
+                   "allocator.cpu_store_threshold=2")  # fmt: skip
+
+
+def test_a_v1_run_reports_what_it_stored_and_a_store_threshold_stores_less(tmp_path) -> None:
+    from kvbench.tasks.simulate.experiment import run_experiment
+
+    stored_gib = {}
+    for threshold in (0, 2):
+        cfg, deployment, raw = compose_config(
+            "scheduler=vllm_v1", "workload=system_prompt", "workload.num_users=20",
+            "allocators=[paged_prefix]", "allocator.num_gpu_blocks=120",
+            "allocator.cpu_cache_gib=1", f"allocator.cpu_store_threshold={threshold}",
+            "progress=false", "plots=false", "summary_table=false",
+        )  # fmt: skip
+        summary = run_experiment(cfg, deployment, raw, tmp_path / str(threshold))
+        assert summary["cpu_store_threshold"].to_list() == [threshold]
+        stored_gib[threshold] = summary["cpu_stored_gib"].item()
+        block_gib = cfg.allocator.block_size * deployment.kv_bytes_per_token / GIB
+    # A 1,024-token system prompt (64 blocks of 16) and 20 users' own 64 tokens (4 blocks each),
+    # all prompt blocks, all fitting in the tier's 512 blocks. Each user's own blocks are
+    # offered once: with the filter, only the shared prompt is stored.
+    assert stored_gib[0] == pytest.approx((64 + 20 * 4) * block_gib)
+    assert stored_gib[2] == pytest.approx(64 * block_gib)

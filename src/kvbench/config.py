@@ -24,6 +24,8 @@ from kvbench.allocators.vattention import PAGE_BYTES_CHOICES, page_bytes_of
 from kvbench.core.catalog import deployment_from
 from kvbench.core.kv_capacity import NUM_NULL_BLOCKS
 from kvbench.core.specs import DTYPE_BYTES, GIB, KV_DTYPES, Deployment
+from kvbench.engine.cpu_tier_policy_v1 import EVICTION_POLICIES
+from kvbench.engine.cpu_tier_v1 import VLLM_DEFAULTS, CpuTierPolicy
 from kvbench.engine.scheduler import POLICIES, PREEMPTION_MODES
 from kvbench.plots import CHART_FORMATS
 from kvbench.tasks.equivalence import names as equivalence_names
@@ -107,6 +109,12 @@ class AllocatorConfig:
     # and radix: those the GPU cache evicts under vllm_v0, vLLM's own CPU offloading (stored on
     # compute) under vllm_v1; 0: no CPU tier.
     cpu_cache_gib: float = MISSING
+    # vllm_v1's CPU tier, as vLLM's kv_connector_extra_config: eviction_policy (lru or arc),
+    # store_threshold (N >= 2: a block is stored from its N-th offer on; 0: at the first) and
+    # max_tracker_size (blocks whose offers it counts).
+    cpu_eviction_policy: str = MISSING
+    cpu_store_threshold: int = MISSING
+    cpu_max_tracker_size: int = MISSING
     # vattention: bytes of one physical page (64/128/256 KiB, 2 MiB); vattention_64k ... _2m fix it.
     page_bytes: int = MISSING
     # vattention: virtual spans, i.e. requests that can run at once; None: scheduler.max_num_seqs.
@@ -626,6 +634,35 @@ def _check_cpu_cache(cfg: KvbenchConfig) -> None:
         cpu_cache_gib == 0 or bool(set(cfg.allocators) & set(PREFIX_CACHING_ALLOCATORS)),
         f"allocator.cpu_cache_gib={cpu_cache_gib}: a CPU tier holds evicted prefix blocks, and "
         f"none of allocators={cfg.allocators} caches prefixes: add paged_prefix or radix",
+    )
+    policy = cfg.allocator.cpu_eviction_policy
+    _require(
+        policy in EVICTION_POLICIES,
+        f"allocator.cpu_eviction_policy={policy!r}: vLLM's CPU tier evicts by "
+        f"{' or '.join(EVICTION_POLICIES)}",
+    )
+    threshold = cfg.allocator.cpu_store_threshold
+    _require(
+        threshold >= 0,
+        f"allocator.cpu_store_threshold={threshold}: must be >= 0 (0: store a block at its "
+        "first offer; N >= 2: from its N-th)",
+    )
+    tracker_size = cfg.allocator.cpu_max_tracker_size
+    _require(
+        tracker_size >= 1,
+        f"allocator.cpu_max_tracker_size={tracker_size}: must be >= 1 (vLLM's default: 64000)",
+    )
+    schedulers = {scheduler.name for scheduler in cfg.schedulers.values()} or {
+        cfg.scheduler.name
+    }
+    _require(
+        CpuTierPolicy(policy, threshold, tracker_size) == VLLM_DEFAULTS
+        or schedulers == {"vllm_v1"},
+        f"allocator.cpu_eviction_policy={policy!r}, allocator.cpu_store_threshold={threshold}, "
+        f"allocator.cpu_max_tracker_size={tracker_size}: options of vLLM v1's CPU offloading; "
+        "scheduler=vllm_v0's tier is LRU and keeps what the GPU evicts. Use scheduler=vllm_v1 "
+        f"alone, or their defaults ({VLLM_DEFAULTS.eviction_policy}, "
+        f"{VLLM_DEFAULTS.store_threshold}, {VLLM_DEFAULTS.max_tracker_size})",
     )
 
 

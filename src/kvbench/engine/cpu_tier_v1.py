@@ -2,22 +2,25 @@
 ``scheduler=vllm_v1`` with ``allocator.cpu_cache_gib`` > 0.
 
 Modelled on vLLM 0.32's ``OffloadingConnectorScheduler``
-(``distributed/kv_transfer/kv_connector/v1/offloading/scheduler.py``) with its defaults (chunks
-of one block, prompt blocks only, LRU) and its ``CPUOffloadingManager`` with the LRU policy
-(``v1/kv_offload/cpu/``), for one full-attention group; refereed step for step by the real ones
+(``distributed/kv_transfer/kv_connector/v1/offloading/scheduler.py``) with chunks of one block
+and prompt blocks only (its defaults) and its ``CPUOffloadingManager`` (``v1/kv_offload/cpu/``)
+with either cache policy (``cpu_tier_policy_v1``: LRU, its default, or ARC) and its
+``store_threshold``, for one full-attention group; refereed step for step by the real ones
 (docs/referee.md). It works the other way from kvbench's ``vllm_v0`` tier (``PrefixCache``):
 
 - **store on compute, inclusive**: each step offers the tier the prompt blocks its scheduled
-  tokens complete; a block the tier lacks is stored (evicting its least recently used readable
-  blocks; when too few are evictable, the whole offer is dropped and retried the next time the
-  request is scheduled), while the GPU keeps its copy;
+  tokens complete; a block the tier lacks is stored (evicting readable blocks the policy picks;
+  when too few are evictable, the whole offer is dropped and retried the next time the request
+  is scheduled), while the GPU keeps its copy; with a ``store_threshold`` of N >= 2 a block is
+  stored only from its N-th offer on (offers counted over requests, in a bounded table);
 - a store becomes readable one step later: the worker copies it at the start of the next step;
 - **asynchronous loads**: a waiting request whose prefix continues in the tier past its GPU hit
   gets blocks for both and waits outside the batch while they load (one step here: a copy
   shorter than a step); a later request whose hit is still being stored or loaded is skipped
   for the step;
-- recency: a block is used when stored, and again when the request that stored or loaded it
-  finishes (its blocks from the last to the first, so a prompt's head is evicted last).
+- recency: a block is used when stored, and again when the request that stored, found or
+  loaded it finishes (its blocks from the last to the first, so a prompt's head is evicted
+  last); ARC also tells a block only stored from one reused.
 
 Keys are the GPU cache's block hashes (``V1Sequence.block_hashes``): the same prefix names the
 same block in both tiers.
@@ -25,31 +28,66 @@ same block in both tiers.
 
 from __future__ import annotations
 
-import heapq
-from collections import deque
-from collections.abc import Callable, Iterable
+from collections import OrderedDict, deque
+from collections.abc import Callable
+from dataclasses import dataclass
 
+from kvbench.engine.cpu_tier_policy_v1 import EVICTION_POLICIES, make_eviction_policy
 from kvbench.engine.kv_cache_v1 import V1Sequence
 
 _STORING = -1  # a chunk's pin count while its store is in flight: not readable, not evictable
 _Copy = tuple[list[int], int, bool]  # (block hashes, request id, is a load)
 
 
+@dataclass(frozen=True)
+class CpuTierPolicy:
+    """vLLM's ``kv_connector_extra_config`` options of the tier that kvbench models.
+
+    Attributes:
+        eviction_policy: ``lru`` (vLLM's default) or ``arc`` (``cpu_tier_policy_v1``).
+        store_threshold: N >= 2: a block is stored from the N-th time a request offers it
+            (vLLM's reuse filter); 0 or 1: at its first offer (vLLM's default 0).
+        max_tracker_size: blocks whose offers the filter counts (vLLM's default 64,000): a
+            block offered when the table is full replaces the least recently offered one.
+    """
+
+    eviction_policy: str = "lru"
+    store_threshold: int = 0
+    max_tracker_size: int = 64_000
+
+    def __post_init__(self) -> None:
+        if self.eviction_policy not in EVICTION_POLICIES:
+            raise ValueError(f"eviction_policy={self.eviction_policy!r}: one of "
+                             f"{', '.join(EVICTION_POLICIES)}")  # fmt: skip
+        if self.store_threshold < 0:
+            raise ValueError(f"store_threshold={self.store_threshold}: must be >= 0")
+        if self.max_tracker_size < 1:
+            raise ValueError(f"max_tracker_size={self.max_tracker_size}: must be >= 1")
+
+
+VLLM_DEFAULTS = CpuTierPolicy()  # what --kv-offloading-size runs
+
+
 class _RequestState:
     """What the connector remembers of one request (vLLM's ``RequestOffloadState``)."""
 
-    __slots__ = ("block_ids", "finish_signaled", "next_stored_block", "num_jobs", "seen_blocks")
+    __slots__ = ("block_ids", "finish_signaled", "inserted_blocks", "next_stored_block",
+                 "num_jobs", "reused_blocks", "seen_blocks", "store_miss_blocks")  # fmt: skip
 
     def __init__(self) -> None:
         self.next_stored_block = 0
-        self.seen_blocks: set[int] = set()  # block indices it stored, found stored, or loaded
+        self.seen_blocks: set[int] = set()  # block indices it offered as new, found, or loaded
+        self.inserted_blocks: set[int] = set()  # of those, the ones it stored
+        self.reused_blocks: set[int] = set()  # found readable or loaded, not stored by it
+        self.store_miss_blocks: set[int] = set()  # offered as new (a policy learns once)
         self.num_jobs = 0  # copies in flight (one load, or stores)
         self.finish_signaled = False  # its finish was seen by a step's schedule
         self.block_ids: list[int] = []  # its GPU blocks when it finished
 
 
 class CpuOffloadTier:
-    """``num_blocks`` blocks of host memory holding prompt blocks (store on compute, LRU).
+    """``num_blocks`` blocks of host memory holding prompt blocks (store on compute, evicting
+    by ``policy``).
 
     The scheduler calls it as vLLM's scheduler calls its connector: ``lookup`` and
     ``start_load`` at a waiting request's admission, ``offer`` for every scheduled request
@@ -63,7 +101,9 @@ class CpuOffloadTier:
         num_dropped_offers: offers dropped for want of evictable blocks.
     """
 
-    def __init__(self, num_blocks: int, block_size: int) -> None:
+    def __init__(
+        self, num_blocks: int, block_size: int, policy: CpuTierPolicy = VLLM_DEFAULTS
+    ) -> None:
         if num_blocks < 1:
             raise ValueError(f"num_blocks={num_blocks}: a CPU tier holds >= 1 block")
         self.num_blocks = num_blocks
@@ -72,10 +112,14 @@ class CpuOffloadTier:
         self.num_stored_blocks = 0
         self.num_dropped_offers = 0
         self._pins: dict[int, int] = {}  # block hash -> pin count (_STORING: being stored)
-        self._ranks: dict[int, int] = {}  # block hash -> recency (higher: more recent)
-        self._next_rank = 0
-        self._evictable_heap: list[tuple[int, int]] = []  # (rank, hash), lazily invalidated
+        self._policy = make_eviction_policy(policy.eviction_policy, num_blocks, self._pins)
         self._num_evictable = 0
+        self._store_threshold = policy.store_threshold
+        self._max_tracker_size = policy.max_tracker_size
+        # block hash -> times offered, least recently offered first (a store_threshold >= 2)
+        self._offer_counts: OrderedDict[int, int] | None = (
+            OrderedDict() if policy.store_threshold >= 2 else None
+        )
         self._states: dict[int, _RequestState] = {}  # request id -> state
         self._being_loaded: set[int] = set()
         # Copies (hashes, request id, is_load) issued by the step being scheduled; those of the
@@ -144,7 +188,10 @@ class CpuOffloadTier:
                 self._num_evictable -= 1
             self._pins[block_hash] = pin + 1
         state = self._state(seq)
-        state.seen_blocks.update(range(first_block, first_block + num_blocks))
+        loaded_blocks = range(first_block, first_block + num_blocks)
+        state.seen_blocks.update(loaded_blocks)
+        # A block it stored itself before a preemption is no reuse.
+        state.reused_blocks.update(set(loaded_blocks) - state.inserted_blocks)
         state.next_stored_block = first_block + num_blocks
         state.num_jobs += 1
         self._being_loaded.update(keys)
@@ -166,16 +213,32 @@ class CpuOffloadTier:
         if end_block <= first_block:
             return []
         hashes = seq.block_hashes(end_block, self.block_size)
+        offered = hashes[first_block:end_block]
+        if self._offer_counts is not None:
+            self._count_offers(offered)
         pins = self._pins
         new_blocks = []
         for index in range(first_block, end_block):
             pin = pins.get(hashes[index])
             if pin is None:
                 new_blocks.append(index)
-            if pin != _STORING:
+            elif pin != _STORING:
                 state.seen_blocks.add(index)
+                if index not in state.inserted_blocks:
+                    state.reused_blocks.add(index)
+        if self._offer_counts is not None:  # offered too few times: as if it were not new
+            counts = self._offer_counts
+            threshold = self._store_threshold
+            new_blocks = [
+                index for index in new_blocks if counts.get(hashes[index], 0) >= threshold
+            ]
+        state.seen_blocks.update(new_blocks)
+        first_misses = [index for index in new_blocks if index not in state.store_miss_blocks]
+        if first_misses:  # even if the offer is dropped
+            self._policy.on_store_miss([hashes[index] for index in first_misses])
+            state.store_miss_blocks.update(first_misses)
         new_keys = [hashes[index] for index in new_blocks]
-        if new_keys and not self._make_room(len(new_keys), set(hashes[first_block:end_block])):
+        if new_keys and not self._make_room(len(new_keys), set(offered)):
             self.num_dropped_offers += 1
             return []  # retried the next time (next_stored_block stays)
         state.next_stored_block = end_block
@@ -183,47 +246,50 @@ class CpuOffloadTier:
             return []
         for block_hash in new_keys:
             pins[block_hash] = _STORING
-            self._next_rank += 1
-            self._ranks[block_hash] = self._next_rank
+            self._policy.insert(block_hash)
+        state.inserted_blocks.update(new_blocks)
         self.num_stored_blocks += len(new_keys)
         state.num_jobs += 1
         self._issued.append((new_keys, seq.request_id, False))
         return new_blocks
 
+    def _count_offers(self, hashes: list[int]) -> None:
+        """Count one offer of each block (vLLM's ``_record_accesses``): a block already counted
+        becomes the most recently offered; a new one, when the table is full, replaces the
+        least recently offered block this offer did not count (or is not counted)."""
+        counts = self._offer_counts
+        assert counts is not None
+        num_counted_now = 0
+        for block_hash in hashes:
+            if block_hash in counts:
+                counts.move_to_end(block_hash)
+                counts[block_hash] += 1
+                num_counted_now += 1
+        num_forgettable = len(counts) - num_counted_now
+        for block_hash in hashes:
+            if block_hash in counts:
+                continue
+            if len(counts) >= self._max_tracker_size:
+                if not num_forgettable:
+                    continue
+                counts.popitem(last=False)
+                num_forgettable -= 1
+            counts[block_hash] = 1
+
     def _make_room(self, num_new: int, protected: set[int]) -> bool:
-        """Evict the least recently used readable, unpinned blocks outside ``protected`` to
-        make room for ``num_new``; False (nothing evicted) when too few can go."""
+        """Evict readable, unpinned blocks outside ``protected`` (the policy's choice) to make
+        room for ``num_new``; False (nothing evicted) when too few can go."""
         num_to_evict = num_new - (self.num_blocks - len(self._pins))
         if num_to_evict <= 0:
             return True
         if num_to_evict > self._num_evictable:
             return False
-        heap = self._evictable_heap
-        chosen: list[tuple[int, int]] = []
-        chosen_hashes: set[int] = set()
-        kept: list[tuple[int, int]] = []
-        while heap and len(chosen) < num_to_evict:
-            entry = heapq.heappop(heap)
-            rank, block_hash = entry
-            if self._pins.get(block_hash) != 0 or self._ranks.get(block_hash) != rank:
-                continue  # stale
-            if block_hash in chosen_hashes:
-                continue  # pinned and unpinned again at the same rank: two entries
-            if block_hash in protected:
-                kept.append(entry)
-            else:
-                chosen.append(entry)
-                chosen_hashes.add(block_hash)
-        for entry in kept:
-            heapq.heappush(heap, entry)
-        if len(chosen) < num_to_evict:
-            for entry in chosen:
-                heapq.heappush(heap, entry)
+        evicted = self._policy.evict(num_to_evict, protected)
+        if evicted is None:
             return False
-        for _, block_hash in chosen:
+        for block_hash in evicted:
             del self._pins[block_hash]
-            del self._ranks[block_hash]
-        self._num_evictable -= len(chosen)
+        self._num_evictable -= len(evicted)
         return True
 
     def finished(self, seq: V1Sequence) -> None:
@@ -245,8 +311,7 @@ class CpuOffloadTier:
                 self._flushed.append(self._issued.pop())
         for seq in self._finished_since_schedule:
             state = self._states[seq.request_id]
-            hashes = seq.block_hashes(max(state.seen_blocks, default=-1) + 1, self.block_size)
-            self._touch(hashes[index] for index in sorted(state.seen_blocks, reverse=True))
+            self._request_finished(seq, state)
             state.finish_signaled = True
             if not state.num_jobs:
                 del self._states[seq.request_id]
@@ -255,14 +320,15 @@ class CpuOffloadTier:
         self._issued = []
         self._flushed = []
 
-    def _touch(self, hashes: Iterable[int]) -> None:
-        for block_hash in hashes:
-            if block_hash not in self._pins:
-                continue
-            self._next_rank += 1
-            self._ranks[block_hash] = self._next_rank
-            if self._pins[block_hash] == 0:
-                heapq.heappush(self._evictable_heap, (self._next_rank, block_hash))
+    def _request_finished(self, seq: V1Sequence, state: _RequestState) -> None:
+        """Tell the policy what the request did with each block it saw, tail to head."""
+        hashes = seq.block_hashes(max(state.seen_blocks, default=-1) + 1, self.block_size)
+        reused = state.reused_blocks
+        self._policy.on_request_finished(
+            [hashes[index] for index in sorted(state.seen_blocks, reverse=True)],
+            {hashes[index] for index in state.inserted_blocks - reused},
+            {hashes[index] for index in reused},
+        )
 
     def complete_step(
         self, num_unanswered: int = 0, load_done: Callable[[int], bool] | None = None
@@ -296,7 +362,7 @@ class CpuOffloadTier:
                 pins[block_hash] = pin
                 if pin == 0:
                     self._num_evictable += 1
-                    heapq.heappush(self._evictable_heap, (self._ranks[block_hash], block_hash))
+                    self._policy.mark_evictable(block_hash)
             if is_load:
                 self._being_loaded.difference_update(keys)
                 loaded.append(request_id)

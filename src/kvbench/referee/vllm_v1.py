@@ -26,6 +26,7 @@ from typing import Any
 
 from kvbench.core.kv_capacity import NUM_NULL_BLOCKS
 from kvbench.core.request import Request
+from kvbench.engine.cpu_tier_v1 import VLLM_DEFAULTS, CpuTierPolicy
 from kvbench.referee.token_ids import own_token_id, prompt_token_ids
 
 # The version the referee is pinned to (requirements/referee.txt); others may schedule differently.
@@ -62,10 +63,12 @@ class RefereeLimits:
             group is a uniform model.
         num_cpu_blocks: > 0: vLLM's CPU offloading (``OffloadingConnector``, what
             ``--kv-offloading-size`` starts) with a CPU tier of this many blocks, its defaults
-            otherwise (LRU, chunks of one block, prompt blocks only). The referee's model runner
+            otherwise (chunks of one block, prompt blocks only). The referee's model runner
             is its worker: a load completes in the step that issued it, a store in the next
             (the worker submits stores at the start of the following step), as when copies are
             shorter than a step.
+        cpu_tier_policy: the tier's ``eviction_policy``, ``store_threshold`` and
+            ``max_tracker_size`` (its ``kv_connector_extra_config``).
     """
 
     block_size: int
@@ -77,6 +80,7 @@ class RefereeLimits:
     async_scheduling: bool = False
     windows: tuple[int | None, ...] = (None,)
     num_cpu_blocks: int = 0
+    cpu_tier_policy: CpuTierPolicy = VLLM_DEFAULTS
 
 
 @dataclass(frozen=True)
@@ -212,7 +216,8 @@ def _step(
         # pins it to finishing order (one of vLLM's possible orders), as kvbench follows.
         scheduler.finished_req_ids = _InsertionOrderedSet()
         cpu_hit_tokens, connector_output = worker.run(output.kv_connector_metadata)
-        num_cpu_blocks = len(scheduler.connector.connector_scheduler.manager._policy.chunks)
+        manager = scheduler.connector.connector_scheduler.manager
+        num_cpu_blocks = manager._num_allocated_chunks - len(manager._free_list)
     # Stats are reset inside update_from_output: read (and reset) this step's before it.
     stats = scheduler.kv_cache_manager.make_prefix_cache_stats()
     block_pool = scheduler.kv_cache_manager.block_pool
@@ -463,7 +468,12 @@ def _offloading_config(vllm: Any, limits: RefereeLimits) -> Any:
     return vllm.KVTransferConfig(
         kv_connector="OffloadingConnector",
         kv_role="kv_both",
-        kv_connector_extra_config={"cpu_bytes_to_use": limits.num_cpu_blocks * block_bytes},
+        kv_connector_extra_config={
+            "cpu_bytes_to_use": limits.num_cpu_blocks * block_bytes,
+            "eviction_policy": limits.cpu_tier_policy.eviction_policy,
+            "store_threshold": limits.cpu_tier_policy.store_threshold,
+            "max_tracker_size": limits.cpu_tier_policy.max_tracker_size,
+        },
     )
 
 
@@ -542,11 +552,21 @@ def _check_scheduler(scheduler: Any, limits: RefereeLimits) -> None:
             f"vLLM's block pool has {pool_blocks} blocks where {limits.num_gpu_blocks} were asked"
         )
     if limits.num_cpu_blocks:
-        cpu_blocks = scheduler.connector.connector_scheduler.manager._num_chunks
-        if cpu_blocks != limits.num_cpu_blocks:
+        manager = scheduler.connector.connector_scheduler.manager
+        if manager._num_chunks != limits.num_cpu_blocks:
             raise RefereeConfigError(
-                f"vLLM's CPU tier has {cpu_blocks} blocks where {limits.num_cpu_blocks} were "
-                "asked"
+                f"vLLM's CPU tier has {manager._num_chunks} blocks where "
+                f"{limits.num_cpu_blocks} were asked"
+            )
+        policy = type(manager._policy).__name__
+        asked = limits.cpu_tier_policy
+        if not policy.lower().startswith(asked.eviction_policy) or (
+            (manager.store_threshold, manager.max_tracker_size)
+            != (asked.store_threshold, asked.max_tracker_size)
+        ):
+            raise RefereeConfigError(
+                f"vLLM's CPU tier runs {policy} with store_threshold={manager.store_threshold}, "
+                f"max_tracker_size={manager.max_tracker_size} where {asked} was asked"
             )
     enable_caching = scheduler.kv_cache_manager.enable_caching
     if enable_caching != limits.enable_prefix_caching:

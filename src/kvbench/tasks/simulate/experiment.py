@@ -24,7 +24,7 @@ from kvbench.core.request import Request
 from kvbench.core.specs import GIB, Deployment
 from kvbench.engine import PageMapping, RooflineCostModel, Scheduler, SchedulerLimits, simulate
 from kvbench.engine.cost_model import CostModel
-from kvbench.engine.cpu_tier_v1 import CpuOffloadTier
+from kvbench.engine.cpu_tier_v1 import VLLM_DEFAULTS, CpuOffloadTier, CpuTierPolicy
 from kvbench.engine.kv_cache_v1 import V1KVCache
 from kvbench.engine.scheduler import rejection_reason
 from kvbench.engine.scheduler_v1 import HybridV1Memory, ReservingV1Memory, V1Limits, V1Memory
@@ -74,16 +74,22 @@ def v1_limits(limits: SchedulerLimits, async_scheduling: bool = False) -> V1Limi
 
 
 def v1_memory(
-    name: str, allocator: Allocator, limits: V1Limits, num_cpu_slots: int = 0
+    name: str,
+    allocator: Allocator,
+    limits: V1Limits,
+    num_cpu_slots: int = 0,
+    cpu_tier_policy: CpuTierPolicy = VLLM_DEFAULTS,
 ) -> V1Memory:
     """What ``scheduler=vllm_v1`` allocates from for the allocator ``name``
     (docs/scheduling.md): vLLM's own KV-cache manager for ``paged`` (prefix caching off) and
     ``paged_prefix`` (on, with vLLM's CPU offloading over ``num_cpu_slots`` > 0 slots of host
-    memory), its hybrid manager for ``paged_hybrid`` and ``paged_hybrid_prefix``, the allocator
-    reserving whole spans at admission for the naive ones."""
+    memory, run by ``cpu_tier_policy``), its hybrid manager for ``paged_hybrid`` and
+    ``paged_hybrid_prefix``, the allocator reserving whole spans at admission for the naive
+    ones."""
     if name in ("paged", "paged_prefix"):
         num_cpu_blocks = num_cpu_slots // allocator.block_size if name == "paged_prefix" else 0
-        cpu_tier = CpuOffloadTier(num_cpu_blocks, allocator.block_size) if num_cpu_blocks else None
+        cpu_tier = (CpuOffloadTier(num_cpu_blocks, allocator.block_size, cpu_tier_policy)
+                    if num_cpu_blocks else None)  # fmt: skip
         return V1KVCache(
             allocator.num_slots // allocator.block_size,
             allocator.block_size,
@@ -95,6 +101,22 @@ def v1_memory(
     if name in ("paged_hybrid", "paged_hybrid_prefix"):
         return HybridV1Memory(allocator, limits)  # type: ignore[arg-type]
     return ReservingV1Memory(allocator, limits.max_model_len)
+
+
+def _cpu_store_columns(memory: V1Memory, deployment: Deployment) -> dict[str, float]:
+    """What a ``vllm_v1`` run wrote to its CPU tier (``cpu_stored_gib``; 0 without a tier)."""
+    tier = memory.cpu_tier if isinstance(memory, V1KVCache) else None
+    if tier is None:
+        return {"cpu_stored_gib": 0.0}
+    stored_tokens = tier.num_stored_blocks * tier.block_size
+    return {"cpu_stored_gib": stored_tokens * deployment.kv_bytes_per_token / GIB}
+
+
+def cpu_tier_policy_of(cfg: KvbenchConfig) -> CpuTierPolicy:
+    """``scheduler=vllm_v1``'s CPU tier options from ``allocator``."""
+    allocator = cfg.allocator
+    return CpuTierPolicy(allocator.cpu_eviction_policy, allocator.cpu_store_threshold,
+                         allocator.cpu_max_tracker_size)  # fmt: skip
 
 
 def allocator_for(
@@ -191,6 +213,9 @@ def _run_labels(
         "policy": cfg.scheduler.policy,
         "async_scheduling": cfg.scheduler.async_scheduling,
         "cpu_cache_gib": cfg.allocator.cpu_cache_gib,
+        "cpu_eviction_policy": cfg.allocator.cpu_eviction_policy,
+        "cpu_store_threshold": cfg.allocator.cpu_store_threshold,
+        "cpu_max_tracker_size": cfg.allocator.cpu_max_tracker_size,
         "kv_dtype": deployment.model.kv_dtype or deployment.model.dtype,
     }
 
@@ -287,10 +312,12 @@ def run_experiment(
                     elif cfg.scheduler.name == "vllm_v1":
                         engine = v1_limits(limits, cfg.scheduler.async_scheduling)
                         cpu_slots = deployment.slots_in_gib(cfg.allocator.cpu_cache_gib)
-                        memory = v1_memory(name, allocator, engine, cpu_slots)
+                        memory = v1_memory(name, allocator, engine, cpu_slots,
+                                           cpu_tier_policy_of(cfg))  # fmt: skip
                         result = simulate_v1(requests, memory, engine, costs, allocator.num_slots,
                                              bar.update, step_sink=step_sink,
                                              fast=cfg.engine.fast)  # fmt: skip
+                        measured = _cpu_store_columns(memory, deployment)
                     else:
                         result = simulate(requests, Scheduler(limits), allocator, costs, bar.update,
                                           beam_ancestry=beams, fast=cfg.engine.fast,
