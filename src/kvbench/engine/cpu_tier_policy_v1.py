@@ -17,7 +17,6 @@ is 0 (readable, no load in flight).
 
 from __future__ import annotations
 
-import heapq
 from collections import OrderedDict
 from collections.abc import Iterable
 from typing import Protocol
@@ -61,47 +60,33 @@ def make_eviction_policy(name: str, num_blocks: int, pins: dict[int, int]) -> Ev
 
 
 class LruPolicy:
-    """vLLM's ``LRUCachePolicy``: recency ranks, evictable blocks in a lazily invalidated heap."""
+    """vLLM's ``LRUCachePolicy``: the tier's blocks in recency order (least recent first);
+    eviction takes the first evictable ones. (vLLM keeps ranks in a lazily invalidated heap;
+    a block pinned while used keeps its place, so the order is the same.)"""
 
     def __init__(self, pins: dict[int, int]) -> None:
         self._pins = pins
-        self._ranks: dict[int, int] = {}  # block hash -> recency (higher: more recent)
-        self._next_rank = 0
-        self._evictable_heap: list[tuple[int, int]] = []  # (rank, hash), lazily invalidated
+        self._by_recency: OrderedDict[int, None] = OrderedDict()
 
     def insert(self, block_hash: int) -> None:
-        self._next_rank += 1
-        self._ranks[block_hash] = self._next_rank
+        self._by_recency[block_hash] = None
 
     def mark_evictable(self, block_hash: int) -> None:
-        heapq.heappush(self._evictable_heap, (self._ranks[block_hash], block_hash))
+        return  # evict reads the pins
 
     def evict(self, num_blocks: int, protected: set[int]) -> list[int] | None:
-        heap = self._evictable_heap
-        chosen: list[tuple[int, int]] = []
-        chosen_hashes: set[int] = set()
-        kept: list[tuple[int, int]] = []
-        while heap and len(chosen) < num_blocks:
-            entry = heapq.heappop(heap)
-            rank, block_hash = entry
-            if self._pins.get(block_hash) != 0 or self._ranks.get(block_hash) != rank:
-                continue  # stale
-            if block_hash in chosen_hashes:
-                continue  # pinned and unpinned again at the same rank: two entries
-            if block_hash in protected:
-                kept.append(entry)
-            else:
-                chosen.append(entry)
-                chosen_hashes.add(block_hash)
-        for entry in kept:
-            heapq.heappush(heap, entry)
-        if len(chosen) < num_blocks:
-            for entry in chosen:
-                heapq.heappush(heap, entry)
+        pins = self._pins
+        chosen = []
+        for block_hash in self._by_recency:
+            if pins[block_hash] == 0 and block_hash not in protected:
+                chosen.append(block_hash)
+                if len(chosen) == num_blocks:
+                    break
+        else:
             return None
-        for block_hash in chosen_hashes:
-            del self._ranks[block_hash]
-        return [block_hash for _, block_hash in chosen]
+        for block_hash in chosen:
+            del self._by_recency[block_hash]
+        return chosen
 
     def on_store_miss(self, hashes: list[int]) -> None:
         return  # vLLM's LRU touches them, and it holds none of them
@@ -109,14 +94,10 @@ class LruPolicy:
     def on_request_finished(
         self, hashes: list[int], insertion_only: set[int], reused: set[int]
     ) -> None:
-        ranks = self._ranks
+        by_recency = self._by_recency
         for block_hash in hashes:
-            if block_hash not in ranks:
-                continue
-            self._next_rank += 1
-            ranks[block_hash] = self._next_rank
-            if self._pins[block_hash] == 0:
-                heapq.heappush(self._evictable_heap, (self._next_rank, block_hash))
+            if block_hash in by_recency:
+                by_recency.move_to_end(block_hash)
 
 
 class ArcPolicy:
