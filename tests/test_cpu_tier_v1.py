@@ -434,3 +434,23 @@ def test_kvbench_v1_with_arc_and_a_store_threshold_agrees_with_vllm_on_trace_sli
     case = (requests, 16, 1200, SLICE_LIMITS, arrivals)
     assert agrees_with_vllm(case, prefix_caching=True, num_cpu_blocks=300,
                             cpu_tier_policy=CpuTierPolicy("arc", 2)) > 80  # fmt: skip
+
+
+@pytest.mark.parametrize("prompt_tokens", [48, 1024])
+def test_a_run_checks_its_stores_against_the_step_that_copies_them(prompt_tokens) -> None:  # type: ignore[no-untyped-def]
+    from kvbench.core.catalog import get_deployment
+    from kvbench.engine import RooflineCostModel
+    from kvbench.engine.kv_cache_v1 import V1KVCache
+    from kvbench.engine.simulate_v1 import simulate_v1
+
+    # One request: its prefill step stores its prompt's blocks, its one decode step copies them.
+    # OPT-13B on an A100: 48 tokens of K/V copy faster than a decode step, 1,024 do not.
+    cost_model = RooflineCostModel(get_deployment("opt-13b", "a100-40gb"))
+    limits = V1Limits(8, 2048, 2048)
+    memory = V1KVCache(100, 16, limits.max_model_len, enable_caching=True,
+                       cpu_tier=CpuOffloadTier(400, 16))  # fmt: skip
+    result = simulate_v1([Request(0, 0.0, prompt_tokens, 2)], memory, limits, cost_model, 1600)
+    _prefill_s, decode_s = result.steps.columns["duration_s"]
+    ratio = cost_model.swap_time_s(prompt_tokens) / decode_s
+    assert result.cpu_store_step_ratio_max == pytest.approx(ratio, rel=1e-12)
+    assert (ratio > 1) == (prompt_tokens == 1024)

@@ -13,7 +13,8 @@ comes out at the end of the step whose chunk completes its prompt, its last at t
 that samples it. Under async scheduling (``V1Limits.async_scheduling``) the step that takes that
 last token in, and frees the request's memory, is the next one; a step that schedules nothing and
 only takes tokens in costs no time and writes no step row (vLLM runs no model for it). With a
-CPU tier (``engine.cpu_tier_v1``) a load runs beside the steps for its PCIe time (``_LoadClock``).
+CPU tier (``engine.cpu_tier_v1``) a load runs beside the steps for its PCIe time (``_LoadClock``);
+a step's stores complete with the next step, whatever their size, which ``_StoreLag`` checks.
 """
 
 from __future__ import annotations
@@ -23,7 +24,9 @@ from collections.abc import Sequence as SequenceOf
 
 from kvbench.core.request import Request
 from kvbench.engine.cost_model import CostModel, IterationShape
+from kvbench.engine.cpu_tier_v1 import CpuOffloadTier
 from kvbench.engine.iteration import IdleWait
+from kvbench.engine.kv_cache_v1 import V1KVCache
 from kvbench.engine.records import (
     EMPTY_PROMPT,
     EXCEEDS_MAX_MODEL_LEN,
@@ -84,6 +87,8 @@ def simulate_v1(
     num_arrived = 0
     idle = IdleWait()
     loads = _LoadClock(cost_model, limits.async_scheduling)
+    cpu_tier = memory.cpu_tier if isinstance(memory, V1KVCache) else None
+    store_lag = _StoreLag(cpu_tier, cost_model) if cpu_tier is not None else None
     now_s = 0.0
     while num_arrived < len(pending) or scheduler.has_unfinished:
         if not scheduler.has_unfinished and pending[num_arrived].arrival_s > now_s:
@@ -104,11 +109,16 @@ def simulate_v1(
                 scheduler.add(request)
         if scheduler.has_unfinished:
             loads.before_step(now_s)
+            if store_lag is not None:
+                store_lag.before_step()
             step = scheduler.step(loads.done)
             loads.started(scheduler.last_batch, now_s)
             if step.scheduled_tokens:
+                started_s = now_s
                 now_s, num_finished = _record_step(step, scheduler, cost_model, now_s, steps,
                                                    record_of, idle.end(now_s))  # fmt: skip
+                if store_lag is not None:
+                    store_lag.priced(now_s - started_s)
                 num_ended += num_finished
             elif step.finished_request_ids:  # async: it only took the last step's tokens in
                 num_ended += _record_finished(scheduler.last_batch, record_of, now_s)
@@ -126,7 +136,8 @@ def simulate_v1(
         if num_ended and on_finish is not None:
             on_finish(num_ended)
     steps.close()
-    return SimulationResult(steps=steps, requests=records, num_slots=num_pool_slots)
+    return SimulationResult(steps=steps, requests=records, num_slots=num_pool_slots,
+                            cpu_store_step_ratio_max=store_lag.max_ratio if store_lag else 0.0)
 
 
 def _record_step(
@@ -209,6 +220,36 @@ class _LoadClock:
     def first_end_s(self, request_ids: list[int]) -> float:
         """When the first of these loads completes (0.0 for none)."""
         return min((self._end_s[request_id] for request_id in request_ids), default=0.0)
+
+
+class _StoreLag:
+    """How long a step's stores to the CPU tier take against the step that copies them.
+
+    vLLM's worker submits a step's stores at the start of the next step; the tier makes them
+    readable with that step's answer, as copies shorter than a step are. The ratio of their
+    ``swap_time_s`` to that step's duration checks it: above 1, a store outlasted its step and
+    its blocks would become readable later than modelled. Stores issued by steps that compute
+    nothing wait for the next computed one (which overstates the ratio)."""
+
+    def __init__(self, tier: CpuOffloadTier, cost_model: CostModel) -> None:
+        self._tier = tier
+        self._cost_model = cost_model
+        self._num_counted_blocks = 0
+        self._pending_tokens = 0
+        self.max_ratio = 0.0
+
+    def before_step(self) -> None:
+        """The stores issued since the last call are copied from this step on."""
+        num_new_blocks = self._tier.num_stored_blocks - self._num_counted_blocks
+        self._num_counted_blocks += num_new_blocks
+        self._pending_tokens += num_new_blocks * self._tier.block_size
+
+    def priced(self, duration_s: float) -> None:
+        """The step that copies the pending stores lasted ``duration_s``."""
+        if self._pending_tokens:
+            store_s = self._cost_model.swap_time_s(self._pending_tokens)
+            self.max_ratio = max(self.max_ratio, store_s / duration_s)
+        self._pending_tokens = 0
 
 
 def _record_uncomputed_step(

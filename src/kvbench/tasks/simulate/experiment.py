@@ -26,6 +26,7 @@ from kvbench.engine import PageMapping, RooflineCostModel, Scheduler, SchedulerL
 from kvbench.engine.cost_model import CostModel
 from kvbench.engine.cpu_tier_v1 import VLLM_DEFAULTS, CpuOffloadTier, CpuTierPolicy
 from kvbench.engine.kv_cache_v1 import V1KVCache
+from kvbench.engine.records import SimulationResult
 from kvbench.engine.scheduler import rejection_reason
 from kvbench.engine.scheduler_v1 import HybridV1Memory, ReservingV1Memory, V1Limits, V1Memory
 from kvbench.engine.simulate_v1 import simulate_v1, v1_rejection_reason
@@ -103,13 +104,15 @@ def v1_memory(
     return ReservingV1Memory(allocator, limits.max_model_len)
 
 
-def _cpu_store_columns(memory: V1Memory, deployment: Deployment) -> dict[str, float]:
-    """What a ``vllm_v1`` run wrote to its CPU tier (``cpu_stored_gib``; 0 without a tier)."""
+def _cpu_store_columns(
+    memory: V1Memory, result: SimulationResult, deployment: Deployment
+) -> dict[str, float]:
+    """What a ``vllm_v1`` run wrote to its CPU tier (``cpu_stored_gib``) and how long the
+    longest step's stores took against the step that copied them (0 without a tier)."""
     tier = memory.cpu_tier if isinstance(memory, V1KVCache) else None
-    if tier is None:
-        return {"cpu_stored_gib": 0.0}
-    stored_tokens = tier.num_stored_blocks * tier.block_size
-    return {"cpu_stored_gib": stored_tokens * deployment.kv_bytes_per_token / GIB}
+    stored_tokens = tier.num_stored_blocks * tier.block_size if tier is not None else 0
+    return {"cpu_stored_gib": stored_tokens * deployment.kv_bytes_per_token / GIB,
+            "cpu_store_step_ratio_max": result.cpu_store_step_ratio_max}  # fmt: skip
 
 
 def cpu_tier_policy_of(cfg: KvbenchConfig) -> CpuTierPolicy:
@@ -317,7 +320,7 @@ def run_experiment(
                         result = simulate_v1(requests, memory, engine, costs, allocator.num_slots,
                                              bar.update, step_sink=step_sink,
                                              fast=cfg.engine.fast)  # fmt: skip
-                        measured = _cpu_store_columns(memory, deployment)
+                        measured = _cpu_store_columns(memory, result, deployment)
                     else:
                         result = simulate(requests, Scheduler(limits), allocator, costs, bar.update,
                                           beam_ancestry=beams, fast=cfg.engine.fast,
