@@ -387,7 +387,7 @@ def test_lru_evicts_by_recency_whatever_was_reused() -> None:
     (dict(store_threshold=-1), "store_threshold=-1"),
     (dict(max_tracker_size=0), "max_tracker_size=0"),
 ])  # fmt: skip
-def test_the_tier_refuses_an_unknown_policy(policy, message) -> None:  # type: ignore[no-untyped-def]
+def test_the_tier_options_are_checked(policy, message) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(ValueError, match=message):
         CpuTierPolicy(**policy)
 
@@ -403,7 +403,7 @@ def test_the_scan_case_is_vllms(policy, num_steps) -> None:  # type: ignore[no-u
                             cpu_tier_policy=policy) == num_steps  # fmt: skip
 
 
-# Small offer tables too: full tables forget blocks (or, full of this offer's, count none).
+# Small offer tables too: a full one forgets blocks, or, full of the offer's own, counts none.
 POLICIES = st.builds(CpuTierPolicy, st.sampled_from(["lru", "arc"]), st.sampled_from([0, 2, 3]),
                      st.sampled_from([64_000, 1, 4, 16]))  # fmt: skip
 

@@ -115,7 +115,7 @@ def _cpu_store_columns(
             "cpu_store_step_ratio_max": result.cpu_store_step_ratio_max}  # fmt: skip
 
 
-def cpu_tier_policy_of(cfg: KvbenchConfig) -> CpuTierPolicy:
+def _cpu_tier_policy_of(cfg: KvbenchConfig) -> CpuTierPolicy:
     """``scheduler=vllm_v1``'s CPU tier options from ``allocator``."""
     allocator = cfg.allocator
     return CpuTierPolicy(allocator.cpu_eviction_policy, allocator.cpu_store_threshold,
@@ -316,7 +316,7 @@ def run_experiment(
                         engine = v1_limits(limits, cfg.scheduler.async_scheduling)
                         cpu_slots = deployment.slots_in_gib(cfg.allocator.cpu_cache_gib)
                         memory = v1_memory(name, allocator, engine, cpu_slots,
-                                           cpu_tier_policy_of(cfg))  # fmt: skip
+                                           _cpu_tier_policy_of(cfg))  # fmt: skip
                         result = simulate_v1(requests, memory, engine, costs, allocator.num_slots,
                                              bar.update, step_sink=step_sink,
                                              fast=cfg.engine.fast)  # fmt: skip
