@@ -376,7 +376,6 @@ def test_lru_evicts_by_recency_whatever_was_reused() -> None:
     lru = LruPolicy(pins)
     for block_hash in (1, 2):
         lru.insert(block_hash)
-        lru.mark_evictable(block_hash)
     lru.on_request_finished([1], insertion_only=set(), reused={1})
     assert lru.evict(1, protected={1}) == [2]
     assert lru.evict(1, protected={1}) is None

@@ -11,8 +11,8 @@
   from T2 (a B2 hit) lowers it. A scan of one-off prompts then evicts its own blocks rather
   than a prefix requests reuse.
 
-The tier (``cpu_tier_v1.CpuOffloadTier``) keeps the pins: a policy evicts only blocks whose pin
-is 0 (readable, no load in flight).
+The tier (``cpu_tier_v1.CpuOffloadTier``) keeps the pins, which a policy reads: it evicts only
+blocks whose pin is 0 (readable, no load in flight), and keeps a pinned block's place.
 """
 
 from __future__ import annotations
@@ -29,9 +29,6 @@ class EvictionPolicy(Protocol):
 
     def insert(self, block_hash: int) -> None:
         """A store of the block starts (it is not evictable until its pin drops to 0)."""
-
-    def mark_evictable(self, block_hash: int) -> None:
-        """The block's pin dropped to 0: its store or its last load completed."""
 
     def evict(self, num_blocks: int, protected: set[int]) -> list[int] | None:
         """Take ``num_blocks`` evictable blocks outside ``protected`` out of the policy, or
@@ -70,9 +67,6 @@ class LruPolicy:
 
     def insert(self, block_hash: int) -> None:
         self._by_recency[block_hash] = None
-
-    def mark_evictable(self, block_hash: int) -> None:
-        return  # evict reads the pins
 
     def evict(self, num_blocks: int, protected: set[int]) -> list[int] | None:
         pins = self._pins
@@ -117,9 +111,6 @@ class ArcPolicy:
         self.t1[block_hash] = None
         self.b1.pop(block_hash, None)
         self.b2.pop(block_hash, None)
-
-    def mark_evictable(self, block_hash: int) -> None:
-        return  # evict reads the pins
 
     def evict(self, num_blocks: int, protected: set[int]) -> list[int] | None:
         # Chosen before anything moves, as if T1 shrank with each pick; the scans only go

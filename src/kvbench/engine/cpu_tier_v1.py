@@ -362,7 +362,6 @@ class CpuOffloadTier:
                 pins[block_hash] = pin
                 if pin == 0:
                     self._num_evictable += 1
-                    self._policy.mark_evictable(block_hash)
             if is_load:
                 self._being_loaded.difference_update(keys)
                 loaded.append(request_id)
