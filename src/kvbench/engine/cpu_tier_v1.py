@@ -96,7 +96,6 @@ class CpuOffloadTier:
     runner's answer.
 
     Attributes:
-        num_hit_blocks: blocks admissions loaded from the tier.
         num_stored_blocks: blocks stored into it.
         num_dropped_offers: offers dropped for want of evictable blocks.
     """
@@ -108,7 +107,6 @@ class CpuOffloadTier:
             raise ValueError(f"num_blocks={num_blocks}: a CPU tier holds >= 1 block")
         self.num_blocks = num_blocks
         self.block_size = block_size
-        self.num_hit_blocks = 0
         self.num_stored_blocks = 0
         self.num_dropped_offers = 0
         self._pins: dict[int, int] = {}  # block hash -> pin count (_STORING: being stored)
@@ -196,7 +194,6 @@ class CpuOffloadTier:
         state.num_jobs += 1
         self._being_loaded.update(keys)
         self._issued.append((keys, seq.request_id, True))
-        self.num_hit_blocks += num_blocks
 
     def offer(self, seq: V1Sequence, num_tokens_after_step: int, num_held_blocks: int) -> None:
         """Offer the prompt blocks a scheduled sequence's tokens complete (through

@@ -126,7 +126,7 @@ def simulate_v1(
                 # With a CPU tier, a step may compute nothing: it admitted loads, preempted the
                 # last running request beside a loaded one, or waits for a copy a request needs
                 # (the engine idles until the first load in flight completes).
-                _record_uncomputed_step(scheduler.last_batch, record_of, now_s)
+                _record_admitted_and_preempted(scheduler.last_batch, record_of, now_s)
                 now_s = max(now_s, loads.first_end_s(scheduler.loading_request_ids))
             else:
                 # Nothing runs and the first waiting request does not fit the empty pool (a
@@ -174,9 +174,7 @@ def _record_step(
         prefix_lookups=(step.prefix_query_tokens, step.prefix_hit_tokens,
                         step.resumed_query_tokens, step.resumed_hit_tokens),
     )  # fmt: skip
-    _record_admitted(batch, record_of, now_s)
-    for seq in batch.preempted:
-        record_of[seq.request_id].mark_preempted(swapped=False)
+    _record_admitted_and_preempted(batch, record_of, now_s)
     for seq in batch.sampled:
         if seq.num_generated_tokens == 1:
             record_of[seq.request_id].mark_first_token(end_s)
@@ -252,21 +250,17 @@ class _StoreLag:
         self._pending_tokens = 0
 
 
-def _record_uncomputed_step(
+def _record_admitted_and_preempted(
     batch: V1Batch, record_of: dict[int, RequestRecord], now_s: float
 ) -> None:
-    """Note a step that computed nothing (no step row: no model ran)."""
-    _record_admitted(batch, record_of, now_s)
-    for seq in batch.preempted:
-        record_of[seq.request_id].mark_preempted(swapped=False)
-
-
-def _record_admitted(batch: V1Batch, record_of: dict[int, RequestRecord], now_s: float) -> None:
-    """Note the step's admissions at ``now_s`` (and what they load from the CPU tier)."""
+    """Note the step's admissions at ``now_s`` (and what they load from the CPU tier) and its
+    preemptions: all a step that computed nothing records (no step row: no model ran)."""
     for seq, num_tokens in batch.loaded:
         record_of[seq.request_id].mark_cpu_hit(num_tokens)
     for seq, hit_tokens in batch.admitted:
         record_of[seq.request_id].mark_admitted(now_s, hit_tokens)
+    for seq in batch.preempted:
+        record_of[seq.request_id].mark_preempted(swapped=False)
 
 
 def _record_finished(batch: V1Batch, record_of: dict[int, RequestRecord], finished_s: float) -> int:
