@@ -54,11 +54,12 @@ def kvbench_v1_steps(
     windows: tuple[int | None, ...] = (None,),
     num_cpu_blocks: int = 0,
     cpu_tier_policy: CpuTierPolicy = VLLM_DEFAULTS,
+    copy_steps_per_block: float = 0.0,
 ) -> list[V1Step]:
     """kvbench's ``vllm_v1`` steps over vLLM's ``num_gpu_blocks`` (its null block included);
     ``windows`` other than one full group: ``paged_hybrid``, one one-layer group per window;
     ``num_cpu_blocks`` > 0: vLLM's CPU offloading with that many blocks, evicting and storing
-    by ``cpu_tier_policy``."""
+    by ``cpu_tier_policy``, its copies taking ``copy_steps_per_block`` (``run_v1_steps``)."""
     num_blocks = num_gpu_blocks - NUM_NULL_BLOCKS
     if windows == (None,):
         allocator: PagedAllocator | PagedHybridAllocator = PagedAllocator(
@@ -75,7 +76,8 @@ def kvbench_v1_steps(
     name = "paged_hybrid" if windows != (None,) else "paged"
     name += "_prefix" if prefix_caching else ""
     memory = v1_memory(name, allocator, limits, num_cpu_blocks * block_size, cpu_tier_policy)
-    return run_v1_steps(requests, memory, limits, arrival_steps)
+    return run_v1_steps(requests, memory, limits, arrival_steps,
+                        copy_steps_per_block=copy_steps_per_block)
 
 
 def _comparable(step: Any, prefix_caching: bool) -> tuple:
@@ -96,11 +98,12 @@ def agrees_with_vllm(
     windows: tuple[int | None, ...] = (None,),
     num_cpu_blocks: int = 0,
     cpu_tier_policy: CpuTierPolicy = VLLM_DEFAULTS,
+    copy_steps_per_block: float = 0.0,
 ) -> int:
     """Assert kvbench's ``vllm_v1`` steps equal real vLLM's, one by one, on ``case`` (requests,
     block size, vLLM's num_gpu_blocks, limits, arrival steps), with KV-cache groups of
-    ``windows`` and a CPU tier of ``num_cpu_blocks`` run by ``cpu_tier_policy``
-    (``kvbench_v1_steps``); the number of steps compared."""
+    ``windows`` and a CPU tier of ``num_cpu_blocks`` run by ``cpu_tier_policy`` whose copies
+    take ``copy_steps_per_block`` (``kvbench_v1_steps``); the number of steps compared."""
     from kvbench.referee.vllm_v1 import RefereeLimits, run_referee
 
     requests, block_size, num_gpu_blocks, limits, arrival_steps = case
@@ -111,13 +114,14 @@ def agrees_with_vllm(
                       max_num_batched_tokens=limits.max_num_batched_tokens,
                       max_model_len=limits.max_model_len, enable_prefix_caching=prefix_caching,
                       async_scheduling=limits.async_scheduling, windows=windows,
-                      num_cpu_blocks=num_cpu_blocks, cpu_tier_policy=cpu_tier_policy),
+                      num_cpu_blocks=num_cpu_blocks, cpu_tier_policy=cpu_tier_policy,
+                      copy_steps_per_block=copy_steps_per_block),
         arrival_steps,
     )  # fmt: skip
     ours = kvbench_v1_steps(requests, block_size, num_gpu_blocks, limits, arrival_steps,
                             prefix_caching=prefix_caching, windows=windows,
-                            num_cpu_blocks=num_cpu_blocks,
-                            cpu_tier_policy=cpu_tier_policy)  # fmt: skip
+                            num_cpu_blocks=num_cpu_blocks, cpu_tier_policy=cpu_tier_policy,
+                            copy_steps_per_block=copy_steps_per_block)  # fmt: skip
     for vllm_step, kvbench_step in zip(referee, ours, strict=False):
         assert _comparable(kvbench_step, prefix_caching) == _comparable(vllm_step, prefix_caching)
     assert len(ours) == len(referee)

@@ -453,3 +453,111 @@ def test_a_run_checks_its_stores_against_the_step_that_copies_them(prompt_tokens
     ratio = cost_model.swap_time_s(prompt_tokens) / decode_s
     assert result.cpu_store_step_ratio_max == pytest.approx(ratio, rel=1e-12)
     assert (ratio > 1) == (prompt_tokens == 1024)
+
+
+def test_the_copy_clock_runs_each_direction_in_order_and_a_flush_delays_its_step() -> None:
+    from kvbench.engine.cpu_tier_v1 import CopyClock, StepCopies
+
+    clock = CopyClock(lambda num_tokens: num_tokens / 10, async_scheduling=False)
+    clock.before_step(0.0)
+    copies = StepCopies(stores=[(0, 20), (1, 10)], loads=[(2, 30)])
+    assert clock.submit(copies, 0.0) == 0.0  # stores end at 2 and 3 (one after the other),
+    clock.before_step(2.5)  # the load at 3 (its own direction)
+    assert [clock.done(job_id) for job_id in (0, 1, 2)] == [True, False, False]
+    assert clock.next_end_s(2.5) == 3.0
+    # A step that flushes store 1 starts when it ends; a store submitted with it queues behind.
+    assert clock.submit(StepCopies(stores=[(3, 10)], wait_job_ids=[1]), 2.5) == 3.0
+    assert clock.next_end_s(3.0) == 4.0
+    clock.before_step(3.5)
+    assert [clock.done(job_id) for job_id in (1, 2, 3)] == [True, True, False]
+    # Flushing a store already reported does not wait.
+    assert clock.submit(StepCopies(wait_job_ids=[0]), 3.5) == 3.5
+
+
+def test_async_the_copy_clock_answers_a_step_late() -> None:
+    from kvbench.engine.cpu_tier_v1 import CopyClock, StepCopies
+
+    clock = CopyClock(lambda num_tokens: 1.0, async_scheduling=True)
+    clock.before_step(0.0)
+    clock.submit(StepCopies(loads=[(0, 16)]), 0.0)  # ends at 1.0
+    clock.before_step(1.5)  # takes in the answer of the step before the one at 0: none
+    assert not clock.done(0)
+    clock.before_step(2.0)  # takes in the answer of the step at 0, which ended at 1.5
+    assert clock.done(0)
+
+
+def _flush_case(arrival_after_store: float):  # type: ignore[no-untyped-def]
+    """Request 0 (1,024 prompt tokens, one output token) finishes in its prefill step, whose
+    stores the next step submits; request 1 arrives ``arrival_after_store`` copies of them
+    later and reallocates request 0's GPU blocks. OPT-13B on an A100, 100 blocks of 16."""
+    from kvbench.core.catalog import get_deployment
+    from kvbench.engine import RooflineCostModel
+    from kvbench.engine.kv_cache_v1 import V1KVCache
+    from kvbench.engine.simulate_v1 import chunks_shape, simulate_v1
+
+    cost_model = RooflineCostModel(get_deployment("opt-13b", "a100-40gb"))
+    prefill_s = cost_model.iteration_time_s(chunks_shape([(1024, 0, 1024)]))
+    store_s = cost_model.swap_time_s(1024)
+    requests = [Request(0, 0.0, 1024, 1),
+                Request(1, prefill_s + arrival_after_store * store_s, 1500, 1)]  # fmt: skip
+    limits = V1Limits(8, 2048, 2048)
+    memory = V1KVCache(100, 16, limits.max_model_len, enable_caching=True,
+                       cpu_tier=CpuOffloadTier(400, 16))  # fmt: skip
+    return simulate_v1(requests, memory, limits, cost_model, 1600), prefill_s, store_s
+
+
+def test_a_step_reallocating_the_blocks_of_a_store_in_flight_waits_for_it() -> None:
+    # vLLM steps once more after request 0 finishes (submitting its stores then); request 1
+    # arrives a quarter of the copy later and takes its blocks, so its step waits the rest.
+    result, prefill_s, store_s = _flush_case(0.25)
+    assert result.cpu_flush_wait_s == pytest.approx(0.75 * store_s, rel=1e-9)
+    assert result.steps.columns["time_s"][1] == pytest.approx(prefill_s + store_s, rel=1e-9)
+    # Arriving after the copy ended, it waits for nothing.
+    result, prefill_s, _ = _flush_case(1.5)
+    assert result.cpu_flush_wait_s == 0.0
+
+
+# Steps per block of a copy (binary fractions: both clocks add them exactly): from copies well
+# inside a step to ones that outlast several.
+COPY_STEPS = st.sampled_from([0.25, 0.5, 1.0, 1.5, 4.0])
+
+
+@peer
+@pytest.mark.parametrize("copy_steps_per_block", [0.5, 2.0])
+def test_the_hand_cases_with_slow_copies_are_vllms(copy_steps_per_block) -> None:  # type: ignore[no-untyped-def]
+    for case in (_evicting_case(), _scan_case()):
+        agrees_with_vllm(case, prefix_caching=True, num_cpu_blocks=20,
+                         copy_steps_per_block=copy_steps_per_block)  # fmt: skip
+
+
+@peer
+@settings(max_examples=60, deadline=None)
+@given(case_and_tier=tiered_workloads(), copy_steps_per_block=COPY_STEPS)
+def test_kvbench_v1_with_timed_copies_agrees_with_vllm_step_for_step(
+    case_and_tier, copy_steps_per_block
+) -> None:  # type: ignore[no-untyped-def]
+    agrees_with_vllm(case_and_tier[0], prefix_caching=True, num_cpu_blocks=case_and_tier[1],
+                     copy_steps_per_block=copy_steps_per_block)  # fmt: skip
+
+
+@peer
+@pytest.mark.slow
+@settings(max_examples=1000, deadline=None)
+@given(case_and_tier=tiered_workloads(), copy_steps_per_block=COPY_STEPS, policy=POLICIES)
+def test_timed_copies_agree_with_vllm_on_a_thousand(
+    case_and_tier, copy_steps_per_block, policy
+) -> None:  # type: ignore[no-untyped-def]
+    agrees_with_vllm(case_and_tier[0], prefix_caching=True, num_cpu_blocks=case_and_tier[1],
+                     cpu_tier_policy=policy, copy_steps_per_block=copy_steps_per_block)  # fmt: skip
+
+
+@peer
+@pytest.mark.parametrize(("trace", "system_prompt_tokens"), PREFIX_TRACE_SLICES)
+def test_kvbench_v1_with_timed_copies_agrees_with_vllm_on_trace_slices(
+    shared_traces, trace, system_prompt_tokens
+) -> None:  # type: ignore[no-untyped-def]
+    # A quarter step per block of 16 tokens: a long prompt's copies outlast several steps.
+    requests, arrivals = trace_slice(shared_traces / trace, system_prompt_tokens)
+    case = (requests, 16, 1200, SLICE_LIMITS, arrivals)
+    assert agrees_with_vllm(case, prefix_caching=True, num_cpu_blocks=300,
+                            copy_steps_per_block=0.25) > 80  # fmt: skip

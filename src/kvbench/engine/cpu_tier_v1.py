@@ -13,11 +13,13 @@ with either cache policy (``cpu_tier_policy_v1``: LRU, its default, or ARC) and 
   when too few are evictable, the whole offer is dropped and retried the next time the request
   is scheduled), while the GPU keeps its copy; with a ``store_threshold`` of N >= 2 a block is
   stored only from its N-th offer on (offers counted over requests, in a bounded table);
-- a store becomes readable one step later: the worker copies it at the start of the next step;
+- a store becomes readable when its copy completes: the worker submits it at the start of the
+  next step (one step later when copies are shorter than a step; ``CopyClock`` times them);
+  the stores of a request preempted, or of a finished request whose GPU blocks a step
+  reallocates, are flushed: that step waits for them;
 - **asynchronous loads**: a waiting request whose prefix continues in the tier past its GPU hit
-  gets blocks for both and waits outside the batch while they load (one step here: a copy
-  shorter than a step); a later request whose hit is still being stored or loaded is skipped
-  for the step;
+  gets blocks for both and waits outside the batch while they load; a later request whose hit
+  is still being stored or loaded is skipped for the step;
 - recency: a block is used when stored, and again when the request that stored, found or
   loaded it finishes (its blocks from the last to the first, so a prompt's head is evicted
   last); ARC also tells a block only stored from one reused.
@@ -30,13 +32,46 @@ from __future__ import annotations
 
 from collections import OrderedDict, deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from kvbench.engine.cpu_tier_policy_v1 import EVICTION_POLICIES, make_eviction_policy
 from kvbench.engine.kv_cache_v1 import V1Sequence
 
 _STORING = -1  # a chunk's pin count while its store is in flight: not readable, not evictable
-_Copy = tuple[list[int], int, bool]  # (block hashes, request id, is a load)
+CopyDone = Callable[[int], bool]  # whether the copy of a job id had completed by the answer
+
+
+class _Copy:
+    """One copy job (vLLM's ``TransferJob``): blocks of a request stored to the tier or loaded
+    from it."""
+
+    __slots__ = ("block_indices", "is_load", "job_id", "keys", "request_id")
+
+    def __init__(self, job_id: int, keys: list[int], request_id: int, is_load: bool,
+                 block_indices: list[int]) -> None:  # fmt: skip
+        self.job_id = job_id
+        self.keys = keys  # block hashes
+        self.request_id = request_id
+        self.is_load = is_load
+        self.block_indices = block_indices  # in the request's blocks
+
+
+@dataclass(frozen=True)
+class StepCopies:
+    """The copies vLLM's worker submits at the start of a step (``handle_preemptions``, then
+    ``start_kv_transfers``), each (job id, tokens), in submission order.
+
+    Attributes:
+        stores: the stores the step before issued, then the ones this step issued and flushes.
+        loads: the loads this step issued.
+        wait_job_ids: the stores this step flushes (the worker waits for them before the
+            forward pass): those of requests it preempted, of finished requests whose GPU blocks
+            it reallocated, and its own flushed ones.
+    """
+
+    stores: list[tuple[int, int]] = field(default_factory=list)
+    loads: list[tuple[int, int]] = field(default_factory=list)
+    wait_job_ids: list[int] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -90,14 +125,15 @@ class CpuOffloadTier:
     by ``policy``).
 
     The scheduler calls it as vLLM's scheduler calls its connector: ``lookup`` and
-    ``start_load`` at a waiting request's admission, ``offer`` for every scheduled request
-    after a step is scheduled, ``finished`` when a request's last token is taken in,
-    ``end_schedule`` once a step's stores are offered, and ``complete_step`` with the model
-    runner's answer.
+    ``start_load`` at a waiting request's admission, ``preempted`` at a preemption, ``offer``
+    for every scheduled request after a step is scheduled, ``finished`` when a request's last
+    token is taken in, ``end_schedule`` once a step's stores are offered, and ``complete_step``
+    with the model runner's answer.
 
     Attributes:
         num_stored_blocks: blocks stored into it.
         num_dropped_offers: offers dropped for want of evictable blocks.
+        last_copies: what the worker copies at the start of the step last scheduled.
     """
 
     def __init__(
@@ -120,22 +156,35 @@ class CpuOffloadTier:
         )
         self._states: dict[int, _RequestState] = {}  # request id -> state
         self._being_loaded: set[int] = set()
-        # Copies (hashes, request id, is_load) issued by the step being scheduled; those of the
+        self._num_jobs_issued = 0  # the next job id
+        # Copies issued by the step being scheduled (its flushed stores apart); those of the
         # steps whose answer is not taken in yet (its loads and flushed stores complete in it);
-        # the stores of the last step taken in (they complete in the next).
+        # the stores of the last step taken in (they complete in the next); copies an answer
+        # found still running (long copies).
         self._issued: list[_Copy] = []
         self._flushed: list[_Copy] = []
         self._unanswered: deque[tuple[list[_Copy], list[_Copy]]] = deque()
         self._deferred_stores: list[_Copy] = []
-        self._loads_in_flight: list[_Copy] = []  # answered, but not copied yet (long copies)
+        self._stores_in_flight: list[_Copy] = []
+        self._loads_in_flight: list[_Copy] = []
+        self._stores_to_submit: list[_Copy] = []  # the last step's: submitted at the next one
+        self._store_jobs: dict[int, _Copy] = {}  # every store not completed, by job id
         self._finished_since_schedule: list[V1Sequence] = []
+        self._preempted_since_schedule: set[int] = set()
+        self.last_copies = StepCopies()
 
     @property
     def has_copies_in_flight(self) -> bool:
         """Whether a copy is still to complete (a request waiting on it runs later)."""
-        return bool(self._deferred_stores or self._loads_in_flight) or any(
-            copies for copies, _ in self._unanswered
-        )
+        if self._deferred_stores or self._stores_in_flight or self._loads_in_flight:
+            return True
+        return any(issued or flushed for issued, flushed in self._unanswered)
+
+    @property
+    def has_finished_to_signal(self) -> bool:
+        """Whether requests finished since the last schedule: vLLM schedules once more, even
+        with no request left, to tell its workers (their last prompt blocks are offered then)."""
+        return bool(self._finished_since_schedule)
 
     @property
     def num_held_blocks(self) -> int:
@@ -193,7 +242,18 @@ class CpuOffloadTier:
         state.next_stored_block = first_block + num_blocks
         state.num_jobs += 1
         self._being_loaded.update(keys)
-        self._issued.append((keys, seq.request_id, True))
+        self._issued.append(self._new_copy(keys, seq.request_id, True, list(loaded_blocks)))
+
+    def _new_copy(self, keys: list[int], request_id: int, is_load: bool,
+                  block_indices: list[int]) -> _Copy:  # fmt: skip
+        job = _Copy(self._num_jobs_issued, keys, request_id, is_load, block_indices)
+        self._num_jobs_issued += 1
+        return job
+
+    def preempted(self, seq: V1Sequence) -> None:
+        """The scheduler preempted the sequence in the step it is scheduling: its stores still
+        in flight are flushed."""
+        self._preempted_since_schedule.add(seq.request_id)
 
     def offer(self, seq: V1Sequence, num_tokens_after_step: int, num_held_blocks: int) -> None:
         """Offer the prompt blocks a scheduled sequence's tokens complete (through
@@ -247,7 +307,9 @@ class CpuOffloadTier:
         state.inserted_blocks.update(new_blocks)
         self.num_stored_blocks += len(new_keys)
         state.num_jobs += 1
-        self._issued.append((new_keys, seq.request_id, False))
+        job = self._new_copy(new_keys, seq.request_id, False, new_blocks)
+        self._store_jobs[job.job_id] = job
+        self._issued.append(job)
         return new_blocks
 
     def _count_offers(self, hashes: list[int]) -> None:
@@ -299,13 +361,25 @@ class CpuOffloadTier:
         """After a step's offers (vLLM's ``build_connector_meta``): requests that finished
         since the last step offer their remaining prompt blocks, and their blocks become the
         most recently used. A store whose GPU blocks this step reallocated is copied at once
-        (flushed) rather than at the next step's start."""
+        (flushed) rather than at the next step's start; so are the stores in flight of the
+        requests the step preempted, or whose GPU blocks it reallocated (``last_copies``)."""
+        wait_job_ids = self._stores_to_flush(allocated_block_ids)
         for seq in self._finished_since_schedule:
             state = self._states[seq.request_id]
             end_block = seq.request.prompt_tokens // self.block_size
             stored = self._offer(seq, state, min(end_block, len(state.block_ids)))
             if not allocated_block_ids.isdisjoint(state.block_ids[index] for index in stored):
                 self._flushed.append(self._issued.pop())
+        wait_job_ids += [job.job_id for job in self._flushed]
+        self.last_copies = StepCopies(
+            stores=[(job.job_id, len(job.keys) * self.block_size)
+                    for job in self._stores_to_submit + self._flushed],
+            loads=[(job.job_id, len(job.keys) * self.block_size)
+                   for job in self._issued if job.is_load],
+            wait_job_ids=wait_job_ids,
+        )  # fmt: skip
+        self._stores_to_submit = [job for job in self._issued if not job.is_load]
+        self._preempted_since_schedule.clear()
         for seq in self._finished_since_schedule:
             state = self._states[seq.request_id]
             self._request_finished(seq, state)
@@ -316,6 +390,25 @@ class CpuOffloadTier:
         self._unanswered.append((self._issued, self._flushed))
         self._issued = []
         self._flushed = []
+
+    def _stores_to_flush(self, allocated_block_ids: set[int]) -> list[int]:
+        """The stores in flight, issued by earlier steps, of requests this step preempted or of
+        finished requests one of whose stored GPU blocks it reallocated (vLLM's
+        ``_block_id_to_pending_jobs``)."""
+        preempted = self._preempted_since_schedule
+        if not (preempted or allocated_block_ids) or not self._store_jobs:
+            return []
+        flushed = []
+        for job in self._store_jobs.values():
+            if job.request_id in preempted:
+                flushed.append(job.job_id)
+                continue
+            block_ids = self._states[job.request_id].block_ids  # set when it finished
+            if block_ids and not allocated_block_ids.isdisjoint(
+                block_ids[index] for index in job.block_indices
+            ):
+                flushed.append(job.job_id)
+        return flushed
 
     def _request_finished(self, seq: V1Sequence, state: _RequestState) -> None:
         """Tell the policy what the request did with each block it saw, tail to head."""
@@ -328,30 +421,32 @@ class CpuOffloadTier:
         )
 
     def complete_step(
-        self, num_unanswered: int = 0, load_done: Callable[[int], bool] | None = None
+        self, num_unanswered: int = 0, copy_done: CopyDone | None = None
     ) -> list[int]:
         """Take in the worker's answers to the steps scheduled so far but the last
         ``num_unanswered`` (1 under async scheduling): in each, its loads and flushed stores
         complete, and the stores of the step before it; its own stores wait for the next. A
-        load for which ``load_done(request id)`` is False (a copy longer than the step) waits
-        for a later answer. The ids of the requests whose load completed."""
+        copy for which ``copy_done(job id)`` is False (longer than its step, on the caller's
+        clock: ``CopyClock.done``) waits for a later answer; None: every copy is shorter than a
+        step (the referee's worker). The ids of the requests whose load completed."""
         loaded: list[int] = []
         while len(self._unanswered) > num_unanswered:
             issued, flushed = self._unanswered.popleft()
-            done_loads: list[_Copy] = []
-            still_loading: list[_Copy] = []
-            for job in self._loads_in_flight + [job for job in issued if job[2]]:
-                done = load_done is None or load_done(job[1])
-                (done_loads if done else still_loading).append(job)
-            self._loads_in_flight = still_loading
-            loaded += self._complete(self._deferred_stores + flushed + done_loads)
-            self._deferred_stores = [job for job in issued if not job[2]]
+            stores = self._stores_in_flight + self._deferred_stores + flushed
+            done_stores, self._stores_in_flight = _split_done(stores, copy_done)
+            loads = self._loads_in_flight + [job for job in issued if job.is_load]
+            done_loads, self._loads_in_flight = _split_done(loads, copy_done)
+            loaded += self._complete(done_stores + done_loads)
+            self._deferred_stores = [job for job in issued if not job.is_load]
         return loaded
 
     def _complete(self, completed: list[_Copy]) -> list[int]:
         loaded = []
         pins = self._pins
-        for keys, request_id, is_load in completed:
+        for job in completed:
+            keys, request_id, is_load = job.keys, job.request_id, job.is_load
+            if not is_load:
+                del self._store_jobs[job.job_id]
             for block_hash in keys:
                 # A store makes its block readable; a load unpins it (neither can be evicted
                 # while in flight).
@@ -367,3 +462,67 @@ class CpuOffloadTier:
             if not state.num_jobs and state.finish_signaled:
                 del self._states[request_id]
         return loaded
+
+
+def _split_done(jobs: list[_Copy], copy_done: CopyDone | None) -> tuple[list[_Copy], list[_Copy]]:
+    """(the jobs whose copy completed, the others), each in order."""
+    if copy_done is None:
+        return jobs, []
+    done: list[_Copy] = []
+    running: list[_Copy] = []
+    for job in jobs:
+        (done if copy_done(job.job_id) else running).append(job)
+    return done, running
+
+
+class CopyClock:
+    """When the tier's copies complete on a clock, as vLLM's offloading worker runs them.
+
+    Each direction (stores to the host, loads from it) copies one job at a time in the order
+    submitted (``SingleDirectionOffloadingHandler``), each for ``copy_time_s`` of its tokens. At
+    a step's start (``submit``) the worker submits the stores the step before issued and the
+    ones this step flushes, waits for the flushed ones (the step starts when they end), then
+    submits this step's loads. It reports a copy with the first step that ends after it, which
+    the scheduler takes in before the next step (a step later under async scheduling)."""
+
+    def __init__(self, copy_time_s: Callable[[int], float], async_scheduling: bool) -> None:
+        self._copy_time_s = copy_time_s
+        self._async_scheduling = async_scheduling
+        self._end_s: dict[int, float] = {}  # job id -> when its copy ends (until reported)
+        self._store_free_s = 0.0
+        self._load_free_s = 0.0
+        self._answered_by_s = 0.0
+        self._last_start_s = 0.0
+
+    def before_step(self, now_s: float) -> None:
+        """A step starts at ``now_s``: the answer it takes in first is that of the step that
+        ended then (async: of the step before, which ended when the last one started)."""
+        self._answered_by_s = self._last_start_s if self._async_scheduling else now_s
+        self._last_start_s = now_s
+
+    def done(self, job_id: int) -> bool:
+        """Whether the job's copy had ended by the answer taken in (asked until it has, then
+        forgotten)."""
+        if self._end_s[job_id] > self._answered_by_s:
+            return False
+        del self._end_s[job_id]
+        return True
+
+    def submit(self, copies: StepCopies, now_s: float) -> float:
+        """The step scheduled at ``now_s`` submits ``copies``: when it starts computing (later
+        than ``now_s`` when it waits for flushed stores)."""
+        free_s = self._store_free_s
+        for job_id, num_tokens in copies.stores:
+            free_s = self._end_s[job_id] = max(free_s, now_s) + self._copy_time_s(num_tokens)
+        self._store_free_s = free_s
+        end_s = self._end_s
+        start_s = max([now_s, *(end_s.get(job_id, now_s) for job_id in copies.wait_job_ids)])
+        free_s = self._load_free_s
+        for job_id, num_tokens in copies.loads:
+            free_s = self._end_s[job_id] = max(free_s, start_s) + self._copy_time_s(num_tokens)
+        self._load_free_s = free_s
+        return start_s
+
+    def next_end_s(self, now_s: float) -> float | None:
+        """When the first copy still running at ``now_s`` ends (None: none is)."""
+        return min((end_s for end_s in self._end_s.values() if end_s > now_s), default=None)

@@ -324,5 +324,7 @@ class SimulationResult:
     num_slots: int
     num_copy_on_writes: int = 0
     # vllm_v1 with a CPU tier: the largest ratio of a step's stores' PCIe time to the step that
-    # copies them (simulate_v1._StoreLag); > 1: a store outlasted the step it completes in.
+    # copies them (simulate_v1._StoreLag); > 1: a store outlasted the step that copied it.
     cpu_store_step_ratio_max: float = 0.0
+    # vllm_v1 with a CPU tier: seconds steps waited for flushed stores before computing.
+    cpu_flush_wait_s: float = 0.0

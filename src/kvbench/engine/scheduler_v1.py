@@ -35,7 +35,6 @@ block), managed as vLLM manages it (``V1KVCache``).
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable
 from collections.abc import Sequence as SequenceOf
 from dataclasses import dataclass, field
 from typing import Generic, Protocol, TypeVar
@@ -44,7 +43,7 @@ from kvbench.allocators.base import Allocator, MemoryUsage
 from kvbench.allocators.hybrid_prefix import HybridHit
 from kvbench.allocators.paged_hybrid import PagedHybridAllocator
 from kvbench.core.request import Request
-from kvbench.engine.cpu_tier_v1 import CpuOffloadTier
+from kvbench.engine.cpu_tier_v1 import CopyClock, CopyDone, CpuOffloadTier
 from kvbench.engine.kv_cache_v1 import LOADED, LOADING, NOT_LOADING, V1KVCache, V1Sequence
 
 _AllocatorT = TypeVar("_AllocatorT", Allocator, PagedHybridAllocator)
@@ -452,18 +451,18 @@ class V1StepScheduler:
         """Whether any request runs or waits."""
         return bool(self._running or self._queued or self._holding)
 
-    def step(self, load_done: Callable[[int], bool] | None = None) -> V1Step:
+    def step(self, copy_done: CopyDone | None = None) -> V1Step:
         """Schedule one step and apply the model runner's answer to it. With a CPU tier, the
-        answers to the steps before it come first: a load for which ``load_done(request id)``
-        is False (its copy still running, on the caller's clock) waits for a later answer;
-        None: every copy is shorter than a step (the referee's worker)."""
+        answers to the steps before it come first: a copy for which ``copy_done(job id)`` is
+        False (still running, on the caller's ``CopyClock``) waits for a later answer; None:
+        every copy is shorter than a step (the referee's worker)."""
         scheduled: list[tuple[V1Sequence, int]] = []
         preempted: list[int] = []
         lookups = _Lookups()
         self.last_batch = batch = V1Batch()
         tier = self._cpu_tier
         if tier is not None:
-            self._take_in_copies(tier, load_done)
+            self._take_in_copies(tier, copy_done)
             assert self._tiered_cache is not None
             self._tiered_cache.step_allocated_blocks.clear()
         budget = self._schedule_running(scheduled, preempted, self._limits.max_num_batched_tokens)
@@ -519,6 +518,16 @@ class V1StepScheduler:
         self._num_steps += 1
         return step
 
+    def step_on(self, clock: CopyClock | None, now_s: float) -> tuple[V1Step, float]:
+        """``step`` at ``now_s`` with the CPU tier's copies on ``clock``: the answers before it
+        taken in as of ``now_s``, its own copies submitted; (the step, when it starts computing:
+        later than ``now_s`` when it waits for stores it flushes). No clock: ``step()``."""
+        if clock is None or self._cpu_tier is None:
+            return self.step(), now_s
+        clock.before_step(now_s)
+        step = self.step(clock.done)
+        return step, clock.submit(self._cpu_tier.last_copies, now_s)
+
     def _offload(self, tier: CpuOffloadTier) -> None:
         """After scheduling (vLLM's ``build_connector_meta``), the CPU tier stores the prompt
         blocks the step's tokens complete (their copies are answered before the next step)."""
@@ -529,20 +538,13 @@ class V1StepScheduler:
         assert self._tiered_cache is not None
         tier.end_schedule(self._tiered_cache.step_allocated_blocks)
 
-    def _take_in_copies(
-        self, tier: CpuOffloadTier, load_done: Callable[[int], bool] | None
-    ) -> None:
+    def _take_in_copies(self, tier: CpuOffloadTier, copy_done: CopyDone | None) -> None:
         """The worker's answers to the last step (async: the one before it, whose output is
         taken in after the last was scheduled): a loaded request computes from this step."""
-        loaded = set(tier.complete_step(1 if self._limits.async_scheduling else 0, load_done))
+        loaded = set(tier.complete_step(1 if self._limits.async_scheduling else 0, copy_done))
         for seq in self._holding:
             if seq.request_id in loaded:
                 seq.load_state = LOADED
-
-    @property
-    def loading_request_ids(self) -> list[int]:
-        """Requests whose load from the CPU tier is not taken in yet."""
-        return [seq.request_id for seq in self._holding if seq.load_state == LOADING]
 
     def _schedule_running(
         self, scheduled: list[tuple[V1Sequence, int]], preempted: list[int], budget: int
@@ -693,6 +695,8 @@ class V1StepScheduler:
         return min(uncomputed, budget, room)
 
     def _preempt(self, seq: V1Sequence) -> None:
+        if self._cpu_tier is not None:
+            self._cpu_tier.preempted(seq)
         self._prefilling.pop(seq, None)
         self._kv_cache.free(seq)
         seq.num_computed_tokens = 0
@@ -770,14 +774,18 @@ def run_v1_steps(
     arrival_steps: SequenceOf[int] | None = None,
     *,
     fast: bool = True,
+    copy_steps_per_block: float = 0.0,
 ) -> list[V1Step]:
     """Step until every request finishes over ``memory``, as the referee does
     (``referee.run_referee``); ``tasks.simulate.experiment.v1_memory`` builds the memory for an
     allocator.
 
     ``arrival_steps[i]`` is the step before which request ``i`` is queued (all at step 0 when
-    None): the referee's clock, in steps. ``fast``: as ``V1StepScheduler``. ValueError when a
-    step can run nothing although requests wait (the pool never fits the first of them).
+    None): the referee's clock, in steps. ``fast``: as ``V1StepScheduler``.
+    ``copy_steps_per_block`` > 0: the CPU tier's copies take that many steps per block, on a
+    ``CopyClock`` whose every step lasts 1 (flush waits delay its start); 0: every copy is
+    shorter than a step. ValueError when a step can run nothing although requests wait (the
+    pool never fits the first of them).
     """
     arrivals = [0] * len(requests) if arrival_steps is None else list(arrival_steps)
     if len(arrivals) != len(requests):
@@ -785,11 +793,19 @@ def run_v1_steps(
     # Popped from the end: earliest arrival first, ties in request order.
     pending = sorted(range(len(requests)), key=lambda i: (arrivals[i], i), reverse=True)
     scheduler = V1StepScheduler(memory, limits, fast=fast)
+    tier = memory.cpu_tier if isinstance(memory, V1KVCache) else None
+    clock = None
+    if tier is not None and copy_steps_per_block > 0:
+        block_size = tier.block_size
+        clock = CopyClock(lambda tokens: tokens / block_size * copy_steps_per_block,
+                          limits.async_scheduling)  # fmt: skip
+    now = 0.0
     steps: list[V1Step] = []
     while pending or scheduler.has_unfinished:
         while pending and arrivals[pending[-1]] <= len(steps):
             scheduler.add(requests[pending.pop()])
-        step = scheduler.step()
+        step, start = scheduler.step_on(clock, now)
+        now = start + 1.0
         steps.append(step)
         if is_stuck(step) and not scheduler.awaits_cpu_tier:
             raise ValueError(f"step {step.step_index}: no waiting request fits the pool")

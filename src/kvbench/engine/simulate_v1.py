@@ -13,8 +13,9 @@ comes out at the end of the step whose chunk completes its prompt, its last at t
 that samples it. Under async scheduling (``V1Limits.async_scheduling``) the step that takes that
 last token in, and frees the request's memory, is the next one; a step that schedules nothing and
 only takes tokens in costs no time and writes no step row (vLLM runs no model for it). With a
-CPU tier (``engine.cpu_tier_v1``) a load runs beside the steps for its PCIe time (``_LoadClock``);
-a step's stores complete with the next step, whatever their size, which ``_StoreLag`` checks.
+CPU tier (``engine.cpu_tier_v1``) its copies run beside the steps for their PCIe time
+(``swap_time_s``), one at a time in each direction (``CopyClock``): a load delays its request, a
+store the moment its blocks become readable, and a flushed store the step that waits for it.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from collections.abc import Sequence as SequenceOf
 
 from kvbench.core.request import Request
 from kvbench.engine.cost_model import CostModel, IterationShape
-from kvbench.engine.cpu_tier_v1 import CpuOffloadTier
+from kvbench.engine.cpu_tier_v1 import CopyClock, StepCopies
 from kvbench.engine.iteration import IdleWait
 from kvbench.engine.kv_cache_v1 import V1KVCache
 from kvbench.engine.records import (
@@ -86,12 +87,15 @@ def simulate_v1(
     record_of: dict[int, RequestRecord] = {}
     num_arrived = 0
     idle = IdleWait()
-    loads = _LoadClock(cost_model, limits.async_scheduling)
     cpu_tier = memory.cpu_tier if isinstance(memory, V1KVCache) else None
-    store_lag = _StoreLag(cpu_tier, cost_model) if cpu_tier is not None else None
+    clock = CopyClock(cost_model.swap_time_s, limits.async_scheduling) if cpu_tier else None
+    store_lag = _StoreLag(cost_model)
+    flush_wait_s = 0.0
     now_s = 0.0
     while num_arrived < len(pending) or scheduler.has_unfinished:
-        if not scheduler.has_unfinished and pending[num_arrived].arrival_s > now_s:
+        # vLLM schedules once more after its last request finishes, for the CPU tier.
+        signals = cpu_tier is not None and cpu_tier.has_finished_to_signal
+        if not (scheduler.has_unfinished or signals) and pending[num_arrived].arrival_s > now_s:
             idle.begin(now_s)
             now_s = pending[num_arrived].arrival_s  # idle: jump to the next arrival
         num_ended = 0
@@ -107,28 +111,33 @@ def simulate_v1(
             else:
                 record_of[request.request_id] = record
                 scheduler.add(request)
-        if scheduler.has_unfinished:
-            loads.before_step(now_s)
-            if store_lag is not None:
-                store_lag.before_step()
-            step = scheduler.step(loads.done)
-            loads.started(scheduler.last_batch, now_s)
+        if scheduler.has_unfinished or signals:
+            step, start_s = scheduler.step_on(clock, now_s)
+            flush_wait_s += start_s - now_s
+            now_s = start_s
+            if cpu_tier is not None:
+                store_lag.submitted(cpu_tier.last_copies)
             if step.scheduled_tokens:
                 started_s = now_s
                 now_s, num_finished = _record_step(step, scheduler, cost_model, now_s, steps,
                                                    record_of, idle.end(now_s))  # fmt: skip
-                if store_lag is not None:
-                    store_lag.priced(now_s - started_s)
+                store_lag.priced(now_s - started_s)
                 num_ended += num_finished
             elif step.finished_request_ids:  # async: it only took the last step's tokens in
                 num_ended += _record_finished(scheduler.last_batch, record_of, now_s)
-            elif step.cpu_hit_tokens or step.preempted_request_ids or scheduler.awaits_cpu_tier:
+            elif scheduler.has_unfinished and (step.cpu_hit_tokens or step.preempted_request_ids
+                                               or scheduler.awaits_cpu_tier):
                 # With a CPU tier, a step may compute nothing: it admitted loads, preempted the
                 # last running request beside a loaded one, or waits for a copy a request needs
-                # (the engine idles until the first load in flight completes).
+                # (the engine idles until the first copy in flight ends or a request arrives).
                 _record_admitted_and_preempted(scheduler.last_batch, record_of, now_s)
-                now_s = max(now_s, loads.first_end_s(scheduler.loading_request_ids))
-            else:
+                assert clock is not None
+                copy_end_s = clock.next_end_s(now_s)
+                if copy_end_s is not None:
+                    if num_arrived < len(pending):
+                        copy_end_s = min(copy_end_s, pending[num_arrived].arrival_s)
+                    now_s = copy_end_s
+            elif scheduler.has_unfinished:
                 # Nothing runs and the first waiting request does not fit the empty pool (a
                 # contiguous allocator's reservation larger than it): it never will.
                 record_of.pop(scheduler.drop_first_waiting().request_id).mark_rejected(EXCEEDS_POOL)
@@ -137,7 +146,8 @@ def simulate_v1(
             on_finish(num_ended)
     steps.close()
     return SimulationResult(steps=steps, requests=records, num_slots=num_pool_slots,
-                            cpu_store_step_ratio_max=store_lag.max_ratio if store_lag else 0.0)
+                            cpu_store_step_ratio_max=store_lag.max_ratio,
+                            cpu_flush_wait_s=flush_wait_s)  # fmt: skip
 
 
 def _record_step(
@@ -183,64 +193,21 @@ def _record_step(
     return end_s, _record_finished(batch, record_of, finished_s)
 
 
-class _LoadClock:
-    """When each load from the CPU tier completes on the clock: it starts with the step that
-    admits it (vLLM's worker submits it before the forward pass) and lasts ``swap_time_s`` of
-    its tokens; the worker reports it with the first step that ends after it (taken in a step
-    later under async scheduling), while the other requests compute."""
-
-    def __init__(self, cost_model: CostModel, async_scheduling: bool) -> None:
-        self._cost_model = cost_model
-        self._async_scheduling = async_scheduling
-        self._end_s: dict[int, float] = {}
-        self._answered_by_s = 0.0
-        self._last_start_s = 0.0
-
-    def before_step(self, now_s: float) -> None:
-        """A step starts at ``now_s``: the answer it takes in first is that of the step that
-        ended then (async: of the step before, which ended when the last one started)."""
-        self._answered_by_s = self._last_start_s if self._async_scheduling else now_s
-        self._last_start_s = now_s
-
-    def done(self, request_id: int) -> bool:
-        """Whether the request's load had completed by the answer taken in (asked until it
-        has, then forgotten)."""
-        if self._end_s[request_id] > self._answered_by_s:
-            return False
-        del self._end_s[request_id]
-        return True
-
-    def started(self, batch: V1Batch, now_s: float) -> None:
-        """Note the loads the step just scheduled admitted."""
-        for seq, num_tokens in batch.loaded:
-            self._end_s[seq.request_id] = now_s + self._cost_model.swap_time_s(num_tokens)
-
-    def first_end_s(self, request_ids: list[int]) -> float:
-        """When the first of these loads completes (0.0 for none)."""
-        return min((self._end_s[request_id] for request_id in request_ids), default=0.0)
-
-
 class _StoreLag:
-    """How long a step's stores to the CPU tier take against the step that copies them.
+    """How long the stores a step copies take against the step (``cpu_store_step_ratio_max``).
 
-    vLLM's worker submits a step's stores at the start of the next step; the tier makes them
-    readable with that step's answer, as copies shorter than a step are. The ratio of their
-    ``swap_time_s`` to that step's duration checks it: above 1, a store outlasted its step and
-    its blocks would become readable later than modelled. Stores issued by steps that compute
-    nothing wait for the next computed one (which overstates the ratio)."""
+    vLLM's worker submits a step's stores at the start of the next step; above 1, they
+    outlasted that step, and their blocks became readable a step or more later. Stores submitted
+    by steps that compute nothing count with the next computed one (which overstates it)."""
 
-    def __init__(self, tier: CpuOffloadTier, cost_model: CostModel) -> None:
-        self._tier = tier
+    def __init__(self, cost_model: CostModel) -> None:
         self._cost_model = cost_model
-        self._num_counted_blocks = 0
         self._pending_tokens = 0
         self.max_ratio = 0.0
 
-    def before_step(self) -> None:
-        """The stores issued since the last call are copied from this step on."""
-        num_new_blocks = self._tier.num_stored_blocks - self._num_counted_blocks
-        self._num_counted_blocks += num_new_blocks
-        self._pending_tokens += num_new_blocks * self._tier.block_size
+    def submitted(self, copies: StepCopies) -> None:
+        """The step about to run copies these stores."""
+        self._pending_tokens += sum(num_tokens for _, num_tokens in copies.stores)
 
     def priced(self, duration_s: float) -> None:
         """The step that copies the pending stores lasted ``duration_s``."""

@@ -69,6 +69,8 @@ class RefereeLimits:
             shorter than a step.
         cpu_tier_policy: the tier's ``eviction_policy``, ``store_threshold`` and
             ``max_tracker_size`` (its ``kv_connector_extra_config``).
+        copy_steps_per_block: > 0: the worker's copies take that many steps per block instead,
+            on a clock of its own (``_OffloadWorker``).
     """
 
     block_size: int
@@ -81,6 +83,7 @@ class RefereeLimits:
     windows: tuple[int | None, ...] = (None,)
     num_cpu_blocks: int = 0
     cpu_tier_policy: CpuTierPolicy = VLLM_DEFAULTS
+    copy_steps_per_block: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -152,7 +155,9 @@ def run_referee(
     steps: list[RefereeStep] = []
     # Scheduled steps whose output the scheduler has not taken in yet (at most one, async).
     in_flight: list[tuple[Any, Any]] = []
-    worker = _OffloadWorker(vllm, limits.block_size) if limits.num_cpu_blocks else None
+    worker = None
+    if limits.num_cpu_blocks:
+        worker = _OffloadWorker(vllm, limits.block_size, limits.copy_steps_per_block)
     while pending or scheduler.get_num_unfinished_requests():
         step_index = len(steps)
         if step_index >= max_steps:
@@ -274,30 +279,76 @@ class _InsertionOrderedSet(set):
 
 
 class _OffloadWorker:
-    """The offloading connector's worker side, with copies that take no time: the loads a step
-    issues complete in it, and its stores in the next step (vLLM's worker defers a store to the
-    start of the following step; a store the scheduler flushes, because its blocks are
-    preempted or reused, completes at once)."""
+    """The offloading connector's worker side.
 
-    def __init__(self, vllm: Any, block_size: int) -> None:
+    With copies that take no time (``copy_steps_per_block`` 0), the loads a step issues
+    complete in it, and its stores in the next step (vLLM's worker defers a store to the start of
+    the following step; a store the scheduler flushes, because its blocks are preempted or
+    reused, completes at once). Otherwise the worker keeps a clock of its own on which every
+    step lasts 1 and a copy ``copy_steps_per_block`` a block, as vLLM's worker runs them: each
+    direction copies one job at a time in the order submitted; at a step's start it submits the
+    stores deferred from the step before, then the step's own flushed stores, waits until every
+    flushed store has ended (the step starts then), and submits the step's loads; its answer
+    reports the copies ended by the step's end."""
+
+    def __init__(self, vllm: Any, block_size: int, copy_steps_per_block: float = 0.0) -> None:
         self._vllm = vllm
         self._block_size = block_size
+        self._steps_per_block = copy_steps_per_block
         self._deferred_stores: list[int] = []
+        # The clock: where the next step starts, when each direction is free, and the copies
+        # submitted and not reported yet (job id -> end).
+        self._now = 0.0
+        self._store_free = 0.0
+        self._load_free = 0.0
+        self._ends: dict[int, float] = {}
+        self._sizes: dict[int, int] = {}  # the deferred stores' blocks
+        self._load_requests: dict[int, str] = {}
 
     def run(self, metadata: Any) -> tuple[int, Any]:
         """This step's copies: (tokens its loads bring in, the ``KVConnectorOutput``)."""
         flushed = metadata.jobs_to_flush or set()
-        completed = [*self._deferred_stores, *metadata.load_jobs]
-        completed += [job_id for job_id in metadata.store_jobs if job_id in flushed]
-        self._deferred_stores = [job for job in metadata.store_jobs if job not in flushed]
         loaded_blocks = sum(len(job.src_spec.block_ids) for job in metadata.load_jobs.values())
+        if self._steps_per_block:
+            completed, finished_recving = self._run_timed(metadata, flushed)
+        else:
+            completed = [*self._deferred_stores, *metadata.load_jobs]
+            completed += [job_id for job_id in metadata.store_jobs if job_id in flushed]
+            finished_recving = {job.req_id for job in metadata.load_jobs.values()}
+        self._deferred_stores = [job for job in metadata.store_jobs if job not in flushed]
+        for job_id in self._deferred_stores:
+            self._sizes[job_id] = len(metadata.store_jobs[job_id].src_spec.block_ids)
         output = self._vllm.KVConnectorOutput(
-            finished_recving={job.req_id for job in metadata.load_jobs.values()},
+            finished_recving=finished_recving,
             kv_connector_worker_meta=self._vllm.OffloadingWorkerMetadata(
                 completed_jobs=dict.fromkeys(completed, 1)
             ),
         )
         return loaded_blocks * self._block_size, output
+
+    def _run_timed(self, metadata: Any, flushed: set[int]) -> tuple[list[int], set[str]]:
+        """Submit the step's copies on the clock; (the jobs ended by the step's end, the
+        requests whose load did)."""
+        now = self._now
+        submitted = [(job_id, self._sizes.pop(job_id)) for job_id in self._deferred_stores]
+        submitted += [(job_id, len(metadata.store_jobs[job_id].src_spec.block_ids))
+                      for job_id in metadata.store_jobs if job_id in flushed]  # fmt: skip
+        for job_id, num_blocks in submitted:
+            self._store_free = max(self._store_free, now) + num_blocks * self._steps_per_block
+            self._ends[job_id] = self._store_free
+        start = max([now, *(self._ends[job_id] for job_id in flushed if job_id in self._ends)])
+        for job_id, job in metadata.load_jobs.items():
+            num_blocks = len(job.src_spec.block_ids)
+            self._load_free = max(self._load_free, start) + num_blocks * self._steps_per_block
+            self._ends[job_id] = self._load_free
+            self._load_requests[job_id] = job.req_id
+        self._now = end = start + 1.0
+        completed = [job_id for job_id, job_end in self._ends.items() if job_end <= end]
+        for job_id in completed:
+            del self._ends[job_id]
+        finished_recving = {self._load_requests.pop(job_id) for job_id in completed
+                            if job_id in self._load_requests}  # fmt: skip
+        return completed, finished_recving
 
 
 def _sampled_tokens(vllm_request: Any) -> list[int]:

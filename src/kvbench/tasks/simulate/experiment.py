@@ -107,12 +107,14 @@ def v1_memory(
 def _cpu_store_columns(
     memory: V1Memory, result: SimulationResult, deployment: Deployment
 ) -> dict[str, float]:
-    """What a ``vllm_v1`` run wrote to its CPU tier (``cpu_stored_gib``) and how long the
-    longest step's stores took against the step that copied them (0 without a tier)."""
+    """What a ``vllm_v1`` run wrote to its CPU tier (``cpu_stored_gib``), how long the longest
+    step's stores took against the step that copied them, and how long steps waited for
+    flushed stores (0 without a tier)."""
     tier = memory.cpu_tier if isinstance(memory, V1KVCache) else None
     stored_tokens = tier.num_stored_blocks * tier.block_size if tier is not None else 0
     return {"cpu_stored_gib": stored_tokens * deployment.kv_bytes_per_token / GIB,
-            "cpu_store_step_ratio_max": result.cpu_store_step_ratio_max}  # fmt: skip
+            "cpu_store_step_ratio_max": result.cpu_store_step_ratio_max,
+            "cpu_flush_wait_s": result.cpu_flush_wait_s}  # fmt: skip
 
 
 def _cpu_tier_policy_of(cfg: KvbenchConfig) -> CpuTierPolicy:
