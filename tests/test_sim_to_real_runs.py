@@ -118,19 +118,25 @@ def test_the_docs_block_is_what_the_report_makes_of_the_committed_runs():
     assert _block_body(text, "sim_to_real_runs") == expected.strip()
 
 
-def test_the_intel_tables_in_the_docs_are_what_the_report_makes_of_the_committed_runs():
-    """docs/sim_to_real.md's "Again on an Intel Xeon" tables = the report on those runs (its
-    headings one level down, under that section)."""
+@pytest.mark.parametrize(("run", "heading"), [
+    ("intel-xeon-2026-12-04", "## Again on an Intel Xeon (2026-12-04)"),
+    ("amd-epyc-2026-12-05", "## Again on an AMD EPYC (2026-12-05)"),
+])  # fmt: skip
+def test_a_later_machines_tables_in_the_docs_are_what_the_report_makes_of_its_runs(
+    run, heading
+) -> None:  # type: ignore[no-untyped-def]
+    """docs/sim_to_real.md's tables under ``heading`` = the report on the two runs of each
+    experiment committed for that machine (its headings one level down, under that section)."""
     from kvbench.tasks.report.aggregate import load_tables
     from kvbench.tasks.report.sim_to_real_runs import ENGINE_TABLES, sim_to_real_runs_section
 
     root = Path(__file__).resolve().parents[1]
-    runs = root / "results" / "reference" / "sim_to_real_runs" / "intel-xeon-2026-12-04"
+    runs = root / "results" / "reference" / "sim_to_real_runs" / run
     tables = {name: load_tables([runs], name) for name, _, _ in ENGINE_TABLES}
     assert [tables[name]["run_dir"].nunique() for name, _, _ in ENGINE_TABLES] == [2, 2]
     expected = sim_to_real_runs_section(tables).strip().replace("\n### ", "\n#### ")
     expected = expected.removeprefix("### ")
     text = (root / "docs" / "sim_to_real.md").read_text()
-    section = text.split("## Again on an Intel Xeon (2026-12-04)", 1)[1]
+    section = text.split(heading, 1)[1].split("\n## ", 1)[0]
     assert "#### " + expected in section
 
