@@ -240,6 +240,17 @@ def test_kvbench_v1_with_a_cpu_tier_agrees_with_vllm_on_trace_slices(
     assert agrees_with_vllm(case, prefix_caching=True, num_cpu_blocks=num_cpu_blocks) > 80
 
 
+def test_generated_tokens_are_stored_too_when_not_prompt_only() -> None:
+    # Request 0's prompt is 50 tokens, computed in step 0; its decode steps compute tokens 50,
+    # 51, ...: step 14 computes token 63 and so fills block 3 (tokens 48-63), which only a tier
+    # storing generated tokens takes.
+    held = {}
+    for prompt_only in (True, False):
+        steps = _steps_of(_evicting_case(), 20, CpuTierPolicy(offload_prompt_only=prompt_only))
+        held[prompt_only] = [steps[index].num_cpu_blocks for index in (0, 13, 14)]
+    assert held == {True: [3, 3, 3], False: [3, 3, 4]}
+
+
 def test_a_prompt_larger_than_the_tier_is_not_stored_at_all() -> None:
     # vLLM stores a request's new blocks all or none: 3 prompt blocks never fit 2.
     steps = _steps_of(_evicting_case(), 2)
@@ -404,13 +415,13 @@ def test_the_scan_case_is_vllms(policy, num_steps) -> None:  # type: ignore[no-u
 
 # Small offer tables too: a full one forgets blocks, or, full of the offer's own, counts none.
 POLICIES = st.builds(CpuTierPolicy, st.sampled_from(["lru", "arc"]), st.sampled_from([0, 2, 3]),
-                     st.sampled_from([64_000, 1, 4, 16]))  # fmt: skip
+                     st.sampled_from([64_000, 1, 4, 16]), st.booleans())  # fmt: skip
 
 
 @peer
 @settings(max_examples=60, deadline=None)
 @given(case_and_tier=tiered_workloads(), policy=POLICIES.filter(lambda p: p != CpuTierPolicy()))
-def test_kvbench_v1_with_arc_or_a_store_threshold_agrees_with_vllm(case_and_tier, policy) -> None:  # type: ignore[no-untyped-def]
+def test_kvbench_v1_with_other_tier_options_agrees_with_vllm(case_and_tier, policy) -> None:  # type: ignore[no-untyped-def]
     agrees_with_vllm(case_and_tier[0], prefix_caching=True, num_cpu_blocks=case_and_tier[1],
                      cpu_tier_policy=policy)  # fmt: skip
 
@@ -433,6 +444,18 @@ def test_kvbench_v1_with_arc_and_a_store_threshold_agrees_with_vllm_on_trace_sli
     case = (requests, 16, 1200, SLICE_LIMITS, arrivals)
     assert agrees_with_vllm(case, prefix_caching=True, num_cpu_blocks=300,
                             cpu_tier_policy=CpuTierPolicy("arc", 2)) > 80  # fmt: skip
+
+
+@peer
+@pytest.mark.parametrize(("trace", "system_prompt_tokens"), PREFIX_TRACE_SLICES)
+def test_kvbench_v1_storing_generated_tokens_agrees_with_vllm_on_trace_slices(
+    shared_traces, trace, system_prompt_tokens
+) -> None:  # type: ignore[no-untyped-def]
+    requests, arrivals = trace_slice(shared_traces / trace, system_prompt_tokens)
+    case = (requests, 16, 1200, SLICE_LIMITS, arrivals)
+    policy = CpuTierPolicy(offload_prompt_only=False)
+    assert agrees_with_vllm(case, prefix_caching=True, num_cpu_blocks=300,
+                            cpu_tier_policy=policy) > 80  # fmt: skip
 
 
 @pytest.mark.parametrize("prompt_tokens", [48, 1024])

@@ -201,8 +201,10 @@ def test_the_v1_tier_options_are_refused_where_no_engine_runs_them() -> None:
     with pytest.raises(ConfigError, match=r"options of vLLM v1's CPU offloading; "
                                           r"scheduler=vllm_v0's tier is LRU"):  # fmt: skip
         compose_config("allocator.cpu_eviction_policy=arc")
+    with pytest.raises(ConfigError, match=r"cpu_offload_prompt_only=False: options of vLLM v1"):
+        compose_config("allocator.cpu_offload_prompt_only=false")
     compose_config("scheduler=vllm_v1", "allocator.cpu_eviction_policy=arc",
-                   "allocator.cpu_store_threshold=2")  # fmt: skip
+                   "allocator.cpu_store_threshold=2", "allocator.cpu_offload_prompt_only=false")
 
 
 def test_a_v1_run_reports_what_it_stored_and_a_store_threshold_stores_less(tmp_path) -> None:
@@ -225,3 +227,20 @@ def test_a_v1_run_reports_what_it_stored_and_a_store_threshold_stores_less(tmp_p
     # offered once: with the filter, only the shared prompt is stored.
     assert stored_gib[0] == pytest.approx((64 + 20 * 4) * block_gib)
     assert stored_gib[2] == pytest.approx(64 * block_gib)
+
+
+def test_a_v1_tier_storing_generated_tokens_stores_their_full_blocks_too(tmp_path) -> None:
+    from kvbench.tasks.simulate.experiment import run_experiment
+
+    cfg, deployment, raw = compose_config(
+        "scheduler=vllm_v1", "workload=system_prompt", "workload.num_users=20",
+        "allocators=[paged_prefix]", "allocator.num_gpu_blocks=120", "allocator.cpu_cache_gib=1",
+        "allocator.cpu_offload_prompt_only=false",
+        "progress=false", "plots=false", "summary_table=false",
+    )  # fmt: skip
+    summary = run_experiment(cfg, deployment, raw, tmp_path)
+    assert summary["cpu_offload_prompt_only"].to_list() == [False]
+    block_gib = cfg.allocator.block_size * deployment.kv_bytes_per_token / GIB
+    # Each user's 1,088 prompt tokens and 128 generated ones: K/V computed for 1,215 of them, 75
+    # full blocks of 16, 7 past its prompt's 68. Prompt blocks as above (64 shared, 4 own).
+    assert summary["cpu_stored_gib"].item() == pytest.approx((64 + 20 * 4 + 20 * 7) * block_gib)

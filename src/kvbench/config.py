@@ -110,11 +110,13 @@ class AllocatorConfig:
     # compute) under vllm_v1; 0: no CPU tier.
     cpu_cache_gib: float = MISSING
     # vllm_v1's CPU tier, as vLLM's kv_connector_extra_config: eviction_policy (lru or arc),
-    # store_threshold (N >= 2: a block is stored from its N-th offer on; 0: at the first) and
-    # max_tracker_size (blocks whose offers it counts).
+    # store_threshold (N >= 2: a block is stored from its N-th offer on; 0: at the first),
+    # max_tracker_size (blocks whose offers it counts) and offload_prompt_only (false: generated
+    # tokens' blocks are stored too).
     cpu_eviction_policy: str = MISSING
     cpu_store_threshold: int = MISSING
     cpu_max_tracker_size: int = MISSING
+    cpu_offload_prompt_only: bool = MISSING
     # vattention: bytes of one physical page (64/128/256 KiB, 2 MiB); vattention_64k ... _2m fix it.
     page_bytes: int = MISSING
     # vattention: virtual spans, i.e. requests that can run at once; None: scheduler.max_num_seqs.
@@ -655,14 +657,17 @@ def _check_cpu_cache(cfg: KvbenchConfig) -> None:
     schedulers = {scheduler.name for scheduler in cfg.schedulers.values()} or {
         cfg.scheduler.name
     }
+    prompt_only = cfg.allocator.cpu_offload_prompt_only
     _require(
-        CpuTierPolicy(policy, threshold, tracker_size) == VLLM_DEFAULTS
+        CpuTierPolicy(policy, threshold, tracker_size, prompt_only) == VLLM_DEFAULTS
         or schedulers == {"vllm_v1"},
         f"allocator.cpu_eviction_policy={policy!r}, allocator.cpu_store_threshold={threshold}, "
-        f"allocator.cpu_max_tracker_size={tracker_size}: options of vLLM v1's CPU offloading; "
+        f"allocator.cpu_max_tracker_size={tracker_size}, "
+        f"allocator.cpu_offload_prompt_only={prompt_only}: options of vLLM v1's CPU offloading; "
         "scheduler=vllm_v0's tier is LRU and keeps what the GPU evicts. Use scheduler=vllm_v1 "
         f"alone, or their defaults ({VLLM_DEFAULTS.eviction_policy}, "
-        f"{VLLM_DEFAULTS.store_threshold}, {VLLM_DEFAULTS.max_tracker_size})",
+        f"{VLLM_DEFAULTS.store_threshold}, {VLLM_DEFAULTS.max_tracker_size}, "
+        f"{VLLM_DEFAULTS.offload_prompt_only})",
     )
 
 

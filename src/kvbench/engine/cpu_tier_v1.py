@@ -84,11 +84,14 @@ class CpuTierPolicy:
             (vLLM's reuse filter); 0 or 1: at its first offer (vLLM's default 0).
         max_tracker_size: blocks whose offers the filter counts (vLLM's default 64,000): a
             block offered when the table is full replaces the least recently offered one.
+        offload_prompt_only: store prompt blocks only (vLLM's default); False: generated
+            tokens' blocks too, up to the last token whose K/V is computed.
     """
 
     eviction_policy: str = "lru"
     store_threshold: int = 0
     max_tracker_size: int = 64_000
+    offload_prompt_only: bool = True
 
     def __post_init__(self) -> None:
         if self.eviction_policy not in EVICTION_POLICIES:
@@ -149,6 +152,7 @@ class CpuOffloadTier:
         self._policy = make_eviction_policy(policy.eviction_policy, num_blocks, self._pins)
         self._num_evictable = 0
         self._store_threshold = policy.store_threshold
+        self._offload_prompt_only = policy.offload_prompt_only
         self._max_tracker_size = policy.max_tracker_size
         # block hash -> times offered, least recently offered first (a store_threshold >= 2)
         self._offer_counts: OrderedDict[int, int] | None = (
@@ -256,10 +260,13 @@ class CpuOffloadTier:
         self._preempted_since_schedule.add(seq.request_id)
 
     def offer(self, seq: V1Sequence, num_tokens_after_step: int, num_held_blocks: int) -> None:
-        """Offer the prompt blocks a scheduled sequence's tokens complete (through
-        ``num_tokens_after_step``) that it has not offered yet (vLLM's ``_build_store_jobs``)."""
+        """Offer the prompt blocks (all blocks, unless ``offload_prompt_only``) a scheduled
+        sequence's tokens complete (through ``num_tokens_after_step``) that it has not offered
+        yet (vLLM's ``_build_store_jobs``)."""
         state = self._state(seq)
-        num_tokens = min(num_tokens_after_step, seq.num_tokens, seq.request.prompt_tokens)
+        num_tokens = min(num_tokens_after_step, seq.num_tokens)
+        if self._offload_prompt_only:
+            num_tokens = min(num_tokens, seq.request.prompt_tokens)
         end_block = min(num_tokens // self.block_size, num_held_blocks)
         self._offer(seq, state, end_block)
 
@@ -366,7 +373,11 @@ class CpuOffloadTier:
         wait_job_ids = self._stores_to_flush(allocated_block_ids)
         for seq in self._finished_since_schedule:
             state = self._states[seq.request_id]
-            end_block = seq.request.prompt_tokens // self.block_size
+            # vLLM stores up to the last token whose K/V was computed (not the last sampled).
+            end_tokens = seq.request.prompt_tokens
+            if not self._offload_prompt_only:
+                end_tokens = max(end_tokens, seq.num_tokens - 1)
+            end_block = end_tokens // self.block_size
             stored = self._offer(seq, state, min(end_block, len(state.block_ids)))
             if not allocated_block_ids.isdisjoint(state.block_ids[index] for index in stored):
                 self._flushed.append(self._issued.pop())

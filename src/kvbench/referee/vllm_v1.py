@@ -67,8 +67,8 @@ class RefereeLimits:
             is its worker: a load completes in the step that issued it, a store in the next
             (the worker submits stores at the start of the following step), as when copies are
             shorter than a step.
-        cpu_tier_policy: the tier's ``eviction_policy``, ``store_threshold`` and
-            ``max_tracker_size`` (its ``kv_connector_extra_config``).
+        cpu_tier_policy: the tier's ``eviction_policy``, ``store_threshold``,
+            ``max_tracker_size`` and ``offload_prompt_only`` (its ``kv_connector_extra_config``).
         copy_steps_per_block: > 0: the worker's copies take that many steps per block instead,
             on a clock of its own (``_OffloadWorker``).
     """
@@ -167,7 +167,7 @@ def run_referee(
             scheduler.add_request(_vllm_request(vllm, requests[index], index, hasher))
         steps.append(_step(vllm, scheduler, step_index, in_flight, limits.async_scheduling,
                            worker))  # fmt: skip
-        _check_progress(steps[-1], scheduler, limits)
+        _check_progress(steps[-2:], scheduler, limits)
     return steps
 
 
@@ -185,15 +185,23 @@ def _check_requests(requests: Sequence[Request], limits: RefereeLimits) -> None:
             )
 
 
-def _check_progress(step: RefereeStep, scheduler: Any, limits: RefereeLimits) -> None:
+def _check_progress(
+    last_steps: list[RefereeStep], scheduler: Any, limits: RefereeLimits
+) -> None:
     """A step that schedules nothing while requests wait and none runs would repeat forever
-    (unless, async, it took in finishing tokens: their memory is free for the next; or it
-    preempted; or a copy of the CPU tier a request waits for is in flight)."""
+    (unless, async, it took in finishing tokens: their memory is free for the next; or it or
+    the step before preempted: async, with a KV connector, the victim's blocks are freed with
+    the answer of the step in flight; or a copy of the CPU tier a request waits for is in
+    flight). ``last_steps``: the step, after the one before it if any."""
+    step = last_steps[-1]
+    preempted = any(recent.preempted_request_ids for recent in last_steps)
     stuck = not (step.scheduled_tokens or step.finished_request_ids or scheduler.running
-                 or step.preempted_request_ids)  # fmt: skip
-    # A request may wait a step for the CPU tier: its load, or a store it would hit, in flight.
+                 or preempted)  # fmt: skip
+    # A request may wait for the CPU tier: its load, or a store it would hit, in flight (a job
+    # the connector has not seen complete).
     loading = scheduler.connector is not None and (
         scheduler.finished_recving_kv_req_ids or scheduler.connector.has_pending_push_work()
+        or scheduler.connector.connector_scheduler._jobs
     )
     if stuck and not loading and scheduler.get_num_unfinished_requests():
         raise ValueError(
@@ -524,6 +532,7 @@ def _offloading_config(vllm: Any, limits: RefereeLimits) -> Any:
             "eviction_policy": limits.cpu_tier_policy.eviction_policy,
             "store_threshold": limits.cpu_tier_policy.store_threshold,
             "max_tracker_size": limits.cpu_tier_policy.max_tracker_size,
+            "offload_prompt_only": limits.cpu_tier_policy.offload_prompt_only,
         },
     )
 
@@ -611,13 +620,15 @@ def _check_scheduler(scheduler: Any, limits: RefereeLimits) -> None:
             )
         policy = type(manager._policy).__name__
         asked = limits.cpu_tier_policy
+        prompt_only = scheduler.connector.connector_scheduler.config.offload_prompt_only
         if not policy.lower().startswith(asked.eviction_policy) or (
-            (manager.store_threshold, manager.max_tracker_size)
-            != (asked.store_threshold, asked.max_tracker_size)
+            (manager.store_threshold, manager.max_tracker_size, prompt_only)
+            != (asked.store_threshold, asked.max_tracker_size, asked.offload_prompt_only)
         ):
             raise RefereeConfigError(
                 f"vLLM's CPU tier runs {policy} with store_threshold={manager.store_threshold}, "
-                f"max_tracker_size={manager.max_tracker_size} where {asked} was asked"
+                f"max_tracker_size={manager.max_tracker_size}, offload_prompt_only={prompt_only} "
+                f"where {asked} was asked"
             )
     enable_caching = scheduler.kv_cache_manager.enable_caching
     if enable_caching != limits.enable_prefix_caching:

@@ -121,7 +121,8 @@ def _cpu_tier_policy_of(cfg: KvbenchConfig) -> CpuTierPolicy:
     """``scheduler=vllm_v1``'s CPU tier options from ``allocator``."""
     allocator = cfg.allocator
     return CpuTierPolicy(allocator.cpu_eviction_policy, allocator.cpu_store_threshold,
-                         allocator.cpu_max_tracker_size)  # fmt: skip
+                         allocator.cpu_max_tracker_size,
+                         allocator.cpu_offload_prompt_only)  # fmt: skip
 
 
 def allocator_for(
@@ -221,6 +222,7 @@ def _run_labels(
         "cpu_eviction_policy": cfg.allocator.cpu_eviction_policy,
         "cpu_store_threshold": cfg.allocator.cpu_store_threshold,
         "cpu_max_tracker_size": cfg.allocator.cpu_max_tracker_size,
+        "cpu_offload_prompt_only": cfg.allocator.cpu_offload_prompt_only,
         "kv_dtype": deployment.model.kv_dtype or deployment.model.dtype,
     }
 
