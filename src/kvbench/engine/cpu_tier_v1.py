@@ -3,15 +3,17 @@
 
 Modelled on vLLM 0.32's ``OffloadingConnectorScheduler``
 (``distributed/kv_transfer/kv_connector/v1/offloading/scheduler.py``) with chunks of one block
-and prompt blocks only (its defaults) and its ``CPUOffloadingManager`` (``v1/kv_offload/cpu/``)
-with either cache policy (``cpu_tier_policy_v1``: LRU, its default, or ARC) and its
-``store_threshold``, for one full-attention group; refereed step for step by the real ones
+(its default), prompt blocks only or generated ones too (``offload_prompt_only``), and its
+``CPUOffloadingManager`` (``v1/kv_offload/cpu/``) with either cache policy
+(``cpu_tier_policy_v1``: LRU, its default, or ARC) and its ``store_threshold``, for one
+full-attention group; refereed step for step by the real ones
 (docs/referee.md). It works the other way from kvbench's ``vllm_v0`` tier (``PrefixCache``):
 
-- **store on compute, inclusive**: each step offers the tier the prompt blocks its scheduled
-  tokens complete; a block the tier lacks is stored (evicting readable blocks the policy picks;
-  when too few are evictable, the whole offer is dropped and retried the next time the request
-  is scheduled), while the GPU keeps its copy; with a ``store_threshold`` of N >= 2 a block is
+- **store on compute, inclusive**: each step offers the tier the prompt blocks (all blocks,
+  unless ``offload_prompt_only``) its scheduled tokens complete; a block the tier lacks is
+  stored (evicting readable blocks the policy picks; when too few are evictable, the whole
+  offer is dropped and retried the next time the request is scheduled), while the GPU keeps
+  its copy; with a ``store_threshold`` of N >= 2 a block is
   stored only from its N-th offer on (offers counted over requests, in a bounded table);
 - a store becomes readable when its copy completes: the worker submits it at the start of the
   next step (one step later when copies are shorter than a step; ``CopyClock`` times them);
@@ -124,8 +126,8 @@ class _RequestState:
 
 
 class CpuOffloadTier:
-    """``num_blocks`` blocks of host memory holding prompt blocks (store on compute, evicting
-    by ``policy``).
+    """``num_blocks`` blocks of host memory holding prompt blocks, and generated ones unless
+    ``policy.offload_prompt_only`` (store on compute, evicting by ``policy``).
 
     The scheduler calls it as vLLM's scheduler calls its connector: ``lookup`` and
     ``start_load`` at a waiting request's admission, ``preempted`` at a preemption, ``offer``
@@ -366,10 +368,11 @@ class CpuOffloadTier:
 
     def end_schedule(self, allocated_block_ids: set[int]) -> None:
         """After a step's offers (vLLM's ``build_connector_meta``): requests that finished
-        since the last step offer their remaining prompt blocks, and their blocks become the
-        most recently used. A store whose GPU blocks this step reallocated is copied at once
-        (flushed) rather than at the next step's start; so are the stores in flight of the
-        requests the step preempted, or whose GPU blocks it reallocated (``last_copies``)."""
+        since the last step offer their remaining blocks (prompt blocks only, or through their
+        last computed token), and their blocks become the most recently used. A store whose GPU
+        blocks this step reallocated is copied at once (flushed) rather than at the next step's
+        start; so are the stores in flight of the requests the step preempted, or whose GPU
+        blocks it reallocated (``last_copies``)."""
         wait_job_ids = self._stores_to_flush(allocated_block_ids)
         for seq in self._finished_since_schedule:
             state = self._states[seq.request_id]

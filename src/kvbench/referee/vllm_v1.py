@@ -198,10 +198,9 @@ def _check_progress(
     stuck = not (step.scheduled_tokens or step.finished_request_ids or scheduler.running
                  or preempted)  # fmt: skip
     # A request may wait for the CPU tier: its load, or a store it would hit, in flight (a job
-    # the connector has not seen complete).
+    # the connector has not seen complete: its pending push work).
     loading = scheduler.connector is not None and (
         scheduler.finished_recving_kv_req_ids or scheduler.connector.has_pending_push_work()
-        or scheduler.connector.connector_scheduler._jobs
     )
     if stuck and not loading and scheduler.get_num_unfinished_requests():
         raise ValueError(
