@@ -435,27 +435,25 @@ def test_any_tier_policy_agrees_with_vllm_on_a_thousand(case_and_tier, policy) -
                      cpu_tier_policy=policy)  # fmt: skip
 
 
-@peer
-@pytest.mark.parametrize(("trace", "system_prompt_tokens"), PREFIX_TRACE_SLICES)
-def test_kvbench_v1_with_arc_and_a_store_threshold_agrees_with_vllm_on_trace_slices(
-    shared_traces, trace, system_prompt_tokens
-) -> None:  # type: ignore[no-untyped-def]
-    requests, arrivals = trace_slice(shared_traces / trace, system_prompt_tokens)
-    case = (requests, 16, 1200, SLICE_LIMITS, arrivals)
-    assert agrees_with_vllm(case, prefix_caching=True, num_cpu_blocks=300,
-                            cpu_tier_policy=CpuTierPolicy("arc", 2)) > 80  # fmt: skip
+# The options on the five trace slices: ARC with a threshold; generated tokens stored; copies of
+# a quarter step per block of 16 tokens (a long prompt's copies outlast several steps).
+SLICE_OPTIONS = {
+    "arc_threshold_2": dict(cpu_tier_policy=CpuTierPolicy("arc", 2)),
+    "generated_tokens": dict(cpu_tier_policy=CpuTierPolicy(offload_prompt_only=False)),
+    "timed_copies": dict(copy_steps_per_block=0.25),
+}
 
 
 @peer
 @pytest.mark.parametrize(("trace", "system_prompt_tokens"), PREFIX_TRACE_SLICES)
-def test_kvbench_v1_storing_generated_tokens_agrees_with_vllm_on_trace_slices(
-    shared_traces, trace, system_prompt_tokens
+@pytest.mark.parametrize("option", SLICE_OPTIONS)
+def test_kvbench_v1_with_other_tier_options_agrees_with_vllm_on_trace_slices(
+    shared_traces, trace, system_prompt_tokens, option
 ) -> None:  # type: ignore[no-untyped-def]
     requests, arrivals = trace_slice(shared_traces / trace, system_prompt_tokens)
     case = (requests, 16, 1200, SLICE_LIMITS, arrivals)
-    policy = CpuTierPolicy(offload_prompt_only=False)
     assert agrees_with_vllm(case, prefix_caching=True, num_cpu_blocks=300,
-                            cpu_tier_policy=policy) > 80  # fmt: skip
+                            **SLICE_OPTIONS[option]) > 80  # type: ignore[arg-type]  # fmt: skip
 
 
 @pytest.mark.parametrize("prompt_tokens", [48, 1024])
@@ -572,15 +570,3 @@ def test_timed_copies_agree_with_vllm_on_a_thousand(
 ) -> None:  # type: ignore[no-untyped-def]
     agrees_with_vllm(case_and_tier[0], prefix_caching=True, num_cpu_blocks=case_and_tier[1],
                      cpu_tier_policy=policy, copy_steps_per_block=copy_steps_per_block)  # fmt: skip
-
-
-@peer
-@pytest.mark.parametrize(("trace", "system_prompt_tokens"), PREFIX_TRACE_SLICES)
-def test_kvbench_v1_with_timed_copies_agrees_with_vllm_on_trace_slices(
-    shared_traces, trace, system_prompt_tokens
-) -> None:  # type: ignore[no-untyped-def]
-    # A quarter step per block of 16 tokens: a long prompt's copies outlast several steps.
-    requests, arrivals = trace_slice(shared_traces / trace, system_prompt_tokens)
-    case = (requests, 16, 1200, SLICE_LIMITS, arrivals)
-    assert agrees_with_vllm(case, prefix_caching=True, num_cpu_blocks=300,
-                            copy_steps_per_block=0.25) > 80  # fmt: skip
