@@ -529,8 +529,9 @@ class CopyClock:
         for job_id, num_tokens in copies.stores:
             free_s = self._end_s[job_id] = max(free_s, now_s) + self._copy_time_s(num_tokens)
         self._store_free_s = free_s
-        end_s = self._end_s
-        start_s = max([now_s, *(end_s.get(job_id, now_s) for job_id in copies.wait_job_ids)])
+        # A flushed store already reported (forgotten) is not waited for.
+        ends_s = (self._end_s.get(job_id, now_s) for job_id in copies.wait_job_ids)
+        start_s = max([now_s, *ends_s])
         free_s = self._load_free_s
         for job_id, num_tokens in copies.loads:
             free_s = self._end_s[job_id] = max(free_s, start_s) + self._copy_time_s(num_tokens)

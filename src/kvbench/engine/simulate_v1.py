@@ -88,7 +88,9 @@ def simulate_v1(
     num_arrived = 0
     idle = IdleWait()
     cpu_tier = memory.cpu_tier if isinstance(memory, V1KVCache) else None
-    clock = CopyClock(cost_model.swap_time_s, limits.async_scheduling) if cpu_tier else None
+    clock = None
+    if cpu_tier is not None:
+        clock = CopyClock(cost_model.swap_time_s, limits.async_scheduling)
     store_lag = _StoreLag(cost_model)
     flush_wait_s = 0.0
     now_s = 0.0

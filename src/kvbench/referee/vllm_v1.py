@@ -323,8 +323,9 @@ class _OffloadWorker:
             completed += [job_id for job_id in metadata.store_jobs if job_id in flushed]
             finished_recving = {job.req_id for job in metadata.load_jobs.values()}
         self._deferred_stores = [job for job in metadata.store_jobs if job not in flushed]
-        for job_id in self._deferred_stores:
-            self._sizes[job_id] = len(metadata.store_jobs[job_id].src_spec.block_ids)
+        if self._steps_per_block:  # their sizes, for the clock when they are submitted
+            for job_id in self._deferred_stores:
+                self._sizes[job_id] = len(metadata.store_jobs[job_id].src_spec.block_ids)
         output = self._vllm.KVConnectorOutput(
             finished_recving=finished_recving,
             kv_connector_worker_meta=self._vllm.OffloadingWorkerMetadata(
