@@ -552,6 +552,19 @@ def test_the_hand_cases_with_slow_copies_are_vllms(copy_steps_per_block) -> None
 
 
 @peer
+def test_a_step_waiting_for_a_store_that_ends_within_it_is_not_stuck() -> None:
+    # Request 0's 9 prompt blocks copy from the start of step 1 to a quarter into step 3;
+    # request 2 would hit their first block, so step 3 schedules nothing and no copy is
+    # pending after it; step 4 loads the block and step 5 runs request 2 (found in CI).
+    shared = dict(prefix_group=0, prefix_tokens=4)
+    requests = [Request(0, 0.0, 36, 1, **shared), Request(1, 0.0, 1, 1),  # type: ignore[arg-type]
+                Request(2, 0.0, 4, 1, **shared), Request(3, 0.0, 1, 1)]  # type: ignore[arg-type]  # fmt: skip
+    case = (requests, 4, 11, V1Limits(1, 36, 256), None)
+    assert agrees_with_vllm(case, prefix_caching=True, num_cpu_blocks=9,
+                            copy_steps_per_block=0.25) == 6  # fmt: skip
+
+
+@peer
 @settings(max_examples=60, deadline=None)
 @given(case_and_tier=tiered_workloads(), copy_steps_per_block=COPY_STEPS)
 def test_kvbench_v1_with_timed_copies_agrees_with_vllm_step_for_step(

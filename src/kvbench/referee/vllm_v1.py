@@ -165,9 +165,10 @@ def run_referee(
         while pending and arrivals[pending[-1]] <= step_index:
             index = pending.pop()
             scheduler.add_request(_vllm_request(vllm, requests[index], index, hasher))
+        copies_in_flight = worker is not None and scheduler.connector.has_pending_push_work()
         steps.append(_step(vllm, scheduler, step_index, in_flight, limits.async_scheduling,
                            worker))  # fmt: skip
-        _check_progress(steps[-2:], scheduler, limits)
+        _check_progress(steps[-2:], scheduler, limits, copies_in_flight)
     return steps
 
 
@@ -186,22 +187,25 @@ def _check_requests(requests: Sequence[Request], limits: RefereeLimits) -> None:
 
 
 def _check_progress(
-    last_steps: list[RefereeStep], scheduler: Any, limits: RefereeLimits
+    last_steps: list[RefereeStep], scheduler: Any, limits: RefereeLimits, copies_in_flight: bool
 ) -> None:
     """A step that schedules nothing while requests wait and none runs would repeat forever
     (unless, async, it took in finishing tokens: their memory is free for the next; or it or
     the step before preempted: async, with a KV connector, the victim's blocks are freed with
-    the answer of the step in flight; or a copy of the CPU tier a request waits for is in
-    flight). ``last_steps``: the step, after the one before it if any."""
+    the answer of the step in flight; or a copy of the CPU tier a request waits for was in
+    flight when it scheduled, or still is). ``last_steps``: the step, after the one before it
+    if any; ``copies_in_flight``: the connector had copies in flight before the step."""
     step = last_steps[-1]
     preempted = any(recent.preempted_request_ids for recent in last_steps)
     stuck = not (step.scheduled_tokens or step.finished_request_ids or scheduler.running
                  or preempted)  # fmt: skip
     # A request may wait for the CPU tier: its load, or a store it would hit, in flight (a job
-    # the connector has not seen complete: its pending push work).
-    loading = scheduler.connector is not None and (
-        scheduler.finished_recving_kv_req_ids or scheduler.connector.has_pending_push_work()
-    )
+    # the connector has not seen complete: its pending push work). A copy that ends with this
+    # step's answer made the step wait too, though none is pending after it.
+    connector = scheduler.connector
+    loading = copies_in_flight or (connector is not None and (
+        scheduler.finished_recving_kv_req_ids or connector.has_pending_push_work()
+    ))  # fmt: skip
     if stuck and not loading and scheduler.get_num_unfinished_requests():
         raise ValueError(
             f"step {step.step_index}: no waiting request fits {limits.num_gpu_blocks} blocks of "
