@@ -58,7 +58,7 @@ def kvbench_v1_steps(
 ) -> list[V1Step]:
     """kvbench's ``vllm_v1`` steps over vLLM's ``num_gpu_blocks`` (its null block included);
     ``windows`` other than one full group: ``paged_hybrid``, one one-layer group per window;
-    ``num_cpu_blocks`` > 0: vLLM's CPU offloading with that many blocks, evicting and storing
+    ``num_cpu_blocks`` > 0: vLLM's CPU offloading with that many chunks, evicting and storing
     by ``cpu_tier_policy``, its copies taking ``copy_steps_per_block`` (``run_v1_steps``)."""
     num_blocks = num_gpu_blocks - NUM_NULL_BLOCKS
     if windows == (None,):
@@ -75,7 +75,8 @@ def kvbench_v1_steps(
                                          enable_prefix_caching=prefix_caching)  # fmt: skip
     name = "paged_hybrid" if windows != (None,) else "paged"
     name += "_prefix" if prefix_caching else ""
-    memory = v1_memory(name, allocator, limits, num_cpu_blocks * block_size, cpu_tier_policy)
+    num_cpu_slots = num_cpu_blocks * block_size * cpu_tier_policy.blocks_per_chunk
+    memory = v1_memory(name, allocator, limits, num_cpu_slots, cpu_tier_policy)
     return run_v1_steps(requests, memory, limits, arrival_steps,
                         copy_steps_per_block=copy_steps_per_block)
 

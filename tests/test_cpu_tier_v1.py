@@ -63,7 +63,7 @@ def test_without_a_cpu_tier_the_evicted_prompt_is_recomputed() -> None:
 def test_a_store_is_readable_a_step_later_and_a_block_being_loaded_is_waited_for() -> None:
     shared = dict(prefix_group=1, prefix_tokens=8)
     first, second, third = (V1Sequence(Request(i, 0.0, 8, 1, **shared)) for i in range(3))  # type: ignore[arg-type]
-    tier = CpuOffloadTier(num_blocks=4, block_size=4)
+    tier = CpuOffloadTier(num_chunks=4, block_size=4)
     tier.offer(first, 8, 2)
     tier.end_schedule(set())
     tier.complete_step()  # the worker copies it at the start of the next step
@@ -78,8 +78,29 @@ def test_a_store_is_readable_a_step_later_and_a_block_being_loaded_is_waited_for
     assert tier.lookup(third, 0) == 2
 
 
+def test_a_tier_of_chunks_stores_and_hits_whole_chunks_from_the_one_the_gpu_hit_ends_in() -> None:
+    # Chunks of 2 blocks of 4 tokens. A 27-token prompt fills 6 blocks: 3 chunks.
+    shared = dict(prefix_group=1, prefix_tokens=27)
+    first, second = (V1Sequence(Request(i, 0.0, 27, 1, **shared)) for i in range(2))  # type: ignore[arg-type]
+    tier = CpuOffloadTier(num_chunks=8, block_size=4, policy=CpuTierPolicy(blocks_per_chunk=2))
+    tier.offer(first, 20, 5)  # 5 blocks computed: 2 whole chunks
+    assert (tier.num_stored_blocks, tier.num_held_chunks) == (4, 2)
+    tier.offer(first, 27, 7)
+    assert (tier.num_stored_blocks, tier.num_held_chunks) == (6, 3)
+    for _ in range(2):  # copied at the start of the next step, readable after it
+        tier.end_schedule(set())
+        tier.complete_step()
+    assert tier.lookup(second, 0) == 6
+    assert tier.lookup(second, 1) == 5  # from chunk 0, whose first block the GPU holds
+    assert tier.lookup(second, 4) == 2
+    assert tier.lookup(second, 5) == 0  # 1 block: less than a chunk
+    tier.start_load(second, 1, 5)
+    tier.end_schedule(set())
+    assert tier.last_copies.loads == [(2, 5 * 4)]  # job 2 copies the 5 blocks the GPU lacks
+
+
 def test_a_tier_full_of_blocks_in_flight_drops_the_offer_and_retries_it() -> None:
-    tier = CpuOffloadTier(num_blocks=2, block_size=4)
+    tier = CpuOffloadTier(num_chunks=2, block_size=4)
     first, second = V1Sequence(Request(0, 0.0, 8, 1)), V1Sequence(Request(1, 0.0, 8, 1))
     tier.offer(first, 8, 2)
     tier.offer(second, 8, 2)  # both of the tier's blocks are still being stored
@@ -89,13 +110,13 @@ def test_a_tier_full_of_blocks_in_flight_drops_the_offer_and_retries_it() -> Non
     tier.end_schedule(set())
     tier.complete_step()  # the first request's store completes: readable, evictable
     tier.offer(second, 8, 2)  # retried: evicts the first request's blocks
-    assert (tier.num_stored_blocks, tier.num_held_blocks) == (4, 2)
+    assert (tier.num_stored_blocks, tier.num_held_chunks) == (4, 2)
     assert tier.lookup(first, 0) == 0
     assert tier.lookup(second, 0) is None  # its own store is in flight: it would wait
 
 
 def test_the_least_recently_used_block_goes_first_and_a_finished_prompt_head_last() -> None:
-    tier = CpuOffloadTier(num_blocks=3, block_size=1)
+    tier = CpuOffloadTier(num_chunks=3, block_size=1)
     seq = V1Sequence(Request(0, 0.0, 3, 1))
     tier.offer(seq, 3, 3)
     tier.end_schedule(set())
@@ -110,8 +131,8 @@ def test_the_least_recently_used_block_goes_first_and_a_finished_prompt_head_las
 
 
 def test_the_cpu_tier_rejects_an_empty_size() -> None:
-    with pytest.raises(ValueError, match="num_blocks=0"):
-        CpuOffloadTier(num_blocks=0, block_size=16)
+    with pytest.raises(ValueError, match="num_chunks=0"):
+        CpuOffloadTier(num_chunks=0, block_size=16)
 
 
 def test_async_a_load_is_taken_in_a_step_later_and_its_blocks_wait_for_it() -> None:
@@ -415,7 +436,8 @@ def test_the_scan_case_is_vllms(policy, num_steps) -> None:  # type: ignore[no-u
 
 # Small offer tables too: a full one forgets blocks, or, full of the offer's own, counts none.
 POLICIES = st.builds(CpuTierPolicy, st.sampled_from(["lru", "arc"]), st.sampled_from([0, 2, 3]),
-                     st.sampled_from([64_000, 1, 4, 16]), st.booleans())  # fmt: skip
+                     st.sampled_from([64_000, 1, 4, 16]), st.booleans(),
+                     st.sampled_from([1, 2, 3, 4]))  # fmt: skip
 
 
 @peer
@@ -435,12 +457,27 @@ def test_any_tier_policy_agrees_with_vllm_on_a_thousand(case_and_tier, policy) -
                      cpu_tier_policy=policy)  # fmt: skip
 
 
+@peer
+@settings(max_examples=60, deadline=None)
+@given(case_and_tier=tiered_workloads(), blocks_per_chunk=st.integers(2, 5),
+       copy_steps_per_block=st.sampled_from([0.0, 0.5]))  # fmt: skip
+def test_a_tier_of_chunks_agrees_with_vllm_step_for_step(
+    case_and_tier, blocks_per_chunk, copy_steps_per_block
+) -> None:  # type: ignore[no-untyped-def]
+    agrees_with_vllm(case_and_tier[0], prefix_caching=True, num_cpu_blocks=case_and_tier[1],
+                     cpu_tier_policy=CpuTierPolicy(blocks_per_chunk=blocks_per_chunk),
+                     copy_steps_per_block=copy_steps_per_block)  # fmt: skip
+
+
 # The options on the five trace slices: ARC with a threshold; generated tokens stored; copies of
-# a quarter step per block of 16 tokens (a long prompt's copies outlast several steps).
+# a quarter step per block of 16 tokens (a long prompt's copies outlast several steps); chunks of
+# 4 blocks (the same bytes: 75 chunks), their copies timed.
 SLICE_OPTIONS = {
     "arc_threshold_2": dict(cpu_tier_policy=CpuTierPolicy("arc", 2)),
     "generated_tokens": dict(cpu_tier_policy=CpuTierPolicy(offload_prompt_only=False)),
     "timed_copies": dict(copy_steps_per_block=0.25),
+    "chunks_of_4": dict(cpu_tier_policy=CpuTierPolicy(blocks_per_chunk=4), num_cpu_blocks=75,
+                        copy_steps_per_block=0.25),
 }
 
 
@@ -452,8 +489,8 @@ def test_kvbench_v1_with_other_tier_options_agrees_with_vllm_on_trace_slices(
 ) -> None:  # type: ignore[no-untyped-def]
     requests, arrivals = trace_slice(shared_traces / trace, system_prompt_tokens)
     case = (requests, 16, 1200, SLICE_LIMITS, arrivals)
-    assert agrees_with_vllm(case, prefix_caching=True, num_cpu_blocks=300,
-                            **SLICE_OPTIONS[option]) > 80  # type: ignore[arg-type]  # fmt: skip
+    options = {"num_cpu_blocks": 300, **SLICE_OPTIONS[option]}
+    assert agrees_with_vllm(case, prefix_caching=True, **options) > 80  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("prompt_tokens", [48, 1024])

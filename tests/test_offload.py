@@ -189,6 +189,11 @@ def test_cpu_cache_config_errors_are_one_line() -> None:
         compose_config("model=llama-3-8b", "allocator.cpu_cache_gib=0.001",
                        "allocators=[paged_prefix]")  # fmt: skip
     compose_config("model=llama-3-8b", "allocator.cpu_cache_gib=0.001", "allocators=[radix]")
+    # vllm_v1's tier of chunks of 4 blocks: 40 tokens hold no chunk of 64.
+    with pytest.raises(ConfigError, match=r"holds 40 tokens of model=llama-3-8b, less than one "
+                                          r"chunk of 64 for paged_prefix"):  # fmt: skip
+        compose_config("scheduler=vllm_v1", "model=llama-3-8b", "allocator.cpu_cache_gib=0.005",
+                       "allocators=[paged_prefix]", "allocator.cpu_blocks_per_chunk=4")  # fmt: skip
 
 
 def test_the_v1_tier_options_are_refused_where_no_engine_runs_them() -> None:
@@ -201,8 +206,12 @@ def test_the_v1_tier_options_are_refused_where_no_engine_runs_them() -> None:
     with pytest.raises(ConfigError, match=r"options of vLLM v1's CPU offloading; "
                                           r"scheduler=vllm_v0's tier is LRU"):  # fmt: skip
         compose_config("allocator.cpu_eviction_policy=arc")
-    with pytest.raises(ConfigError, match=r"cpu_offload_prompt_only=False: options of vLLM v1"):
+    with pytest.raises(ConfigError, match=r"cpu_offload_prompt_only=False, "):
         compose_config("allocator.cpu_offload_prompt_only=false")
+    with pytest.raises(ConfigError, match=r"cpu_blocks_per_chunk=4: options of vLLM v1"):
+        compose_config("allocator.cpu_blocks_per_chunk=4")
+    with pytest.raises(ConfigError, match=r"cpu_blocks_per_chunk=0: must be >= 1"):
+        compose_config("scheduler=vllm_v1", "allocator.cpu_blocks_per_chunk=0")
     compose_config("scheduler=vllm_v1", "allocator.cpu_eviction_policy=arc",
                    "allocator.cpu_store_threshold=2", "allocator.cpu_offload_prompt_only=false")
 
@@ -244,3 +253,20 @@ def test_a_v1_tier_storing_generated_tokens_stores_their_full_blocks_too(tmp_pat
     # Each user's 1,088 prompt tokens and 128 generated ones: K/V computed for 1,215 of them, 75
     # full blocks of 16, 7 past its prompt's 68. Prompt blocks as above (64 shared, 4 own).
     assert summary["cpu_stored_gib"].item() == pytest.approx((64 + 20 * 4 + 20 * 7) * block_gib)
+
+
+def test_a_v1_tier_of_chunks_stores_whole_chunks_only(tmp_path) -> None:
+    from kvbench.tasks.simulate.experiment import run_experiment
+
+    cfg, deployment, raw = compose_config(
+        "scheduler=vllm_v1", "workload=system_prompt", "workload.num_users=20",
+        "allocators=[paged_prefix]", "allocator.num_gpu_blocks=120", "allocator.cpu_cache_gib=1",
+        "allocator.cpu_blocks_per_chunk=3", "progress=false", "plots=false", "summary_table=false",
+    )  # fmt: skip
+    summary = run_experiment(cfg, deployment, raw, tmp_path)
+    assert summary["cpu_blocks_per_chunk"].to_list() == [3]
+    block_gib = cfg.allocator.block_size * deployment.kv_bytes_per_token / GIB
+    # Each user's 68 prompt blocks make 22 chunks of 3 (the last 2 blocks make none). The first
+    # 21 chunks hold the shared prompt's first 63 blocks, stored once; chunk 21 (blocks 63-65)
+    # holds the prompt's last block and 2 of the user's own: each user stores it.
+    assert summary["cpu_stored_gib"].item() == pytest.approx((63 + 20 * 3) * block_gib)

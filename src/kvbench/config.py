@@ -111,12 +111,13 @@ class AllocatorConfig:
     cpu_cache_gib: float = MISSING
     # vllm_v1's CPU tier, as vLLM's kv_connector_extra_config: eviction_policy (lru or arc),
     # store_threshold (N >= 2: a block is stored from its N-th offer on; 0: at the first),
-    # max_tracker_size (blocks whose offers it counts) and offload_prompt_only (false: generated
-    # tokens' blocks are stored too).
+    # max_tracker_size (blocks whose offers it counts), offload_prompt_only (false: generated
+    # tokens' blocks are stored too) and blocks_per_chunk (GPU blocks per chunk of the tier).
     cpu_eviction_policy: str = MISSING
     cpu_store_threshold: int = MISSING
     cpu_max_tracker_size: int = MISSING
     cpu_offload_prompt_only: bool = MISSING
+    cpu_blocks_per_chunk: int = MISSING
     # vattention: bytes of one physical page (64/128/256 KiB, 2 MiB); vattention_64k ... _2m fix it.
     page_bytes: int = MISSING
     # vattention: virtual spans, i.e. requests that can run at once; None: scheduler.max_num_seqs.
@@ -657,17 +658,24 @@ def _check_cpu_cache(cfg: KvbenchConfig) -> None:
     schedulers = {scheduler.name for scheduler in cfg.schedulers.values()} or {
         cfg.scheduler.name
     }
-    prompt_only = cfg.allocator.cpu_offload_prompt_only
+    blocks_per_chunk = cfg.allocator.cpu_blocks_per_chunk
     _require(
-        CpuTierPolicy(policy, threshold, tracker_size, prompt_only) == VLLM_DEFAULTS
-        or schedulers == {"vllm_v1"},
+        blocks_per_chunk >= 1,
+        f"allocator.cpu_blocks_per_chunk={blocks_per_chunk}: must be >= 1 (vLLM's default: 1; "
+        "its kv_connector_extra_config block_size is this times allocator.block_size)",
+    )
+    prompt_only = cfg.allocator.cpu_offload_prompt_only
+    options = CpuTierPolicy(policy, threshold, tracker_size, prompt_only, blocks_per_chunk)
+    _require(
+        options == VLLM_DEFAULTS or schedulers == {"vllm_v1"},
         f"allocator.cpu_eviction_policy={policy!r}, allocator.cpu_store_threshold={threshold}, "
         f"allocator.cpu_max_tracker_size={tracker_size}, "
-        f"allocator.cpu_offload_prompt_only={prompt_only}: options of vLLM v1's CPU offloading; "
-        "scheduler=vllm_v0's tier is LRU and keeps what the GPU evicts. Use scheduler=vllm_v1 "
-        f"alone, or their defaults ({VLLM_DEFAULTS.eviction_policy}, "
+        f"allocator.cpu_offload_prompt_only={prompt_only}, "
+        f"allocator.cpu_blocks_per_chunk={blocks_per_chunk}: options of vLLM v1's CPU "
+        "offloading; scheduler=vllm_v0's tier is LRU, by block, and keeps what the GPU evicts. "
+        f"Use scheduler=vllm_v1 alone, or their defaults ({VLLM_DEFAULTS.eviction_policy}, "
         f"{VLLM_DEFAULTS.store_threshold}, {VLLM_DEFAULTS.max_tracker_size}, "
-        f"{VLLM_DEFAULTS.offload_prompt_only})",
+        f"{VLLM_DEFAULTS.offload_prompt_only}, {VLLM_DEFAULTS.blocks_per_chunk})",
     )
 
 
@@ -705,20 +713,24 @@ def check_pages_hold_a_token(cfg: KvbenchConfig, deployment: Deployment) -> None
 
 
 def _check_cpu_tier_holds_a_block(cfg: KvbenchConfig, deployment: Deployment) -> None:
-    """A CPU tier of ``allocator.cpu_cache_gib`` > 0 must hold one block (page) of each
+    """A CPU tier of ``allocator.cpu_cache_gib`` > 0 must hold one block (page, chunk) of each
     prefix-caching allocator run: less would silently be no tier at all."""
     cpu_cache_gib = cfg.allocator.cpu_cache_gib
     if cpu_cache_gib <= 0:
         return
     num_tokens = deployment.slots_in_gib(cpu_cache_gib)
+    allocator = cfg.allocator
     for name in set(cfg.allocators) & set(PREFIX_CACHING_ALLOCATORS):
-        allocator = cfg.allocator
-        block_tokens = allocator.radix_page_tokens if name == "radix" else allocator.block_size
+        unit, block_tokens = "block", allocator.block_size
+        if name == "radix":
+            block_tokens = allocator.radix_page_tokens
+        elif allocator.cpu_blocks_per_chunk > 1:  # vllm_v1's tier stores whole chunks
+            unit, block_tokens = "chunk", block_tokens * allocator.cpu_blocks_per_chunk
         min_gib = block_tokens * deployment.kv_bytes_per_token / GIB
         _require(
             num_tokens >= block_tokens,
             f"allocator.cpu_cache_gib={cpu_cache_gib}: holds {num_tokens} tokens of "
-            f"model={deployment.model.name}, less than one block of {block_tokens} for {name}; "
+            f"model={deployment.model.name}, less than one {unit} of {block_tokens} for {name}; "
             f"set it to >= {min_gib:.4g} GiB, or 0 for no CPU tier",
         )
 

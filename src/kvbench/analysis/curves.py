@@ -23,7 +23,7 @@ CURVE_KEYS = (
     "experiment", "scheduler", "workload", "model", "hardware", "num_gpus", "num_kv_slots",
     "block_size", "preemption", "kv_dtype", "policy", "async_scheduling", "cpu_cache_gib",
     "cpu_eviction_policy", "cpu_store_threshold", "cpu_max_tracker_size",
-    "cpu_offload_prompt_only", "n", "beam_width",
+    "cpu_offload_prompt_only", "cpu_blocks_per_chunk", "n", "beam_width",
 )  # fmt: skip
 REFERENCE_ALLOCATOR = "paged"
 MIN_RATES = 2

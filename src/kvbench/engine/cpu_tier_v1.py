@@ -3,12 +3,16 @@
 
 Modelled on vLLM 0.32's ``OffloadingConnectorScheduler``
 (``distributed/kv_transfer/kv_connector/v1/offloading/scheduler.py``) with chunks of one block
-(its default), prompt blocks only or generated ones too (``offload_prompt_only``), and its
-``CPUOffloadingManager`` (``v1/kv_offload/cpu/``) with either cache policy
-(``cpu_tier_policy_v1``: LRU, its default, or ARC) and its ``store_threshold``, for one
-full-attention group; refereed step for step by the real ones
-(docs/referee.md). It works the other way from kvbench's ``vllm_v0`` tier (``PrefixCache``):
+(its default) or several (``blocks_per_chunk``), prompt blocks only or generated ones too
+(``offload_prompt_only``), and its ``CPUOffloadingManager`` (``v1/kv_offload/cpu/``) with either
+cache policy (``cpu_tier_policy_v1``: LRU, its default, or ARC) and its ``store_threshold``, for
+one full-attention group; refereed step for step by the real ones (docs/referee.md). It works
+the other way from kvbench's ``vllm_v0`` tier (``PrefixCache``):
 
+- **chunks**: the tier's unit is a chunk of ``blocks_per_chunk`` consecutive GPU blocks, named
+  by its last block's hash; below, "block" of the tier means chunk. A request hits whole
+  chunks from the one its GPU hit ends in, and loads the blocks of them it lacks; a hit shorter
+  than a chunk is none;
 - **store on compute, inclusive**: each step offers the tier the prompt blocks (all blocks,
   unless ``offload_prompt_only``) its scheduled tokens complete; a block the tier lacks is
   stored (evicting readable blocks the policy picks; when too few are evictable, the whole
@@ -27,7 +31,7 @@ full-attention group; refereed step for step by the real ones
   last); ARC also tells a block only stored from one reused.
 
 Keys are the GPU cache's block hashes (``V1Sequence.block_hashes``): the same prefix names the
-same block in both tiers.
+same block in both tiers (a chunk: its last block's).
 """
 
 from __future__ import annotations
@@ -44,7 +48,7 @@ CopyDone = Callable[[int], bool]  # whether the copy of a job id had completed b
 
 
 class _Copy:
-    """One copy job (vLLM's ``TransferJob``): blocks of a request stored to the tier or loaded
+    """One copy job (vLLM's ``TransferJob``): chunks of a request stored to the tier or loaded
     from it."""
 
     __slots__ = ("block_indices", "is_load", "job_id", "keys", "request_id")
@@ -52,10 +56,10 @@ class _Copy:
     def __init__(self, job_id: int, keys: list[int], request_id: int, is_load: bool,
                  block_indices: list[int]) -> None:  # fmt: skip
         self.job_id = job_id
-        self.keys = keys  # block hashes
+        self.keys = keys  # chunk keys
         self.request_id = request_id
         self.is_load = is_load
-        self.block_indices = block_indices  # in the request's blocks
+        self.block_indices = block_indices  # the GPU blocks it copies, in the request's blocks
 
 
 @dataclass(frozen=True)
@@ -88,12 +92,16 @@ class CpuTierPolicy:
             block offered when the table is full replaces the least recently offered one.
         offload_prompt_only: store prompt blocks only (vLLM's default); False: generated
             tokens' blocks too, up to the last token whose K/V is computed.
+        blocks_per_chunk: GPU blocks in one of the tier's chunks, its unit of storage,
+            lookup and eviction (vLLM's default 1; its ``block_size`` option in tokens is this
+            times the GPU block size).
     """
 
     eviction_policy: str = "lru"
     store_threshold: int = 0
     max_tracker_size: int = 64_000
     offload_prompt_only: bool = True
+    blocks_per_chunk: int = 1
 
     def __post_init__(self) -> None:
         if self.eviction_policy not in EVICTION_POLICIES:
@@ -103,60 +111,65 @@ class CpuTierPolicy:
             raise ValueError(f"store_threshold={self.store_threshold}: must be >= 0")
         if self.max_tracker_size < 1:
             raise ValueError(f"max_tracker_size={self.max_tracker_size}: must be >= 1")
+        if self.blocks_per_chunk < 1:
+            raise ValueError(f"blocks_per_chunk={self.blocks_per_chunk}: must be >= 1")
 
 
 VLLM_DEFAULTS = CpuTierPolicy()  # what --kv-offloading-size runs
 
 
 class _RequestState:
-    """What the connector remembers of one request (vLLM's ``RequestOffloadState``)."""
+    """What the connector remembers of one request (vLLM's ``RequestOffloadState``); chunks
+    by index in the request."""
 
-    __slots__ = ("block_ids", "finish_signaled", "inserted_blocks", "next_stored_block",
-                 "num_jobs", "reused_blocks", "seen_blocks", "store_miss_blocks")  # fmt: skip
+    __slots__ = ("block_ids", "finish_signaled", "inserted_chunks", "next_stored_chunk",
+                 "num_jobs", "reused_chunks", "seen_chunks", "store_miss_chunks")  # fmt: skip
 
     def __init__(self) -> None:
-        self.next_stored_block = 0
-        self.seen_blocks: set[int] = set()  # block indices it offered as new, found, or loaded
-        self.inserted_blocks: set[int] = set()  # of those, the ones it stored
-        self.reused_blocks: set[int] = set()  # found readable or loaded, not stored by it
-        self.store_miss_blocks: set[int] = set()  # offered as new (a policy learns once)
+        self.next_stored_chunk = 0
+        self.seen_chunks: set[int] = set()  # the chunks it offered as new, found, or loaded
+        self.inserted_chunks: set[int] = set()  # of those, the ones it stored
+        self.reused_chunks: set[int] = set()  # found readable or loaded, not stored by it
+        self.store_miss_chunks: set[int] = set()  # offered as new (a policy learns once)
         self.num_jobs = 0  # copies in flight (one load, or stores)
         self.finish_signaled = False  # its finish was seen by a step's schedule
         self.block_ids: list[int] = []  # its GPU blocks when it finished
 
 
 class CpuOffloadTier:
-    """``num_blocks`` blocks of host memory holding prompt blocks, and generated ones unless
-    ``policy.offload_prompt_only`` (store on compute, evicting by ``policy``).
+    """``num_chunks`` chunks of ``policy.blocks_per_chunk`` blocks of host memory holding
+    prompt blocks, and generated ones unless ``policy.offload_prompt_only`` (store on compute,
+    evicting by ``policy``).
 
-    The scheduler calls it as vLLM's scheduler calls its connector: ``lookup`` and
-    ``start_load`` at a waiting request's admission, ``preempted`` at a preemption, ``offer``
-    for every scheduled request after a step is scheduled, ``finished`` when a request's last
-    token is taken in, ``end_schedule`` once a step's stores are offered, and ``complete_step``
-    with the model runner's answer.
+    The scheduler calls it as vLLM's scheduler calls its connector, counting in GPU blocks:
+    ``lookup`` and ``start_load`` at a waiting request's admission, ``preempted`` at a
+    preemption, ``offer`` for every scheduled request after a step is scheduled, ``finished``
+    when a request's last token is taken in, ``end_schedule`` once a step's stores are offered,
+    and ``complete_step`` with the model runner's answer.
 
     Attributes:
-        num_stored_blocks: blocks stored into it.
+        num_stored_blocks: GPU blocks stored into it (whole chunks).
         num_dropped_offers: offers dropped for want of evictable blocks.
         last_copies: what the worker copies at the start of the step last scheduled.
     """
 
     def __init__(
-        self, num_blocks: int, block_size: int, policy: CpuTierPolicy = VLLM_DEFAULTS
+        self, num_chunks: int, block_size: int, policy: CpuTierPolicy = VLLM_DEFAULTS
     ) -> None:
-        if num_blocks < 1:
-            raise ValueError(f"num_blocks={num_blocks}: a CPU tier holds >= 1 block")
-        self.num_blocks = num_blocks
+        if num_chunks < 1:
+            raise ValueError(f"num_chunks={num_chunks}: a CPU tier holds >= 1 chunk")
+        self.num_chunks = num_chunks
         self.block_size = block_size
+        self.blocks_per_chunk = policy.blocks_per_chunk
         self.num_stored_blocks = 0
         self.num_dropped_offers = 0
-        self._pins: dict[int, int] = {}  # block hash -> pin count (_STORING: being stored)
-        self._policy = make_eviction_policy(policy.eviction_policy, num_blocks, self._pins)
+        self._pins: dict[int, int] = {}  # chunk key -> pin count (_STORING: being stored)
+        self._policy = make_eviction_policy(policy.eviction_policy, num_chunks, self._pins)
         self._num_evictable = 0
         self._store_threshold = policy.store_threshold
         self._offload_prompt_only = policy.offload_prompt_only
         self._max_tracker_size = policy.max_tracker_size
-        # block hash -> times offered, least recently offered first (a store_threshold >= 2)
+        # chunk key -> times offered, least recently offered first (a store_threshold >= 2)
         self._offer_counts: OrderedDict[int, int] | None = (
             OrderedDict() if policy.store_threshold >= 2 else None
         )
@@ -193,8 +206,8 @@ class CpuOffloadTier:
         return bool(self._finished_since_schedule)
 
     @property
-    def num_held_blocks(self) -> int:
-        """Blocks the tier holds, stores in flight included."""
+    def num_held_chunks(self) -> int:
+        """Chunks the tier holds, stores in flight included."""
         return len(self._pins)
 
     def _state(self, seq: V1Sequence) -> _RequestState:
@@ -203,52 +216,69 @@ class CpuOffloadTier:
             state = self._states[seq.request_id] = _RequestState()
         return state
 
+    def _chunk_keys(self, seq: V1Sequence, num_chunks: int) -> list[int]:
+        """The keys of the sequence's first ``num_chunks`` chunks: each its last block's hash
+        (vLLM's ``offload_keys``)."""
+        per_chunk = self.blocks_per_chunk
+        num_blocks = num_chunks * per_chunk
+        return seq.block_hashes(num_blocks, self.block_size)[per_chunk - 1 : num_blocks : per_chunk]
+
     def lookup(self, seq: V1Sequence, first_block: int) -> int | None:
-        """Blocks from ``first_block`` on (where the GPU hit ends) that the tier holds readable,
-        up to its first miss, within the sequence's full blocks (vLLM: prompt and taken-in
-        tokens); None when the request must wait a step (vLLM's connector defers it): copies
-        of its own are in flight, or a hit block is still being stored, or being loaded for
+        """GPU blocks from ``first_block`` on (where the GPU hit ends) that the tier holds
+        readable: whole chunks from the one that block is in, up to the first miss, within the
+        sequence's full chunks (vLLM: prompt and taken-in tokens); 0 when that is less than a
+        chunk. None when the request must wait a step (vLLM's connector defers it): copies of
+        its own are in flight, or a hit chunk is still being stored, or being loaded for
         another request."""
         if self._state(seq).num_jobs:
             return None
-        num_full_blocks = seq.num_tokens // self.block_size
-        if num_full_blocks - first_block < 1:
+        per_chunk = self.blocks_per_chunk
+        num_full_chunks = seq.num_tokens // (self.block_size * per_chunk)
+        if num_full_chunks * per_chunk - first_block < per_chunk:
             return 0
-        hashes = seq.block_hashes(num_full_blocks, self.block_size)[first_block:num_full_blocks]
+        first_chunk = first_block // per_chunk
+        keys = self._chunk_keys(seq, num_full_chunks)[first_chunk:]
         pins = self._pins
         num_hits = 0
         deferred = False
-        for block_hash in hashes:
-            pin = pins.get(block_hash)
+        for key in keys:
+            pin = pins.get(key)
             if pin is None:
                 break
             deferred |= pin == _STORING
             num_hits += 1
         if deferred:
             return None
-        if num_hits and not self._being_loaded.isdisjoint(hashes[:num_hits]):
+        num_hit_blocks = (first_chunk + num_hits) * per_chunk - first_block
+        if num_hit_blocks < per_chunk:
+            return 0
+        if not self._being_loaded.isdisjoint(keys[:num_hits]):
             return None
-        return num_hits
+        return num_hit_blocks
 
     def start_load(self, seq: V1Sequence, first_block: int, num_blocks: int) -> None:
-        """Load the ``num_blocks`` blocks ``lookup`` found into the sequence's fresh blocks: pin
-        them until the copy completes (this step's end)."""
-        hashes = seq.block_hashes(first_block + num_blocks, self.block_size)
-        keys = hashes[first_block : first_block + num_blocks]
-        for block_hash in keys:
-            pin = self._pins[block_hash]
+        """Load the ``num_blocks`` blocks ``lookup`` found into the sequence's fresh blocks (of
+        the chunk ``first_block`` is in, those from it on): pin their chunks until the copy
+        completes (this step's end)."""
+        per_chunk = self.blocks_per_chunk
+        first_chunk = first_block // per_chunk
+        end_chunk = (first_block + num_blocks) // per_chunk
+        keys = self._chunk_keys(seq, end_chunk)[first_chunk:]
+        for key in keys:
+            pin = self._pins[key]
             if pin == 0:
                 self._num_evictable -= 1
-            self._pins[block_hash] = pin + 1
+            self._pins[key] = pin + 1
         state = self._state(seq)
-        loaded_blocks = range(first_block, first_block + num_blocks)
-        state.seen_blocks.update(loaded_blocks)
-        # A block it stored itself before a preemption is no reuse.
-        state.reused_blocks.update(set(loaded_blocks) - state.inserted_blocks)
-        state.next_stored_block = first_block + num_blocks
+        loaded_chunks = range(first_chunk, end_chunk)
+        state.seen_chunks.update(loaded_chunks)
+        # A chunk it stored itself before a preemption is no reuse.
+        state.reused_chunks.update(set(loaded_chunks) - state.inserted_chunks)
+        state.next_stored_chunk = end_chunk
         state.num_jobs += 1
         self._being_loaded.update(keys)
-        self._issued.append(self._new_copy(keys, seq.request_id, True, list(loaded_blocks)))
+        loaded_blocks = list(range(first_block, first_block + num_blocks))
+        self._issued.append(self._new_copy(keys, seq.request_id, True, loaded_blocks))
 
     def _new_copy(self, keys: list[int], request_id: int, is_load: bool,
                   block_indices: list[int]) -> _Copy:  # fmt: skip
@@ -262,59 +292,65 @@ class CpuOffloadTier:
         self._preempted_since_schedule.add(seq.request_id)
 
     def offer(self, seq: V1Sequence, num_tokens_after_step: int, num_held_blocks: int) -> None:
-        """Offer the prompt blocks (all blocks, unless ``offload_prompt_only``) a scheduled
-        sequence's tokens complete (through ``num_tokens_after_step``) that it has not offered
-        yet (vLLM's ``_build_store_jobs``)."""
+        """Offer the prompt chunks (all chunks, unless ``offload_prompt_only``) a scheduled
+        sequence's tokens complete (through ``num_tokens_after_step``) within its
+        ``num_held_blocks`` GPU blocks that it has not offered yet (vLLM's
+        ``_build_store_jobs``)."""
         state = self._state(seq)
         num_tokens = min(num_tokens_after_step, seq.num_tokens)
         if self._offload_prompt_only:
             num_tokens = min(num_tokens, seq.request.prompt_tokens)
-        end_block = min(num_tokens // self.block_size, num_held_blocks)
-        self._offer(seq, state, end_block)
+        self._offer(seq, state, self._num_storable_chunks(num_tokens, num_held_blocks))
 
-    def _offer(self, seq: V1Sequence, state: _RequestState, end_block: int) -> list[int]:
-        """Store ``[next_stored_block, end_block)``: the indices of the blocks a store was
-        issued for (one copy)."""
-        first_block = state.next_stored_block
-        if end_block <= first_block:
+    def _num_storable_chunks(self, num_tokens: int, num_held_blocks: int) -> int:
+        """Chunks full within ``num_tokens`` tokens and ``num_held_blocks`` GPU blocks."""
+        per_chunk = self.blocks_per_chunk
+        return min(num_tokens // (self.block_size * per_chunk), num_held_blocks // per_chunk)
+
+    def _offer(self, seq: V1Sequence, state: _RequestState, end_chunk: int) -> list[int]:
+        """Store ``[next_stored_chunk, end_chunk)``: the GPU blocks (by index in the request)
+        of the chunks a store was issued for (one copy)."""
+        first_chunk = state.next_stored_chunk
+        if end_chunk <= first_chunk:
             return []
-        hashes = seq.block_hashes(end_block, self.block_size)
-        offered = hashes[first_block:end_block]
+        keys = self._chunk_keys(seq, end_chunk)
+        offered = keys[first_chunk:end_chunk]
         if self._offer_counts is not None:
             self._count_offers(offered)
         pins = self._pins
-        new_blocks = []
-        for index in range(first_block, end_block):
-            pin = pins.get(hashes[index])
+        new_chunks = []
+        for index in range(first_chunk, end_chunk):
+            pin = pins.get(keys[index])
             if pin is None:
-                new_blocks.append(index)
+                new_chunks.append(index)
             elif pin != _STORING:
-                state.seen_blocks.add(index)
-                if index not in state.inserted_blocks:
-                    state.reused_blocks.add(index)
+                state.seen_chunks.add(index)
+                if index not in state.inserted_chunks:
+                    state.reused_chunks.add(index)
         if self._offer_counts is not None:  # offered too few times: as if it were not new
             counts = self._offer_counts
             threshold = self._store_threshold
-            new_blocks = [
-                index for index in new_blocks if counts.get(hashes[index], 0) >= threshold
-            ]
-        state.seen_blocks.update(new_blocks)
-        first_misses = [index for index in new_blocks if index not in state.store_miss_blocks]
+            new_chunks = [index for index in new_chunks if counts.get(keys[index], 0) >= threshold]
+        state.seen_chunks.update(new_chunks)
+        first_misses = [index for index in new_chunks if index not in state.store_miss_chunks]
         if first_misses:  # even if the offer is dropped
-            self._policy.on_store_miss([hashes[index] for index in first_misses])
-            state.store_miss_blocks.update(first_misses)
-        new_keys = [hashes[index] for index in new_blocks]
+            self._policy.on_store_miss([keys[index] for index in first_misses])
+            state.store_miss_chunks.update(first_misses)
+        new_keys = [keys[index] for index in new_chunks]
         if new_keys and not self._make_room(len(new_keys), set(offered)):
             self.num_dropped_offers += 1
-            return []  # retried the next time (next_stored_block stays)
-        state.next_stored_block = end_block
+            return []  # retried the next time (next_stored_chunk stays)
+        state.next_stored_chunk = end_chunk
         if not new_keys:
             return []
-        for block_hash in new_keys:
-            pins[block_hash] = _STORING
-            self._policy.insert(block_hash)
-        state.inserted_blocks.update(new_blocks)
-        self.num_stored_blocks += len(new_keys)
+        for key in new_keys:
+            pins[key] = _STORING
+            self._policy.insert(key)
+        state.inserted_chunks.update(new_chunks)
+        per_chunk = self.blocks_per_chunk
+        new_blocks = [index * per_chunk + offset
+                      for index in new_chunks for offset in range(per_chunk)]  # fmt: skip
+        self.num_stored_blocks += len(new_blocks)
         state.num_jobs += 1
         job = self._new_copy(new_keys, seq.request_id, False, new_blocks)
         self._store_jobs[job.job_id] = job
@@ -347,7 +383,7 @@ class CpuOffloadTier:
     def _make_room(self, num_new: int, protected: set[int]) -> bool:
         """Evict readable, unpinned blocks outside ``protected`` (the policy's choice) to make
         room for ``num_new``; False (nothing evicted) when too few can go."""
-        num_to_evict = num_new - (self.num_blocks - len(self._pins))
+        num_to_evict = num_new - (self.num_chunks - len(self._pins))
         if num_to_evict <= 0:
             return True
         if num_to_evict > self._num_evictable:
@@ -380,15 +416,16 @@ class CpuOffloadTier:
             end_tokens = seq.request.prompt_tokens
             if not self._offload_prompt_only:
                 end_tokens = max(end_tokens, seq.num_tokens - 1)
-            end_block = end_tokens // self.block_size
-            stored = self._offer(seq, state, min(end_block, len(state.block_ids)))
+            end_chunk = self._num_storable_chunks(end_tokens, len(state.block_ids))
+            stored = self._offer(seq, state, end_chunk)
             if not allocated_block_ids.isdisjoint(state.block_ids[index] for index in stored):
                 self._flushed.append(self._issued.pop())
         wait_job_ids += [job.job_id for job in self._flushed]
+        block_size = self.block_size
         self.last_copies = StepCopies(
-            stores=[(job.job_id, len(job.keys) * self.block_size)
+            stores=[(job.job_id, len(job.block_indices) * block_size)
                     for job in self._stores_to_submit + self._flushed],
-            loads=[(job.job_id, len(job.keys) * self.block_size)
+            loads=[(job.job_id, len(job.block_indices) * block_size)
                    for job in self._issued if job.is_load],
             wait_job_ids=wait_job_ids,
         )  # fmt: skip
@@ -425,13 +462,13 @@ class CpuOffloadTier:
         return flushed
 
     def _request_finished(self, seq: V1Sequence, state: _RequestState) -> None:
-        """Tell the policy what the request did with each block it saw, tail to head."""
-        hashes = seq.block_hashes(max(state.seen_blocks, default=-1) + 1, self.block_size)
-        reused = state.reused_blocks
+        """Tell the policy what the request did with each chunk it saw, tail to head."""
+        keys = self._chunk_keys(seq, max(state.seen_chunks, default=-1) + 1)
+        reused = state.reused_chunks
         self._policy.on_request_finished(
-            [hashes[index] for index in sorted(state.seen_blocks, reverse=True)],
-            {hashes[index] for index in state.inserted_blocks - reused},
-            {hashes[index] for index in reused},
+            [keys[index] for index in sorted(state.seen_chunks, reverse=True)],
+            {keys[index] for index in state.inserted_chunks - reused},
+            {keys[index] for index in reused},
         )
 
     def complete_step(

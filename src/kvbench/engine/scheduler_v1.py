@@ -87,7 +87,8 @@ class V1Step:
         resumed_query_tokens: tokens looked up by preempted requests resuming in this step.
         resumed_hit_tokens: of those, tokens found cached.
         cpu_hit_tokens: tokens requests admitted in this step load from the CPU tier.
-        num_cpu_blocks: blocks the CPU tier holds after the step's scheduling (0 without one).
+        num_cpu_blocks: chunks (of ``blocks_per_chunk`` blocks) the CPU tier holds after the
+            step's scheduling (0 without one).
     """
 
     step_index: int
@@ -513,7 +514,7 @@ class V1StepScheduler:
             resumed_query_tokens=lookups.resumed_query_tokens,
             resumed_hit_tokens=lookups.resumed_hit_tokens,
             cpu_hit_tokens=sum(num_tokens for _, num_tokens in batch.loaded),
-            num_cpu_blocks=tier.num_held_blocks if tier is not None else 0,
+            num_cpu_blocks=tier.num_held_chunks if tier is not None else 0,
         )
         self._num_steps += 1
         return step

@@ -62,15 +62,17 @@ class RefereeLimits:
             the group's sliding window in tokens (a hybrid model; ``core.kv_groups``). One full
             group is a uniform model.
         num_cpu_blocks: > 0: vLLM's CPU offloading (``OffloadingConnector``, what
-            ``--kv-offloading-size`` starts) with a CPU tier of this many blocks, its defaults
-            otherwise (chunks of one block, prompt blocks only). The referee's model runner
+            ``--kv-offloading-size`` starts) with a CPU tier of this many chunks (of
+            ``cpu_tier_policy.blocks_per_chunk`` blocks), its defaults otherwise (prompt blocks
+            only). The referee's model runner
             is its worker: a load completes in the step that issued it, a store in the next
             (the worker submits stores at the start of the following step), as when copies are
             shorter than a step.
         cpu_tier_policy: the tier's ``eviction_policy``, ``store_threshold``,
-            ``max_tracker_size`` and ``offload_prompt_only`` (its ``kv_connector_extra_config``).
-        copy_steps_per_block: > 0: the worker's copies take that many steps per block instead,
-            on a clock of its own (``_OffloadWorker``).
+            ``max_tracker_size``, ``offload_prompt_only`` and ``blocks_per_chunk`` (its
+            ``kv_connector_extra_config``).
+        copy_steps_per_block: > 0: the worker's copies take that many steps per GPU block
+            instead, on a clock of its own (``_OffloadWorker``).
     """
 
     block_size: int
@@ -110,7 +112,7 @@ class RefereeStep:
             loading from the CPU tier included.
         cpu_hit_tokens: tokens requests admitted in this step load from the CPU tier (they
             wait outside the batch until the load completes).
-        num_cpu_blocks: blocks the CPU tier holds after the step's scheduling, stores still
+        num_cpu_blocks: chunks the CPU tier holds after the step's scheduling, stores still
             in flight included.
     """
 
@@ -319,7 +321,7 @@ class _OffloadWorker:
     def run(self, metadata: Any) -> tuple[int, Any]:
         """This step's copies: (tokens its loads bring in, the ``KVConnectorOutput``)."""
         flushed = metadata.jobs_to_flush or set()
-        loaded_blocks = sum(len(job.src_spec.block_ids) for job in metadata.load_jobs.values())
+        loaded_blocks = sum(_num_gpu_blocks(job, True) for job in metadata.load_jobs.values())
         if self._steps_per_block:
             completed, finished_recving = self._run_timed(metadata, flushed)
         else:
@@ -329,7 +331,7 @@ class _OffloadWorker:
         self._deferred_stores = [job for job in metadata.store_jobs if job not in flushed]
         if self._steps_per_block:  # their sizes, for the clock when they are submitted
             for job_id in self._deferred_stores:
-                self._sizes[job_id] = len(metadata.store_jobs[job_id].src_spec.block_ids)
+                self._sizes[job_id] = _num_gpu_blocks(metadata.store_jobs[job_id], False)
         output = self._vllm.KVConnectorOutput(
             finished_recving=finished_recving,
             kv_connector_worker_meta=self._vllm.OffloadingWorkerMetadata(
@@ -343,14 +345,14 @@ class _OffloadWorker:
         requests whose load did)."""
         now = self._now
         submitted = [(job_id, self._sizes.pop(job_id)) for job_id in self._deferred_stores]
-        submitted += [(job_id, len(metadata.store_jobs[job_id].src_spec.block_ids))
+        submitted += [(job_id, _num_gpu_blocks(metadata.store_jobs[job_id], False))
                       for job_id in metadata.store_jobs if job_id in flushed]  # fmt: skip
         for job_id, num_blocks in submitted:
             self._store_free = max(self._store_free, now) + num_blocks * self._steps_per_block
             self._ends[job_id] = self._store_free
         start = max([now, *(self._ends[job_id] for job_id in flushed if job_id in self._ends)])
         for job_id, job in metadata.load_jobs.items():
-            num_blocks = len(job.src_spec.block_ids)
+            num_blocks = _num_gpu_blocks(job, True)
             self._load_free = max(self._load_free, start) + num_blocks * self._steps_per_block
             self._ends[job_id] = self._load_free
             self._load_requests[job_id] = job.req_id
@@ -361,6 +363,12 @@ class _OffloadWorker:
         finished_recving = {self._load_requests.pop(job_id) for job_id in completed
                             if job_id in self._load_requests}  # fmt: skip
         return completed, finished_recving
+
+
+def _num_gpu_blocks(job: Any, is_load: bool) -> int:
+    """The GPU blocks a copy job moves: a store's source, a load's destination (the CPU side
+    counts chunks, and a load may fill part of its first chunk's blocks)."""
+    return len((job.dst_spec if is_load else job.src_spec).block_ids)
 
 
 def _sampled_tokens(vllm_request: Any) -> list[int]:
@@ -520,23 +528,25 @@ def _build_scheduler(vllm: Any, limits: RefereeLimits) -> Any:
 
 def _offloading_config(vllm: Any, limits: RefereeLimits) -> Any:
     """What ``--kv-offloading-size`` sets (``VllmConfig._post_init_kv_transfer_config``), sized
-    in bytes to ``limits.num_cpu_blocks`` of the stand-in group's blocks: vLLM rounds a block's
-    bytes (``_group_spec``'s page: K and V of one fp32 value per token) up to its CPU region's
-    alignment."""
+    in bytes to ``limits.num_cpu_blocks`` chunks of the stand-in group's blocks: vLLM rounds a
+    chunk's bytes (``_group_spec``'s page: K and V of one fp32 value per token, per block) up to
+    its CPU region's alignment."""
     from vllm.v1.kv_offload.cpu.spec import CPUOffloadingSpec
 
-    page_bytes = 2 * limits.block_size * 4
+    policy = limits.cpu_tier_policy
+    chunk_bytes = 2 * limits.block_size * 4 * policy.blocks_per_chunk
     alignment = CPUOffloadingSpec.BLOCK_SIZE_ALIGNMENT
-    block_bytes = -(-page_bytes // alignment) * alignment
+    aligned_chunk_bytes = -(-chunk_bytes // alignment) * alignment
     return vllm.KVTransferConfig(
         kv_connector="OffloadingConnector",
         kv_role="kv_both",
         kv_connector_extra_config={
-            "cpu_bytes_to_use": limits.num_cpu_blocks * block_bytes,
-            "eviction_policy": limits.cpu_tier_policy.eviction_policy,
-            "store_threshold": limits.cpu_tier_policy.store_threshold,
-            "max_tracker_size": limits.cpu_tier_policy.max_tracker_size,
-            "offload_prompt_only": limits.cpu_tier_policy.offload_prompt_only,
+            "cpu_bytes_to_use": limits.num_cpu_blocks * aligned_chunk_bytes,
+            "eviction_policy": policy.eviction_policy,
+            "store_threshold": policy.store_threshold,
+            "max_tracker_size": policy.max_tracker_size,
+            "offload_prompt_only": policy.offload_prompt_only,
+            "blocks_per_chunk": policy.blocks_per_chunk,
         },
     )
 
@@ -624,15 +634,16 @@ def _check_scheduler(scheduler: Any, limits: RefereeLimits) -> None:
             )
         policy = type(manager._policy).__name__
         asked = limits.cpu_tier_policy
-        prompt_only = scheduler.connector.connector_scheduler.config.offload_prompt_only
-        if not policy.lower().startswith(asked.eviction_policy) or (
-            (manager.store_threshold, manager.max_tracker_size, prompt_only)
-            != (asked.store_threshold, asked.max_tracker_size, asked.offload_prompt_only)
-        ):
+        config = scheduler.connector.connector_scheduler.config
+        runs = (manager.store_threshold, manager.max_tracker_size, config.offload_prompt_only,
+                config.blocks_per_chunk)  # fmt: skip
+        if not policy.lower().startswith(asked.eviction_policy) or runs != (
+            asked.store_threshold, asked.max_tracker_size, asked.offload_prompt_only,
+            asked.blocks_per_chunk,
+        ):  # fmt: skip
             raise RefereeConfigError(
-                f"vLLM's CPU tier runs {policy} with store_threshold={manager.store_threshold}, "
-                f"max_tracker_size={manager.max_tracker_size}, offload_prompt_only={prompt_only} "
-                f"where {asked} was asked"
+                f"vLLM's CPU tier runs {policy} with (store_threshold, max_tracker_size, "
+                f"offload_prompt_only, blocks_per_chunk)={runs} where {asked} was asked"
             )
     enable_caching = scheduler.kv_cache_manager.enable_caching
     if enable_caching != limits.enable_prefix_caching:

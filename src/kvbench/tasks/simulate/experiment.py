@@ -88,9 +88,10 @@ def v1_memory(
     ``paged_hybrid_prefix``, the allocator reserving whole spans at admission for the naive
     ones."""
     if name in ("paged", "paged_prefix"):
-        num_cpu_blocks = num_cpu_slots // allocator.block_size if name == "paged_prefix" else 0
-        cpu_tier = (CpuOffloadTier(num_cpu_blocks, allocator.block_size, cpu_tier_policy)
-                    if num_cpu_blocks else None)  # fmt: skip
+        chunk_slots = allocator.block_size * cpu_tier_policy.blocks_per_chunk
+        num_cpu_chunks = num_cpu_slots // chunk_slots if name == "paged_prefix" else 0
+        cpu_tier = (CpuOffloadTier(num_cpu_chunks, allocator.block_size, cpu_tier_policy)
+                    if num_cpu_chunks else None)  # fmt: skip
         return V1KVCache(
             allocator.num_slots // allocator.block_size,
             allocator.block_size,
@@ -121,8 +122,8 @@ def _cpu_tier_policy_of(cfg: KvbenchConfig) -> CpuTierPolicy:
     """``scheduler=vllm_v1``'s CPU tier options from ``allocator``."""
     allocator = cfg.allocator
     return CpuTierPolicy(allocator.cpu_eviction_policy, allocator.cpu_store_threshold,
-                         allocator.cpu_max_tracker_size,
-                         allocator.cpu_offload_prompt_only)  # fmt: skip
+                         allocator.cpu_max_tracker_size, allocator.cpu_offload_prompt_only,
+                         allocator.cpu_blocks_per_chunk)  # fmt: skip
 
 
 def allocator_for(
@@ -223,6 +224,7 @@ def _run_labels(
         "cpu_store_threshold": cfg.allocator.cpu_store_threshold,
         "cpu_max_tracker_size": cfg.allocator.cpu_max_tracker_size,
         "cpu_offload_prompt_only": cfg.allocator.cpu_offload_prompt_only,
+        "cpu_blocks_per_chunk": cfg.allocator.cpu_blocks_per_chunk,
         "kv_dtype": deployment.model.kv_dtype or deployment.model.dtype,
     }
 
