@@ -458,6 +458,26 @@ def test_any_tier_policy_agrees_with_vllm_on_a_thousand(case_and_tier, policy) -
 
 
 @peer
+def test_a_loaded_request_scheduled_at_last_flushes_a_store_on_its_hit_blocks() -> None:
+    # Found by a 1,000-case draw (chunks of 2 blocks of 1 token, copies of a step a block).
+    # In step 37 requests 8 and 0 start loading; request 2 hits the GPU block of its first
+    # token, which request 8 holds too, and finishes: it stores its first chunk (that block and
+    # its own). Scheduled in step 39, request 8 reaches vLLM's connector with all its blocks,
+    # so that store is flushed (the step waits for it) and request 0's load, queued behind
+    # request 8's, ends within the step: request 0 runs in step 40, not 41.
+    # (prompt, output, prefix group, shared prefix tokens) of each request
+    rows = [(2, 1, 1, 2), (1, 1, None, 0), (2, 1, 0, 1), (1, 1, None, 0), (1, 1, None, 0),
+            (1, 1, None, 0), (59, 18, None, 0), (1, 1, None, 0), (56, 5, 0, 1),
+            (76, 1, 1, 2)]  # fmt: skip
+    requests = [Request(index, 0.0, prompt, output, prefix_group=group, prefix_tokens=shared)
+                for index, (prompt, output, group, shared) in enumerate(rows)]  # fmt: skip
+    case = (requests, 1, 131, V1Limits(2, 8, 256), [2, 0, 2, 0, 0, 0, 1, 0, 1, 0])
+    assert agrees_with_vllm(case, prefix_caching=True, num_cpu_blocks=54,
+                            cpu_tier_policy=CpuTierPolicy(blocks_per_chunk=2),
+                            copy_steps_per_block=1.0) > 40  # fmt: skip
+
+
+@peer
 @settings(max_examples=60, deadline=None)
 @given(case_and_tier=tiered_workloads(), blocks_per_chunk=st.integers(2, 5),
        copy_steps_per_block=st.sampled_from([0.0, 0.5]))  # fmt: skip

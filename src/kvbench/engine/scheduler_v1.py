@@ -640,6 +640,10 @@ class V1StepScheduler:
                 break
             queue.popleft()
             if loaded:
+                # Scheduled at last, it reaches vLLM's connector as a new (or resumed) request
+                # with all its blocks: a store in flight on one of them is flushed.
+                assert self._tiered_cache is not None
+                self._tiered_cache.step_allocated_blocks.update(seq.blocks)
                 kv_cache.grow(seq, num_tokens)
             else:
                 kv_cache.admit(seq, hits, num_tokens)
