@@ -79,7 +79,8 @@ def test_a_store_is_readable_a_step_later_and_a_block_being_loaded_is_waited_for
 
 
 def test_a_tier_of_chunks_stores_and_hits_whole_chunks_from_the_one_the_gpu_hit_ends_in() -> None:
-    # Chunks of 2 blocks of 4 tokens. A 27-token prompt fills 6 blocks: 3 chunks.
+    # Chunks of 2 blocks of 4 tokens. A 27-token prompt fills 6 blocks (3 chunks) and part of a
+    # seventh.
     shared = dict(prefix_group=1, prefix_tokens=27)
     first, second = (V1Sequence(Request(i, 0.0, 27, 1, **shared)) for i in range(2))  # type: ignore[arg-type]
     tier = CpuOffloadTier(num_chunks=8, block_size=4, policy=CpuTierPolicy(blocks_per_chunk=2))

@@ -64,10 +64,9 @@ class RefereeLimits:
         num_cpu_blocks: > 0: vLLM's CPU offloading (``OffloadingConnector``, what
             ``--kv-offloading-size`` starts) with a CPU tier of this many chunks (of
             ``cpu_tier_policy.blocks_per_chunk`` blocks), its defaults otherwise (prompt blocks
-            only). The referee's model runner
-            is its worker: a load completes in the step that issued it, a store in the next
-            (the worker submits stores at the start of the following step), as when copies are
-            shorter than a step.
+            only). The referee's model runner is its worker: a load completes in the step that
+            issued it, a store in the next (the worker submits stores at the start of the
+            following step), as when copies are shorter than a step.
         cpu_tier_policy: the tier's ``eviction_policy``, ``store_threshold``,
             ``max_tracker_size``, ``offload_prompt_only`` and ``blocks_per_chunk`` (its
             ``kv_connector_extra_config``).
@@ -629,7 +628,7 @@ def _check_scheduler(scheduler: Any, limits: RefereeLimits) -> None:
         manager = scheduler.connector.connector_scheduler.manager
         if manager._num_chunks != limits.num_cpu_blocks:
             raise RefereeConfigError(
-                f"vLLM's CPU tier has {manager._num_chunks} blocks where "
+                f"vLLM's CPU tier has {manager._num_chunks} chunks where "
                 f"{limits.num_cpu_blocks} were asked"
             )
         policy = type(manager._policy).__name__
