@@ -95,6 +95,9 @@ def test_a_tier_of_chunks_stores_and_hits_whole_chunks_from_the_one_the_gpu_hit_
     assert tier.lookup(second, 1) == 5  # from chunk 0, whose first block the GPU holds
     assert tier.lookup(second, 4) == 2
     assert tier.lookup(second, 5) == 0  # 1 block: less than a chunk
+    partial = V1Sequence(Request(2, 0.0, 27, 1, prefix_group=1, prefix_tokens=8))
+    assert tier.lookup(partial, 0) == 2  # it shares the first chunk only
+    assert tier.lookup(partial, 1) == 0  # 1 block past its GPU hit: less than a chunk
     tier.start_load(second, 1, 5)
     tier.end_schedule(set())
     assert tier.last_copies.loads == [(2, 5 * 4)]  # job 2 copies the 5 blocks the GPU lacks
