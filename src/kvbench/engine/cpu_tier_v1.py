@@ -216,12 +216,13 @@ class CpuOffloadTier:
             state = self._states[seq.request_id] = _RequestState()
         return state
 
-    def _chunk_keys(self, seq: V1Sequence, num_chunks: int) -> list[int]:
-        """The keys of the sequence's first ``num_chunks`` chunks: each its last block's hash
-        (vLLM's ``offload_keys``)."""
+    def _chunk_keys(self, seq: V1Sequence, end_chunk: int, first_chunk: int = 0) -> list[int]:
+        """The keys of the sequence's chunks ``[first_chunk, end_chunk)``: each its last
+        block's hash (vLLM's ``offload_keys``)."""
         per_chunk = self.blocks_per_chunk
-        num_blocks = num_chunks * per_chunk
-        return seq.block_hashes(num_blocks, self.block_size)[per_chunk - 1 : num_blocks : per_chunk]
+        num_blocks = end_chunk * per_chunk
+        hashes = seq.block_hashes(num_blocks, self.block_size)
+        return hashes[(first_chunk + 1) * per_chunk - 1 : num_blocks : per_chunk]
 
     def lookup(self, seq: V1Sequence, first_block: int) -> int | None:
         """GPU blocks from ``first_block`` on (where the GPU hit ends) that the tier holds
@@ -237,7 +238,7 @@ class CpuOffloadTier:
         if num_full_chunks * per_chunk - first_block < per_chunk:
             return 0
         first_chunk = first_block // per_chunk
-        keys = self._chunk_keys(seq, num_full_chunks)[first_chunk:]
+        keys = self._chunk_keys(seq, num_full_chunks, first_chunk)
         pins = self._pins
         num_hits = 0
         deferred = False
@@ -263,7 +264,7 @@ class CpuOffloadTier:
         per_chunk = self.blocks_per_chunk
         first_chunk = first_block // per_chunk
         end_chunk = (first_block + num_blocks) // per_chunk
-        keys = self._chunk_keys(seq, end_chunk)[first_chunk:]
+        keys = self._chunk_keys(seq, end_chunk, first_chunk)
         for key in keys:
             pin = self._pins[key]
             if pin == 0:
