@@ -39,7 +39,7 @@ from collections.abc import Sequence as SequenceOf
 from dataclasses import dataclass, field
 from typing import Generic, Protocol, TypeVar
 
-from kvbench.allocators.base import Allocator, MemoryUsage
+from kvbench.allocators.base import Allocator, CohortAllocator, MemoryUsage
 from kvbench.allocators.hybrid_prefix import HybridHit
 from kvbench.allocators.paged_hybrid import PagedHybridAllocator
 from kvbench.core.request import Request
@@ -213,6 +213,23 @@ class ReservingV1Memory(_AllocatorV1Memory[Allocator]):
     def cache_computed(self, seq: V1Sequence, num_tokens: int) -> None:
         pass  # no prefix cache
 
+    def begin_decode_rounds(self, seqs: list[V1Sequence]) -> bool:
+        """Let ``end_decode_rounds`` grow each of ``seqs`` by a token per round, if each reserved
+        at least what it will finally hold: every round then turns one reserved slot of each
+        into a token state, and nothing else in the pool's usage moves. False (nothing changes)
+        otherwise, or for an allocator without lazy rounds."""
+        allocator = self._allocator
+        if not isinstance(allocator, CohortAllocator) or allocator.cohort_next_round_blocks():
+            return False
+        return allocator.join_cohort([seq.request_id for seq in seqs])
+
+    def end_decode_rounds(self, seqs: list[V1Sequence], num_rounds: int) -> None:
+        """Grow the sequences ``begin_decode_rounds`` took by ``num_rounds`` tokens each."""
+        allocator = self._allocator
+        assert isinstance(allocator, CohortAllocator)
+        allocator.advance_cohort(num_rounds)
+        allocator.leave_cohort([seq.request_id for seq in seqs])
+
 
 class HybridV1Memory(_AllocatorV1Memory[PagedHybridAllocator]):
     """``paged_hybrid`` (and ``paged_hybrid_prefix``) under vLLM v1's policy: vLLM's hybrid
@@ -336,6 +353,29 @@ def _processed_tokens(seq: V1Sequence) -> int:
     return max(0, seq.num_computed_tokens - seq.num_in_flight_tokens)
 
 
+@dataclass(frozen=True)
+class DecodeStretch:
+    """The next steps while each only decodes the running batch (``V1StepScheduler.
+    decode_stretch``): every running request computes one token and samples it, none finishes,
+    nothing is admitted or preempted, the memory only turns reserved slots into token states.
+
+    Attributes:
+        max_steps: most such steps (the one after them finishes a request).
+        num_seqs: requests decoding in each.
+        context_tokens: the first step's decode context (each request's tokens after it); each
+            step adds ``num_seqs``.
+        memory_blocked: the first waiting request is tried in each step and does not fit.
+        admits_arrivals: nothing waits, and a request arriving would be tried for admission: the
+            stretch ends before the step it arrives for.
+    """
+
+    max_steps: int
+    num_seqs: int
+    context_tokens: int
+    memory_blocked: bool
+    admits_arrivals: bool
+
+
 @dataclass
 class V1Batch:
     """What the last step did, for the engine's records (``engine.simulate_v1``).
@@ -380,6 +420,10 @@ class V1StepScheduler:
         # in it: the fast path skips the calls (this runs for every running request of every
         # step).
         self._fast_decodes = fast and isinstance(kv_cache, V1KVCache)
+        # A reserving allocator's decode-only steps change nothing but counts: the engine runs a
+        # stretch of them at once (``decode_stretch``), under synchronous scheduling.
+        self._bulk_decodes = (fast and isinstance(kv_cache, ReservingV1Memory)
+                              and not limits.async_scheduling)  # fmt: skip
         self._record_usage = record_usage
         self.last_batch = V1Batch()
         self._limits = limits
@@ -528,6 +572,64 @@ class V1StepScheduler:
         clock.before_step(now_s)
         step = self.step(clock.done)
         return step, clock.submit(self._cpu_tier.last_copies, now_s)
+
+    def decode_stretch(self) -> DecodeStretch | None:
+        """Begin a stretch of decode-only steps (``DecodeStretch``), if the next step is one and
+        the memory can grow the batch lazily; end it with ``end_decode_stretch``. None: the next
+        step goes through ``step``.
+
+        Only over a reserving allocator (``ReservingV1Memory``), synchronously: a running
+        request's decode token fills a slot it reserved, and a waiting request that does not fit
+        now will not while the batch only decodes (nothing is freed, the arena stays as it is).
+        """
+        if not self._bulk_decodes:
+            return None
+        running = self._running
+        limits = self._limits
+        num_seqs = len(running)
+        if not num_seqs or num_seqs > limits.max_num_batched_tokens:
+            return None
+        max_steps = limits.max_model_len
+        context_tokens = 0
+        for seq in running:
+            request = seq.request
+            num_output_tokens = seq.num_output_tokens
+            computed = seq.num_computed_tokens
+            # Decoding: its prompt and every sampled token but the last are computed.
+            if not num_output_tokens or computed != request.prompt_tokens + num_output_tokens - 1:
+                return None
+            max_steps = min(max_steps, request.output_tokens - num_output_tokens - 1)
+            context_tokens += computed + 1
+        if max_steps < 1:
+            return None
+        budget = limits.max_num_batched_tokens - num_seqs
+        tries_waiting = budget > 0 and num_seqs < limits.max_num_seqs
+        memory_blocked = False
+        if tries_waiting and self._queued:  # as _schedule_waiting tries its head
+            head = self._queued[0]
+            if self._kv_cache.can_admit(head, [], self._chunk(head, budget, 0)):
+                return None
+            memory_blocked = True
+        assert isinstance(self._kv_cache, ReservingV1Memory)
+        if not self._kv_cache.begin_decode_rounds(running):
+            return None
+        return DecodeStretch(
+            max_steps=max_steps,
+            num_seqs=num_seqs,
+            context_tokens=context_tokens,
+            memory_blocked=memory_blocked,
+            admits_arrivals=tries_waiting and not self._queued,
+        )
+
+    def end_decode_stretch(self, num_steps: int) -> None:
+        """Run ``num_steps`` steps of the stretch ``decode_stretch`` began (its first
+        ``max_steps`` at most): each running request computes and takes in that many tokens."""
+        assert isinstance(self._kv_cache, ReservingV1Memory)
+        self._kv_cache.end_decode_rounds(self._running, num_steps)
+        for seq in self._running:
+            seq.num_computed_tokens += num_steps
+            seq.num_output_tokens += num_steps
+        self._num_steps += num_steps
 
     def _offload(self, tier: CpuOffloadTier) -> None:
         """After scheduling (vLLM's ``build_connector_meta``), the CPU tier stores the prompt

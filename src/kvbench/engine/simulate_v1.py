@@ -39,7 +39,14 @@ from kvbench.engine.records import (
     StepSink,
     request_record,
 )
-from kvbench.engine.scheduler_v1 import V1Batch, V1Limits, V1Memory, V1Step, V1StepScheduler
+from kvbench.engine.scheduler_v1 import (
+    DecodeStretch,
+    V1Batch,
+    V1Limits,
+    V1Memory,
+    V1Step,
+    V1StepScheduler,
+)
 
 ProgressCallback = Callable[[int], None]
 
@@ -80,12 +87,10 @@ def simulate_v1(
     records are ``simulate``'s (``on_finish`` and ``step_sink`` as there); ``fast=False`` runs
     every token through the KV manager (``V1StepScheduler``'s reference), with identical records.
     """
-    pending = sorted(requests, key=lambda r: (r.arrival_s, r.request_id))
     scheduler = V1StepScheduler(memory, limits, record_usage=True, fast=fast)
+    arrivals = _Arrivals(requests, scheduler, num_pool_slots)
+    record_of = arrivals.record_of
     steps = StepRecords(sink=step_sink, block_size=memory.block_size)
-    records: list[RequestRecord] = []
-    record_of: dict[int, RequestRecord] = {}
-    num_arrived = 0
     idle = IdleWait()
     cpu_tier = memory.cpu_tier if isinstance(memory, V1KVCache) else None
     clock = None
@@ -94,26 +99,19 @@ def simulate_v1(
     store_lag = _StoreLag(cost_model)
     flush_wait_s = 0.0
     now_s = 0.0
-    while num_arrived < len(pending) or scheduler.has_unfinished:
+    while arrivals.num_pending or scheduler.has_unfinished:
         # vLLM schedules once more after its last request finishes, for the CPU tier.
         signals = cpu_tier is not None and cpu_tier.has_finished_to_signal
-        if not (scheduler.has_unfinished or signals) and pending[num_arrived].arrival_s > now_s:
+        if not (scheduler.has_unfinished or signals) and arrivals.next_arrival_s() > now_s:
             idle.begin(now_s)
-            now_s = pending[num_arrived].arrival_s  # idle: jump to the next arrival
-        num_ended = 0
-        while num_arrived < len(pending) and pending[num_arrived].arrival_s <= now_s:
-            request = pending[num_arrived]
-            num_arrived += 1
-            record = request_record(request)
-            records.append(record)
-            reason = v1_rejection_reason(request, limits, num_pool_slots)
-            if reason:
-                record.mark_rejected(reason)
-                num_ended += 1
-            else:
-                record_of[request.request_id] = record
-                scheduler.add(request)
-        if scheduler.has_unfinished or signals:
+            now_s = arrivals.next_arrival_s()  # idle: jump to the next arrival
+        num_ended = arrivals.take_until(now_s)
+        stretch = scheduler.decode_stretch()
+        if stretch is not None:
+            now_s, num_rejected = _run_decode_stretch(stretch, scheduler, arrivals, cost_model,
+                                                      now_s, steps)  # fmt: skip
+            num_ended += num_rejected
+        elif scheduler.has_unfinished or signals:
             step, start_s = scheduler.step_on(clock, now_s)
             flush_wait_s += start_s - now_s
             now_s = start_s
@@ -136,9 +134,7 @@ def simulate_v1(
                 assert clock is not None
                 copy_end_s = clock.next_end_s(now_s)
                 if copy_end_s is not None:
-                    if num_arrived < len(pending):
-                        copy_end_s = min(copy_end_s, pending[num_arrived].arrival_s)
-                    now_s = copy_end_s
+                    now_s = min(copy_end_s, arrivals.next_arrival_s())
             elif scheduler.has_unfinished:
                 # Nothing runs and the first waiting request does not fit the empty pool (a
                 # contiguous allocator's reservation larger than it): it never will.
@@ -147,9 +143,120 @@ def simulate_v1(
         if num_ended and on_finish is not None:
             on_finish(num_ended)
     steps.close()
-    return SimulationResult(steps=steps, requests=records, num_slots=num_pool_slots,
+    return SimulationResult(steps=steps, requests=arrivals.records, num_slots=num_pool_slots,
                             cpu_store_step_ratio_max=store_lag.max_ratio,
                             cpu_flush_wait_s=flush_wait_s)  # fmt: skip
+
+
+class _Arrivals:
+    """The run's requests in arrival order, queued as the clock passes them: each gets its
+    record, and joins the scheduler's queue unless it can never run (rejected, with its
+    reason)."""
+
+    def __init__(
+        self, requests: SequenceOf[Request], scheduler: V1StepScheduler, num_pool_slots: int
+    ) -> None:
+        self._pending = sorted(requests, key=lambda r: (r.arrival_s, r.request_id))
+        self._num_arrived = 0
+        self._scheduler = scheduler
+        self._num_pool_slots = num_pool_slots
+        self.records: list[RequestRecord] = []  # in arrival order
+        self.record_of: dict[int, RequestRecord] = {}  # the queued ones still running or waiting
+
+    @property
+    def num_pending(self) -> int:
+        """Requests still to arrive."""
+        return len(self._pending) - self._num_arrived
+
+    def next_arrival_s(self) -> float:
+        """When the next request arrives (inf when none is left)."""
+        if self._num_arrived < len(self._pending):
+            return self._pending[self._num_arrived].arrival_s
+        return float("inf")
+
+    def take_until(self, now_s: float) -> int:
+        """Queue every request that arrived by ``now_s``; how many were rejected."""
+        num_rejected = 0
+        pending = self._pending
+        limits = self._scheduler.limits
+        while self._num_arrived < len(pending) and pending[self._num_arrived].arrival_s <= now_s:
+            request = pending[self._num_arrived]
+            self._num_arrived += 1
+            record = request_record(request)
+            self.records.append(record)
+            reason = v1_rejection_reason(request, limits, self._num_pool_slots)
+            if reason:
+                record.mark_rejected(reason)
+                num_rejected += 1
+            else:
+                self.record_of[request.request_id] = record
+                self._scheduler.add(request)
+        return num_rejected
+
+
+def _run_decode_stretch(
+    stretch: DecodeStretch,
+    scheduler: V1StepScheduler,
+    arrivals: _Arrivals,
+    cost_model: CostModel,
+    now_s: float,
+    steps: StepRecords,
+) -> tuple[float, int]:
+    """Run the decode-only steps of ``stretch`` up to its end or to an arrival it would admit,
+    writing the rows ``_record_step`` would (O(1) a step); (end time, arrivals rejected)."""
+    num_seqs = stretch.num_seqs
+    memory_blocked = stretch.memory_blocked
+    decode_time_s = cost_model.decode_time_fn(num_seqs)
+    usage = scheduler.kv_cache.usage(scheduler.running)  # before the stretch
+    (
+        append_time_s,
+        append_duration_s,
+        append_num_waiting,
+        append_token_states,
+        append_reservation,
+        append_internal_frag,
+        append_free,
+    ) = steps.decode_row_appenders(memory_blocked)
+    # A blocked step counts its free slots as external fragmentation (with_free_blocked).
+    free_slots = usage.free + (usage.external_frag if memory_blocked else 0)
+    token_states = usage.token_states
+    reservation = usage.reservation
+    context_tokens = stretch.context_tokens
+    num_rejected = 0
+    num_steps = 0
+    while num_steps < stretch.max_steps:
+        if num_steps and arrivals.next_arrival_s() <= now_s:
+            if stretch.admits_arrivals:
+                break  # the step may admit it: the scheduler decides, step by step
+            num_rejected += arrivals.take_until(now_s)  # it waits behind the blocked head
+        # No wake-up to charge: the step after an idle wait admits, so no stretch follows one.
+        duration_s = decode_time_s(context_tokens)
+        token_states += num_seqs  # each step's usage is read after its tokens' slots are taken
+        reservation -= num_seqs
+        append_time_s(now_s)
+        append_duration_s(duration_s)
+        append_num_waiting(scheduler.num_waiting)
+        append_token_states(token_states)
+        append_reservation(reservation)
+        append_internal_frag(usage.internal_frag)
+        append_free(free_slots)
+        now_s += duration_s
+        context_tokens += num_seqs
+        num_steps += 1
+    scheduler.end_decode_stretch(num_steps)
+    steps.complete_decode_rows(
+        num_steps,
+        num_seqs=num_seqs,
+        memory_blocked=memory_blocked,
+        constant_slots={
+            "free_slots" if memory_blocked else "external_frag_slots": (
+                0 if memory_blocked else usage.external_frag
+            ),
+            "shared_slots": usage.shared_slots,
+            "saved_slots": usage.saved_slots,
+        },
+    )
+    return now_s, num_rejected
 
 
 def _record_step(
