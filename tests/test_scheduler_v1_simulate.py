@@ -206,17 +206,21 @@ def test_the_fast_path_gives_the_reference_loops_records(allocator_name: str) ->
     assert steps == run_v1_steps(requests, _paged_prefix(16 * 150, limits), limits, fast=False)
 
 
-def test_the_naive_allocators_decode_stretches_give_the_reference_loops_records(
-    monkeypatch: pytest.MonkeyPatch,
+@pytest.mark.parametrize("allocator_name",
+                         ["naive_max", "naive_pow2", "naive_oracle", "paged", "paged_prefix"])
+def test_decode_stretches_give_the_reference_loops_records(
+    allocator_name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A reserving allocator's decode-only steps run as stretches (``decode_stretch``): the
-    records are the reference loop's on random workloads whose limits bind each way (seats,
-    token budget, memory), with arrivals queued mid-stretch behind a blocked head, rejected
-    ones among them; and the stretches do run (far fewer scheduler steps than step rows)."""
+    """Decode-only steps run as stretches (``decode_stretch``): the records, and vLLM's free
+    queue in reuse order, are the reference loop's on random workloads (prefix groups, blocks
+    of 1-32 slots) whose limits bind each way (seats, token budget, memory, preemption), with
+    arrivals queued mid-stretch behind a blocked head, rejected ones among them; and the
+    stretches do run (far fewer scheduler steps than step rows)."""
     import dataclasses
     import random
 
     from kvbench.core.catalog import get_deployment
+    from kvbench.engine.kv_cache_v1 import V1KVCache
     from kvbench.engine.scheduler_v1 import V1StepScheduler
 
     num_scheduled = 0
@@ -229,24 +233,35 @@ def test_the_naive_allocators_decode_stretches_give_the_reference_loops_records(
 
     monkeypatch.setattr(V1StepScheduler, "step", counted_step)
     cost_model = RooflineCostModel(get_deployment("opt-13b", "a100-40gb"))
-    num_rows = num_fast_steps = num_blocked_rows = 0
-    for seed in range(90):
+    num_rows = num_fast_steps = num_blocked_rows = num_preempted = 0
+    for seed in range(30):
         rng = random.Random(seed)
-        name = ("naive_max", "naive_pow2", "naive_oracle")[seed % 3]
         limits = V1Limits(max_num_seqs=rng.choice([2, 4, 8, 16, 64]),
                           max_num_batched_tokens=rng.choice([4, 16, 64, 256, 2048]),
                           max_model_len=rng.choice([256, 512, 1024]))  # fmt: skip
         # Empty prompts and ones longer than max_model_len arrive too (rejected on arrival).
         span_s = rng.choice([0.5, 5.0, 50.0])
-        requests = [Request(i, rng.random() * span_s, rng.randint(0, 300), rng.randint(0, 120))
-                    for i in range(rng.randint(1, 60))]  # fmt: skip
+        requests = []
+        for request_id in range(rng.randint(1, 60)):
+            shared = {}
+            if rng.random() < 0.5:
+                group = rng.randrange(3)
+                shared = dict(prefix_group=group, prefix_tokens=20 + 50 * group)
+            prompt_tokens = max(rng.randint(0, 300), shared.get("prefix_tokens", 0))
+            requests.append(Request(request_id, rng.random() * span_s, prompt_tokens,
+                                    rng.randint(0, 120), **shared))  # type: ignore[arg-type]  # fmt: skip
         num_slots = rng.choice([600, 1500, 4000, 20000])
+        block_size = rng.choice([1, 2, 16, 32])
         results = []
+        free_queues = []
         for fast in (True, False):
             num_scheduled = 0
-            allocator = make_allocator(name, num_slots, 16, limits.max_model_len)
-            results.append(simulate_v1(requests, v1_memory(name, allocator, limits), limits,
-                                       cost_model, num_slots, fast=fast))  # fmt: skip
+            allocator = make_allocator(allocator_name, num_slots, block_size, limits.max_model_len)
+            memory = v1_memory(allocator_name, allocator, limits)
+            results.append(simulate_v1(requests, memory, limits, cost_model, num_slots,
+                                       fast=fast))  # fmt: skip
+            if isinstance(memory, V1KVCache):
+                free_queues.append((memory.free_block_ids(), memory.num_evicted_blocks))
             if fast:
                 num_fast_steps += num_scheduled
         fast_result, reference = results
@@ -254,10 +269,14 @@ def test_the_naive_allocators_decode_stretches_give_the_reference_loops_records(
         assert [dataclasses.astuple(r) for r in fast_result.requests] == [
             dataclasses.astuple(r) for r in reference.requests
         ], seed
+        assert free_queues[:1] == free_queues[1:], seed
         num_rows += len(reference.steps.columns["step"])
         num_blocked_rows += sum(reference.steps.columns["memory_blocked"])
-    assert num_blocked_rows > 0.1 * num_rows  # heads wait blocked for memory in many steps
-    assert num_fast_steps < 0.5 * num_rows
+        num_preempted += sum(reference.steps.columns["num_preempted"])
+    assert num_blocked_rows > 0.05 * num_rows  # heads wait blocked for memory in many steps
+    if allocator_name.startswith("paged"):
+        assert num_preempted > 0
+    assert num_fast_steps < 0.6 * num_rows
 
 
 def test_a_v1_run_writes_the_tables_with_every_column_documented(tmp_path) -> None:  # type: ignore[no-untyped-def]

@@ -29,7 +29,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import TYPE_CHECKING
 
-from kvbench.allocators.base import MemoryUsage
+from kvbench.allocators.base import CohortRounds, MemoryUsage
 from kvbench.allocators.prefix_hashes import prompt_block_hashes
 from kvbench.core.request import Request
 
@@ -169,6 +169,11 @@ class V1KVCache:
         """Blocks referenced by requests."""
         return self.num_blocks - len(self._free_queue)
 
+    def free_block_ids(self) -> list[int]:
+        """The free queue's blocks, the next to be taken first: two runs leave the same queue
+        only if every allocation and every release came in the same order."""
+        return list(self._free_queue)
+
     def find_hit(self, seq: V1Sequence) -> list[int]:
         """The cached blocks of the sequence's leading full blocks, up to the first miss, covering
         at most ``num_tokens - 1`` tokens (vLLM's ``get_computed_blocks``); none without caching."""
@@ -259,6 +264,49 @@ class V1KVCache:
         ``cache_blocks``: async scheduling's catch-up once a sampled token is taken in)."""
         if self.enable_caching:
             self._cache_full_blocks(seq, min(num_tokens, seq.num_tokens) // self.block_size)
+
+    def begin_decode_rounds(
+        self, seqs: list[V1Sequence], max_rounds: int
+    ) -> CohortRounds | None:
+        """What ``end_decode_rounds`` over ``seqs`` (each decoding: its next token's input is
+        computed but for that token) takes in each of its first ``max_rounds`` rounds: a block
+        for each sequence whose token starts one, and the internal fragmentation of the blocks
+        that hold a sequence's final token (``usage``). None when the free blocks cannot hold
+        the first round."""
+        block_size = self.block_size
+        new_blocks = [0] * block_size
+        internal_frag_slots: dict[int, int] = {}
+        for seq in seqs:
+            computed = seq.num_computed_tokens
+            new_blocks[-computed % block_size] += 1
+            final_tokens = min(seq.request.total_tokens, self.max_model_len)
+            last_block_start = (final_tokens - 1) // block_size * block_size
+            round_index = last_block_start - computed
+            unused_slots = block_size - (final_tokens - last_block_start)
+            if 0 <= round_index < max_rounds and unused_slots:
+                internal_frag_slots[round_index] = (internal_frag_slots.get(round_index, 0)
+                                                    + unused_slots)  # fmt: skip
+        if new_blocks[0] > len(self._free_queue):
+            return None
+        return CohortRounds(new_blocks=tuple(new_blocks), first_round=0,
+                            internal_frag_slots=internal_frag_slots)  # fmt: skip
+
+    def end_decode_rounds(self, seqs: list[V1Sequence], num_rounds: int) -> None:
+        """Grow each of ``seqs`` by ``num_rounds`` decode tokens, as that many steps of one
+        ``grow`` each in their order would (the free blocks hold them: ``begin_decode_rounds``):
+        round by round, the sequences that start a block take the free queue's first, and the
+        blocks they fill are cached (a filled block holds a token of its own request: no one
+        else's lookup can hit it, so caching it at the end finds the same)."""
+        block_size = self.block_size
+        starting: list[list[V1Sequence]] = [[] for _ in range(block_size)]
+        for seq in seqs:
+            starting[-seq.num_computed_tokens % block_size].append(seq)
+        for round_index in range(num_rounds):
+            for seq in starting[round_index % block_size]:
+                seq.blocks += self._take_free_blocks(1)
+        if self.enable_caching:
+            for seq in seqs:
+                self._cache_full_blocks(seq, (seq.num_computed_tokens + num_rounds) // block_size)
 
     def free(self, seq: V1Sequence) -> None:
         """Release the sequence's blocks, tail first: unhashed ones to the front of the free

@@ -39,7 +39,7 @@ from collections.abc import Sequence as SequenceOf
 from dataclasses import dataclass, field
 from typing import Generic, Protocol, TypeVar
 
-from kvbench.allocators.base import Allocator, CohortAllocator, MemoryUsage
+from kvbench.allocators.base import Allocator, CohortAllocator, CohortRounds, MemoryUsage
 from kvbench.allocators.hybrid_prefix import HybridHit
 from kvbench.allocators.paged_hybrid import PagedHybridAllocator
 from kvbench.core.request import Request
@@ -213,15 +213,18 @@ class ReservingV1Memory(_AllocatorV1Memory[Allocator]):
     def cache_computed(self, seq: V1Sequence, num_tokens: int) -> None:
         pass  # no prefix cache
 
-    def begin_decode_rounds(self, seqs: list[V1Sequence]) -> bool:
+    def begin_decode_rounds(self, seqs: list[V1Sequence], max_rounds: int) -> CohortRounds | None:
         """Let ``end_decode_rounds`` grow each of ``seqs`` by a token per round, if each reserved
         at least what it will finally hold: every round then turns one reserved slot of each
-        into a token state, and nothing else in the pool's usage moves. False (nothing changes)
-        otherwise, or for an allocator without lazy rounds."""
+        into a token state, and nothing else in the pool's usage moves (no new blocks, no
+        internal fragmentation). None (nothing changes) otherwise, or for an allocator without
+        lazy rounds."""
         allocator = self._allocator
         if not isinstance(allocator, CohortAllocator) or allocator.cohort_next_round_blocks():
-            return False
-        return allocator.join_cohort([seq.request_id for seq in seqs])
+            return None
+        if not allocator.join_cohort([seq.request_id for seq in seqs]):
+            return None
+        return CohortRounds(new_blocks=(0,), first_round=0, internal_frag_slots={})
 
     def end_decode_rounds(self, seqs: list[V1Sequence], num_rounds: int) -> None:
         """Grow the sequences ``begin_decode_rounds`` took by ``num_rounds`` tokens each."""
@@ -367,6 +370,9 @@ class DecodeStretch:
         memory_blocked: the first waiting request is tried in each step and does not fit.
         admits_arrivals: nothing waits, and a request arriving would be tried for admission: the
             stretch ends before the step it arrives for.
+        rounds: the blocks each step takes and the internal fragmentation it adds (rounds
+            counted from 0, the stretch's first step); a step the free blocks cannot hold
+            would preempt, and ends the stretch before it.
     """
 
     max_steps: int
@@ -374,6 +380,7 @@ class DecodeStretch:
     context_tokens: int
     memory_blocked: bool
     admits_arrivals: bool
+    rounds: CohortRounds
 
 
 @dataclass
@@ -420,10 +427,13 @@ class V1StepScheduler:
         # in it: the fast path skips the calls (this runs for every running request of every
         # step).
         self._fast_decodes = fast and isinstance(kv_cache, V1KVCache)
-        # A reserving allocator's decode-only steps change nothing but counts: the engine runs a
-        # stretch of them at once (``decode_stretch``), under synchronous scheduling.
-        self._bulk_decodes = (fast and isinstance(kv_cache, ReservingV1Memory)
-                              and not limits.async_scheduling)  # fmt: skip
+        # Decode-only steps change nothing but counts and the blocks they start: the engine
+        # runs a stretch of them at once (``decode_stretch``), under synchronous scheduling,
+        # over a reserving allocator or vLLM's manager without a CPU tier.
+        self._bulk_decodes = fast and not limits.async_scheduling and (
+            isinstance(kv_cache, ReservingV1Memory)
+            or (isinstance(kv_cache, V1KVCache) and kv_cache.cpu_tier is None)
+        )
         self._record_usage = record_usage
         self.last_batch = V1Batch()
         self._limits = limits
@@ -578,9 +588,12 @@ class V1StepScheduler:
         the memory can grow the batch lazily; end it with ``end_decode_stretch``. None: the next
         step goes through ``step``.
 
-        Only over a reserving allocator (``ReservingV1Memory``), synchronously: a running
-        request's decode token fills a slot it reserved, and a waiting request that does not fit
-        now will not while the batch only decodes (nothing is freed, the arena stays as it is).
+        Only synchronously, over a reserving allocator (``ReservingV1Memory``: a decode token
+        fills a slot its request reserved) or vLLM's manager without a CPU tier (``V1KVCache``:
+        a request starts a block every ``block_size`` tokens). A waiting request that does not
+        fit now will not while the batch only decodes: nothing is freed, and the blocks the
+        steps take can only evict cached blocks it would hit, each of which it then needs as a
+        new block instead.
         """
         if not self._bulk_decodes:
             return None
@@ -604,14 +617,18 @@ class V1StepScheduler:
             return None
         budget = limits.max_num_batched_tokens - num_seqs
         tries_waiting = budget > 0 and num_seqs < limits.max_num_seqs
+        kv_cache = self._kv_cache
         memory_blocked = False
         if tries_waiting and self._queued:  # as _schedule_waiting tries its head
             head = self._queued[0]
-            if self._kv_cache.can_admit(head, [], self._chunk(head, budget, 0)):
+            hits = kv_cache.find_hit(head)
+            num_tokens = self._chunk(head, budget, len(hits) * kv_cache.block_size)
+            if kv_cache.can_admit(head, hits, num_tokens):
                 return None
             memory_blocked = True
-        assert isinstance(self._kv_cache, ReservingV1Memory)
-        if not self._kv_cache.begin_decode_rounds(running):
+        assert isinstance(kv_cache, ReservingV1Memory | V1KVCache)
+        rounds = kv_cache.begin_decode_rounds(running, max_steps)
+        if rounds is None:
             return None
         return DecodeStretch(
             max_steps=max_steps,
@@ -619,13 +636,16 @@ class V1StepScheduler:
             context_tokens=context_tokens,
             memory_blocked=memory_blocked,
             admits_arrivals=tries_waiting and not self._queued,
+            rounds=rounds,
         )
 
     def end_decode_stretch(self, num_steps: int) -> None:
         """Run ``num_steps`` steps of the stretch ``decode_stretch`` began (its first
-        ``max_steps`` at most): each running request computes and takes in that many tokens."""
-        assert isinstance(self._kv_cache, ReservingV1Memory)
-        self._kv_cache.end_decode_rounds(self._running, num_steps)
+        ``max_steps`` at most, each held by the free blocks): each running request computes and
+        takes in that many tokens."""
+        kv_cache = self._kv_cache
+        assert isinstance(kv_cache, ReservingV1Memory | V1KVCache)
+        kv_cache.end_decode_rounds(self._running, num_steps)
         for seq in self._running:
             seq.num_computed_tokens += num_steps
             seq.num_output_tokens += num_steps

@@ -202,12 +202,18 @@ def _run_decode_stretch(
     now_s: float,
     steps: StepRecords,
 ) -> tuple[float, int]:
-    """Run the decode-only steps of ``stretch`` up to its end or to an arrival it would admit,
-    writing the rows ``_record_step`` would (O(1) a step); (end time, arrivals rejected)."""
+    """Run the decode-only steps of ``stretch`` up to its end, to an arrival it would admit, or
+    to a step the free blocks cannot hold, writing the rows ``_record_step`` would (O(1) a
+    step); (end time, arrivals rejected)."""
     num_seqs = stretch.num_seqs
     memory_blocked = stretch.memory_blocked
     decode_time_s = cost_model.decode_time_fn(num_seqs)
-    usage = scheduler.kv_cache.usage(scheduler.running)  # before the stretch
+    kv_cache = scheduler.kv_cache
+    usage = kv_cache.usage(scheduler.running)  # before the stretch
+    block_size = kv_cache.block_size
+    new_blocks = stretch.rounds.new_blocks
+    period = len(new_blocks)
+    frag_by_round = stretch.rounds.internal_frag_slots
     (
         append_time_s,
         append_duration_s,
@@ -218,9 +224,12 @@ def _run_decode_stretch(
         append_free,
     ) = steps.decode_row_appenders(memory_blocked)
     # A blocked step counts its free slots as external fragmentation (with_free_blocked).
-    free_slots = usage.free + (usage.external_frag if memory_blocked else 0)
+    free_base_slots = usage.free + (usage.external_frag if memory_blocked else 0)
+    num_free_slots = usage.free
     token_states = usage.token_states
-    reservation = usage.reservation
+    internal_frag = usage.internal_frag
+    in_use_slots = token_states + usage.reservation + internal_frag
+    num_taken_slots = 0
     context_tokens = stretch.context_tokens
     num_rejected = 0
     num_steps = 0
@@ -229,17 +238,23 @@ def _run_decode_stretch(
             if stretch.admits_arrivals:
                 break  # the step may admit it: the scheduler decides, step by step
             num_rejected += arrivals.take_until(now_s)  # it waits behind the blocked head
+        taken_slots = num_taken_slots + new_blocks[num_steps % period] * block_size
+        if taken_slots > num_free_slots:
+            break  # some request cannot grow: the step preempts, step by step
+        num_taken_slots = taken_slots
         # No wake-up to charge: the step after an idle wait admits, so no stretch follows one.
         duration_s = decode_time_s(context_tokens)
-        token_states += num_seqs  # each step's usage is read after its tokens' slots are taken
-        reservation -= num_seqs
+        # Each step's usage is read after its tokens' blocks are taken: a token state more per
+        # request, a block more per start, the final blocks' unused slots.
+        token_states += num_seqs
+        internal_frag += frag_by_round.get(num_steps, 0)
         append_time_s(now_s)
         append_duration_s(duration_s)
         append_num_waiting(scheduler.num_waiting)
         append_token_states(token_states)
-        append_reservation(reservation)
-        append_internal_frag(usage.internal_frag)
-        append_free(free_slots)
+        append_reservation(in_use_slots + taken_slots - token_states - internal_frag)
+        append_internal_frag(internal_frag)
+        append_free(free_base_slots - taken_slots)
         now_s += duration_s
         context_tokens += num_seqs
         num_steps += 1
