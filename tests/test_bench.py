@@ -5,7 +5,7 @@ import json
 import pandas as pd
 from referee_support import peer
 
-from kvbench.tools.bench import main
+from kvbench.tools.bench import V1_ALLOCATORS, main
 
 
 def test_bench_streams_a_small_resampled_run(tmp_path, capsys):
@@ -26,11 +26,17 @@ def test_bench_names_a_missing_trace(tmp_path, capsys):
     assert "--azure-trace" in capsys.readouterr().err
 
 
-def test_bench_times_the_whole_command_against_its_engine(tmp_path, capsys):
+def _azure_like_trace(tmp_path):
+    """40 requests a second apart in the Azure trace's format."""
     trace = tmp_path / "azure_like.csv"
     rows = [f"2023-11-16 18:15:{second:02d}.0,{100 + 37 * second},{20 + 11 * second}"
             for second in range(40)]  # fmt: skip
     trace.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + "\n".join(rows) + "\n")
+    return trace
+
+
+def test_bench_times_the_whole_command_against_its_engine(tmp_path, capsys):
+    trace = _azure_like_trace(tmp_path)
     out = tmp_path / "bench"
     assert main(["--case", "command", "--azure-trace", str(trace), "--out", str(out),
                  "--repeats", "1"]) == 0  # fmt: skip
@@ -43,6 +49,18 @@ def test_bench_times_the_whole_command_against_its_engine(tmp_path, capsys):
     assert 0 < figures["start_s"] < figures["import_cli_s"] < figures["whole_s"]
     assert figures["ratio"] == figures["whole_s"] / (figures["engine_s"] + figures["start_s"])
     assert figures["num_requests"] == 40 and figures["ratios"] == [round(figures["ratio"], 3)]
+
+
+def test_bench_times_vllm_v1s_fast_path_against_its_reference(tmp_path, capsys):
+    trace = _azure_like_trace(tmp_path)
+    assert main(["--case", "azure_v1", "--azure-trace", str(trace), "--out", str(tmp_path)]) == 0
+    figures = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert figures["case"] == "azure_v1" and figures["num_requests"] == 40
+    runs = figures["runs"]
+    assert [run["allocator"] for run in runs] == list(V1_ALLOCATORS)
+    for run in runs:
+        assert run["identical_steps"] and run["identical_requests"] and run["num_steps"] > 40
+        assert run["speedup"] == run["reference_engine_s"] / run["fast_engine_s"]
 
 
 def test_bench_refuses_zero_repeats(capsys):

@@ -14,6 +14,9 @@ Cases (each in a fresh process, so its peak memory is its own):
   subprocess timed end to end, against the engine's summed time (``simulation_wall_s`` in its
   ``summary.parquet``) plus the interpreter's start (``python -c pass``): the overhead of
   everything around the engine (imports, config, trace reading, tables, parquet, charts).
+- ``azure_v1`` (not in ``all``): the same trace and deployment under ``scheduler=vllm_v1``, every
+  allocator of the main experiment (``V1_ALLOCATORS``): its fast path (decode stretches) and
+  its step-by-step reference, their times, speed ratio and whether every record is identical.
 - ``v1_referee`` (not in ``all``: it needs the referee, docs/referee.md): ``scheduler=vllm_v1``'s
   step model (``engine.scheduler_v1``, fast path, prefix caching on) against vLLM's own scheduler
   loop (``referee.run_referee``, no model) on the same ``V1_WORKLOAD`` (``--v1-requests``
@@ -78,6 +81,30 @@ def _simulate(cfg: Any, deployment: Any, requests: list, fast: bool, **sinks: An
     costs = cost_model(cfg, deployment)
     started_s = time.perf_counter()
     result = simulate(requests, scheduler, allocator, costs, fast=fast, **sinks)
+    return result, time.perf_counter() - started_s
+
+
+# The azure_v1 case's allocators: the main experiment's.
+V1_ALLOCATORS = ("naive_max", "naive_pow2", "naive_oracle", "paged", "paged_prefix")
+
+
+def _simulate_v1(cfg: Any, deployment: Any, requests: list, name: str, fast: bool) -> Any:
+    """(result, engine seconds) of allocator ``name`` under ``scheduler=vllm_v1``."""
+    from kvbench.engine.simulate_v1 import simulate_v1
+    from kvbench.tasks.simulate.experiment import (
+        allocator_for,
+        cost_model,
+        scheduler_limits,
+        v1_limits,
+        v1_memory,
+    )
+
+    allocator = allocator_for(cfg, deployment, name, deployment.num_kv_slots, None)
+    limits = v1_limits(scheduler_limits(cfg, deployment))
+    memory = v1_memory(name, allocator, limits)
+    costs = cost_model(cfg, deployment, name)
+    started_s = time.perf_counter()
+    result = simulate_v1(requests, memory, limits, costs, allocator.num_slots, fast=fast)
     return result, time.perf_counter() - started_s
 
 
@@ -185,6 +212,31 @@ def run_azure(trace: str) -> dict[str, Any]:
         "mean_batch_size": fast_summary["mean_batch_size"],
         "peak_rss_mib": _peak_rss_mib(),
     }
+
+
+def run_azure_v1(trace: str) -> dict[str, Any]:
+    """The Azure conversation trace under vllm_v1, every allocator: fast path and reference."""
+    from kvbench.workloads import build_workload, to_requests
+
+    cfg, deployment, _ = _compose((*DEPLOYMENT, "scheduler=vllm_v1", "workload=trace",
+                                   f"workload.path={trace}", "workload.arrival=trace",
+                                   "workload.filter=none", "workload.name=azure_conv"))  # fmt: skip
+    requests = to_requests(build_workload(cfg.workload, deployment.model.max_model_len))
+    runs = []
+    for name in V1_ALLOCATORS:
+        fast_result, fast_s = _simulate_v1(cfg, deployment, requests, name, fast=True)
+        reference, reference_s = _simulate_v1(cfg, deployment, requests, name, fast=False)
+        runs.append({
+            "allocator": name,
+            "num_steps": len(fast_result.steps),
+            "fast_engine_s": fast_s,
+            "reference_engine_s": reference_s,
+            "speedup": reference_s / fast_s,
+            "identical_steps": fast_result.steps.columns == reference.steps.columns,
+            "identical_requests": fast_result.requests == reference.requests,
+        })  # fmt: skip
+    return {"case": "azure_v1", "num_requests": len(requests), "runs": runs,
+            "peak_rss_mib": _peak_rss_mib()}  # fmt: skip
 
 
 def run_sharegpt(num_requests: int, request_rate: float, out_dir: Path) -> dict[str, Any]:
@@ -303,8 +355,8 @@ def main(argv: list[str] | None = None) -> int:
     """Run the cases and print one line of figures per case (also written as JSON)."""
     parser = argparse.ArgumentParser(prog="python -m kvbench.tools.bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--case", choices=("azure", "sharegpt_1m", "command", "v1_referee",
-                                           "all"), default="all")
+    parser.add_argument("--case", choices=("azure", "sharegpt_1m", "command", "azure_v1",
+                                           "v1_referee", "all"), default="all")
     parser.add_argument("--v1-requests", type=int, default=5000,
                         help="requests of the v1_referee case")
     parser.add_argument("--azure-trace", type=Path, default=AZURE_TRACE)
@@ -319,7 +371,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"kvbench.tools.bench: --repeats {args.repeats} is invalid; expected an integer "
               f">= 1", file=sys.stderr)
         return 2
-    if {"azure", "command"} & set(cases) and not args.azure_trace.is_file():
+    if {"azure", "azure_v1", "command"} & set(cases) and not args.azure_trace.is_file():
         print(f"kvbench.tools.bench: {args.azure_trace} not found; pass --azure-trace PATH to "
               f"AzureLLMInferenceTrace_conv.csv (../shared/traces/azure2023)", file=sys.stderr)
         return 2
@@ -328,6 +380,8 @@ def main(argv: list[str] | None = None) -> int:
     for case in cases:
         if case == "azure":
             figures = _in_fresh_process("run_azure", str(args.azure_trace.resolve()))
+        elif case == "azure_v1":
+            figures = _in_fresh_process("run_azure_v1", str(args.azure_trace.resolve()))
         elif case == "v1_referee":
             figures = _in_fresh_process("run_v1_referee", args.v1_requests)
         elif case == "command":
