@@ -346,21 +346,29 @@ class V1KVCache:
         those it never fills (``internal_frag``). Cached free blocks are free.
         """
         block_size = self.block_size
+        max_model_len = self.max_model_len
         num_held = self.num_blocks_in_use
         num_logical = 0
         partial_filled = 0
         partial_usable = 0
         num_partial = 0
+        # Every step records this over the whole batch: the loop avoids calls (min, max and
+        # the request's total_tokens property cost a third of it).
         for seq in sequences:
-            num_logical += len(seq.blocks)
-            filled = seq.num_computed_tokens % block_size
-            if filled and seq.blocks:
-                first_token = seq.num_computed_tokens - filled
-                final_tokens = min(seq.request.total_tokens, self.max_model_len)
-                usable = min(max(final_tokens, seq.num_computed_tokens) - first_token, block_size)
+            blocks = seq.blocks
+            num_logical += len(blocks)
+            computed = seq.num_computed_tokens
+            filled = computed % block_size
+            if filled and blocks:
+                request = seq.request
+                final_tokens = request.prompt_tokens + request.output_tokens
+                if final_tokens > max_model_len:
+                    final_tokens = max_model_len
+                # The last block's slots up to its final token (or what it computed past it).
+                usable = (final_tokens if final_tokens > computed else computed) - computed + filled
                 num_partial += 1
                 partial_filled += filled
-                partial_usable += usable
+                partial_usable += usable if usable < block_size else block_size
         return MemoryUsage(
             num_slots=self.num_slots,
             token_states=(num_held - num_partial) * block_size + partial_filled,

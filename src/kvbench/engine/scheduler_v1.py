@@ -217,8 +217,8 @@ class ReservingV1Memory(_AllocatorV1Memory[Allocator]):
         """Let ``end_decode_rounds`` grow each of ``seqs`` by a token per round, if each reserved
         at least what it will finally hold: every round then turns one reserved slot of each
         into a token state, and nothing else in the pool's usage moves (no new blocks, no
-        internal fragmentation). None (nothing changes) otherwise, or for an allocator without
-        lazy rounds."""
+        internal fragmentation), however many rounds (``max_rounds``) run. None (nothing
+        changes) otherwise, or for an allocator without lazy rounds."""
         allocator = self._allocator
         if not isinstance(allocator, CohortAllocator) or allocator.cohort_next_round_blocks():
             return None
@@ -602,6 +602,18 @@ class V1StepScheduler:
         num_seqs = len(running)
         if not num_seqs or num_seqs > limits.max_num_batched_tokens:
             return None
+        # The head first: with requests arriving, it is the likelier reason to step.
+        budget = limits.max_num_batched_tokens - num_seqs
+        tries_waiting = budget > 0 and num_seqs < limits.max_num_seqs
+        kv_cache = self._kv_cache
+        memory_blocked = False
+        if tries_waiting and self._queued:  # as _schedule_waiting tries its head
+            head = self._queued[0]
+            hits = kv_cache.find_hit(head)
+            num_tokens = self._chunk(head, budget, len(hits) * kv_cache.block_size)
+            if kv_cache.can_admit(head, hits, num_tokens):
+                return None
+            memory_blocked = True
         max_steps = limits.max_model_len
         context_tokens = 0
         for seq in running:
@@ -615,17 +627,6 @@ class V1StepScheduler:
             context_tokens += computed + 1
         if max_steps < 1:
             return None
-        budget = limits.max_num_batched_tokens - num_seqs
-        tries_waiting = budget > 0 and num_seqs < limits.max_num_seqs
-        kv_cache = self._kv_cache
-        memory_blocked = False
-        if tries_waiting and self._queued:  # as _schedule_waiting tries its head
-            head = self._queued[0]
-            hits = kv_cache.find_hit(head)
-            num_tokens = self._chunk(head, budget, len(hits) * kv_cache.block_size)
-            if kv_cache.can_admit(head, hits, num_tokens):
-                return None
-            memory_blocked = True
         assert isinstance(kv_cache, ReservingV1Memory | V1KVCache)
         rounds = kv_cache.begin_decode_rounds(running, max_steps)
         if rounds is None:
