@@ -282,13 +282,7 @@ class LazyBatch:
             num_rounds,
             num_seqs=num_seqs,
             memory_blocked=memory_blocked,
-            constant_slots={
-                "free_slots" if memory_blocked else "external_frag_slots": (
-                    0 if memory_blocked else usage.external_frag
-                ),
-                "shared_slots": usage.shared_slots,
-                "saved_slots": usage.saved_slots,
-            },
+            constant_slots=StepRecords.decode_constant_slots(usage, memory_blocked),
         )
         self._tick += num_rounds
         self._context_tokens = context_tokens

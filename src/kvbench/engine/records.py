@@ -185,6 +185,19 @@ class StepRecords:
         if self.sink is not None and len(step_column) >= CHUNK_ROWS:
             self._flush_full_chunks()
 
+    @staticmethod
+    def decode_constant_slots(usage: MemoryUsage, memory_blocked: bool) -> dict[str, int]:
+        """The ``constant_slots`` of a stretch of decode-only rows that starts from ``usage``:
+        external fragmentation (0 free slots when ``memory_blocked``: ``with_free_blocked``
+        moves them there, and they change), shared and saved slots."""
+        return {
+            "free_slots" if memory_blocked else "external_frag_slots": (
+                0 if memory_blocked else usage.external_frag
+            ),
+            "shared_slots": usage.shared_slots,
+            "saved_slots": usage.saved_slots,
+        }
+
     def close(self) -> None:
         """Hand the last, partial chunk to the sink (at the end of the run)."""
         if self.sink is not None and self.columns["step"]:

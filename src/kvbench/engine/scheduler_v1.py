@@ -360,7 +360,7 @@ def _processed_tokens(seq: V1Sequence) -> int:
 class DecodeStretch:
     """The next steps while each only decodes the running batch (``V1StepScheduler.
     decode_stretch``): every running request computes one token and samples it, none finishes,
-    nothing is admitted or preempted, the memory only turns reserved slots into token states.
+    nothing is admitted or preempted, the memory only takes the blocks the tokens start.
 
     Attributes:
         max_steps: most such steps (the one after them finishes a request).
