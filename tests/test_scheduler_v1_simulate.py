@@ -206,16 +206,17 @@ def test_the_fast_path_gives_the_reference_loops_records(allocator_name: str) ->
     assert steps == run_v1_steps(requests, _paged_prefix(16 * 150, limits), limits, fast=False)
 
 
+@pytest.mark.parametrize("async_scheduling", [False, True])
 @pytest.mark.parametrize("allocator_name",
                          ["naive_max", "naive_pow2", "naive_oracle", "paged", "paged_prefix"])
 def test_decode_stretches_give_the_reference_loops_records(
-    allocator_name: str, monkeypatch: pytest.MonkeyPatch
+    allocator_name: str, async_scheduling: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Decode-only steps run as stretches (``decode_stretch``): the records, and vLLM's free
-    queue in reuse order, are the reference loop's on random workloads (prefix groups, blocks
-    of 1-32 slots) whose limits bind each way (seats, token budget, memory, preemption), with
-    arrivals queued mid-stretch behind a blocked head, rejected ones among them; and the
-    stretches do run (far fewer scheduler steps than step rows)."""
+    """Decode-only steps run as stretches (``decode_stretch``), synchronously or not: the
+    records, and vLLM's free queue in reuse order, are the reference loop's on random workloads
+    (prefix groups, blocks of 1-32 slots) whose limits bind each way (seats, token budget,
+    memory, preemption), with arrivals queued mid-stretch behind a blocked head, rejected ones
+    among them; and the stretches do run (far fewer scheduler steps than step rows)."""
     import dataclasses
     import random
 
@@ -238,7 +239,8 @@ def test_decode_stretches_give_the_reference_loops_records(
         rng = random.Random(seed)
         limits = V1Limits(max_num_seqs=rng.choice([2, 4, 8, 16, 64]),
                           max_num_batched_tokens=rng.choice([4, 16, 64, 256, 2048]),
-                          max_model_len=rng.choice([256, 512, 1024]))  # fmt: skip
+                          max_model_len=rng.choice([256, 512, 1024]),
+                          async_scheduling=async_scheduling)  # fmt: skip
         # Empty prompts and ones longer than max_model_len arrive too (rejected on arrival).
         span_s = rng.choice([0.5, 5.0, 50.0])
         requests = []

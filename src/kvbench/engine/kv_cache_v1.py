@@ -295,7 +295,8 @@ class V1KVCache:
         """Grow each of ``seqs`` by ``num_rounds`` decode tokens, as that many steps of one
         ``grow`` each in their order would (the free blocks hold them: ``begin_decode_rounds``):
         round by round, the sequences that start a block take the free queue's first, and the
-        blocks they fill are cached (a filled block holds a token of its own request: no one
+        blocks their taken-in tokens fill are cached (a token in flight waits, as
+        ``cache_computed`` has it; a filled block holds a token of its own request: no one
         else's lookup can hit it, so caching it at the end finds the same)."""
         block_size = self.block_size
         starting: list[list[V1Sequence]] = [[] for _ in range(block_size)]
@@ -306,7 +307,9 @@ class V1KVCache:
                 seq.blocks += self._take_free_blocks(1)
         if self.enable_caching:
             for seq in seqs:
-                self._cache_full_blocks(seq, (seq.num_computed_tokens + num_rounds) // block_size)
+                num_known_tokens = (seq.num_computed_tokens + num_rounds
+                                    - seq.num_output_placeholders)  # fmt: skip
+                self._cache_full_blocks(seq, num_known_tokens // block_size)
 
     def free(self, seq: V1Sequence) -> None:
         """Release the sequence's blocks, tail first: unhashed ones to the front of the free

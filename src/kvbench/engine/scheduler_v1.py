@@ -428,9 +428,9 @@ class V1StepScheduler:
         # step).
         self._fast_decodes = fast and isinstance(kv_cache, V1KVCache)
         # Decode-only steps change nothing but counts and the blocks they start: the engine
-        # runs a stretch of them at once (``decode_stretch``), under synchronous scheduling,
-        # over a reserving allocator or vLLM's manager without a CPU tier.
-        self._bulk_decodes = fast and not limits.async_scheduling and (
+        # runs a stretch of them at once (``decode_stretch``), over a reserving allocator or
+        # vLLM's manager without a CPU tier.
+        self._bulk_decodes = fast and (
             isinstance(kv_cache, ReservingV1Memory)
             or (isinstance(kv_cache, V1KVCache) and kv_cache.cpu_tier is None)
         )
@@ -588,9 +588,11 @@ class V1StepScheduler:
         the memory can grow the batch lazily; end it with ``end_decode_stretch``. None: the next
         step goes through ``step``.
 
-        Only synchronously, over a reserving allocator (``ReservingV1Memory``: a decode token
-        fills a slot its request reserved) or vLLM's manager without a CPU tier (``V1KVCache``:
-        a request starts a block every ``block_size`` tokens). A waiting request that does not
+        Only over a reserving allocator (``ReservingV1Memory``: a decode token fills a slot its
+        request reserved) or vLLM's manager without a CPU tier (``V1KVCache``: a request starts
+        a block every ``block_size`` tokens). Under async scheduling, only once every running
+        request has exactly the last step's decode token in flight (the step before took in
+        no other's). A waiting request that does not
         fit now will not while the batch only decodes: nothing is freed, and the blocks the
         steps take can only evict cached blocks it would hit, each of which it then needs as a
         new block instead.
@@ -614,19 +616,28 @@ class V1StepScheduler:
             if kv_cache.can_admit(head, hits, num_tokens):
                 return None
             memory_blocked = True
+        # Async: each step takes in the token the one before sampled (finishing its request
+        # once it is the last, a step after that request's last is scheduled).
+        num_in_flight = 1 if limits.async_scheduling else 0
         max_steps = limits.max_model_len
         context_tokens = 0
         for seq in running:
             request = seq.request
-            num_output_tokens = seq.num_output_tokens
+            num_generated = seq.num_output_tokens + seq.num_output_placeholders
             computed = seq.num_computed_tokens
             # Decoding: its prompt and every sampled token but the last are computed.
-            if not num_output_tokens or computed != request.prompt_tokens + num_output_tokens - 1:
+            if (not num_generated or computed != request.prompt_tokens + num_generated - 1
+                    or seq.num_output_placeholders != num_in_flight
+                    or seq.num_in_flight_tokens != num_in_flight):  # fmt: skip
                 return None
-            max_steps = min(max_steps, request.output_tokens - num_output_tokens - 1)
+            max_steps = min(max_steps, request.output_tokens - num_generated - 1 + num_in_flight)
             context_tokens += computed + 1
         if max_steps < 1:
             return None
+        # Async, every running request has one token in flight from the last step, so the last
+        # step scheduled and sampled exactly these (a preempted request's took in already).
+        assert not num_in_flight or (len(self._in_flight) == len(self._in_flight_scheduled)
+                                     == num_seqs)  # fmt: skip
         assert isinstance(kv_cache, ReservingV1Memory | V1KVCache)
         rounds = kv_cache.begin_decode_rounds(running, max_steps)
         if rounds is None:
@@ -650,6 +661,8 @@ class V1StepScheduler:
         for seq in self._running:
             seq.num_computed_tokens += num_steps
             seq.num_output_tokens += num_steps
+        # Async, the last step's tokens in flight are again one per running request, in order:
+        # ``_in_flight`` and ``_in_flight_scheduled`` hold them as they are.
         self._num_steps += num_steps
 
     def _offload(self, tier: CpuOffloadTier) -> None:
