@@ -591,9 +591,8 @@ class V1StepScheduler:
         Only over a reserving allocator (``ReservingV1Memory``: a decode token fills a slot its
         request reserved) or vLLM's manager without a CPU tier (``V1KVCache``: a request starts
         a block every ``block_size`` tokens). Under async scheduling, only once every running
-        request has exactly the last step's decode token in flight (the step before took in
-        no other's). A waiting request that does not
-        fit now will not while the batch only decodes: nothing is freed, and the blocks the
+        request has exactly the last step's decode token in flight. A waiting request that does
+        not fit now will not while the batch only decodes: nothing is freed, and the blocks the
         steps take can only evict cached blocks it would hit, each of which it then needs as a
         new block instead.
         """
@@ -616,8 +615,8 @@ class V1StepScheduler:
             if kv_cache.can_admit(head, hits, num_tokens):
                 return None
             memory_blocked = True
-        # Async: each step takes in the token the one before sampled (finishing its request
-        # once it is the last, a step after that request's last is scheduled).
+        # Async: each step takes in the token the step before sampled, so a request finishes
+        # one step later than synchronously, and the stretch may run one step more.
         num_in_flight = 1 if limits.async_scheduling else 0
         max_steps = limits.max_model_len
         context_tokens = 0
