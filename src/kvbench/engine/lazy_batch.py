@@ -25,7 +25,7 @@ from kvbench.allocators.base import Allocator, CohortAllocator
 from kvbench.engine.arrival_queue import Arrivals
 from kvbench.engine.cost_model import CostModel, DecodeTimeFn
 from kvbench.engine.iteration import IdleWait, end_iteration, finish_sequence, record_step
-from kvbench.engine.records import EXCEEDS_POOL, StepRecords
+from kvbench.engine.records import EXCEEDS_POOL, DecodeRows, StepRecords
 from kvbench.engine.samples import SampleGroups
 from kvbench.engine.scheduler import FCFS, Scheduler, group_seats
 from kvbench.engine.sequence import Sequence
@@ -219,71 +219,35 @@ class LazyBatch:
         waiting = scheduler.waiting
         num_seqs = len(scheduler.running)
         decode_time_s = self._decode_time_fn(num_seqs)
-        rounds = allocator.cohort_rounds()
-        new_blocks = rounds.new_blocks
+        # Each round's row goes straight into the step columns (the usage after it from the
+        # cohort's rounds: a token state more per sequence, a block more per start).
         block_size = allocator.block_size
-        period = len(new_blocks)
-        first_round = rounds.first_round
-        frag_by_round = rounds.internal_frag_slots
-        num_free_slots = allocator.num_free_blocks() * block_size
-        usage = allocator.usage()  # before these rounds
+        rows = DecodeRows(self._steps, allocator.usage(), allocator.cohort_rounds(),
+                          num_seqs=num_seqs, block_size=block_size,
+                          num_free_slots=allocator.num_free_blocks() * block_size,
+                          memory_blocked=memory_blocked)  # fmt: skip
         queue_was_empty = not waiting
         next_arrival_s = arrivals.next_arrival_s()
         context_tokens = self._context_tokens
-        # Each round's record goes straight into the step columns that change (the constant
-        # ones after). The usage after a round: a token state more per sequence, a block more
-        # per start; free slots, or with a memory-blocked head external fragmentation.
-        (
-            append_time_s,
-            append_duration_s,
-            append_num_waiting,
-            append_token_states,
-            append_reservation,
-            append_internal_frag,
-            append_free,
-        ) = self._steps.decode_row_appenders(memory_blocked)
-        free_base_slots = usage.free + (usage.external_frag if memory_blocked else 0)
-        token_states = usage.token_states
-        internal_frag = usage.internal_frag
-        in_use_slots = token_states + usage.reservation + internal_frag
         num_rejected = 0
-        num_taken_slots = 0
-        num_rounds = 0
         max_rounds = self._finish_ticks[0] - self._tick
-        while num_rounds < max_rounds:
-            if (num_rounds or check_first_arrival) and next_arrival_s <= now_s:
+        while rows.num_rows < max_rounds:
+            if (rows.num_rows or check_first_arrival) and next_arrival_s <= now_s:
                 if queue_was_empty:
                     break  # the scheduler may admit it: its own iteration decides
                 # Behind a blocked head an arrival only waits (or is rejected for good).
                 num_rejected += arrivals.admit_until(now_s, scheduler, self._samples)
                 next_arrival_s = arrivals.next_arrival_s()
-            taken_slots = num_taken_slots + new_blocks[num_rounds % period] * block_size
-            if taken_slots > num_free_slots:
-                break  # some sequence cannot grow: preemption, step by step
-            num_taken_slots = taken_slots
-            if frag_by_round:
-                internal_frag += frag_by_round.get(first_round + num_rounds, 0)
-            token_states += num_seqs
             duration_s = decode_time_s(context_tokens)
-            append_time_s(now_s)
-            append_duration_s(duration_s)
-            append_num_waiting(len(waiting))
-            append_token_states(token_states)
-            append_internal_frag(internal_frag)
-            append_reservation(in_use_slots + taken_slots - token_states - internal_frag)
-            append_free(free_base_slots - taken_slots)
+            if not rows.append(now_s, duration_s, len(waiting)):
+                break  # some sequence cannot grow: preemption, step by step
             now_s += duration_s
             context_tokens += num_seqs
-            num_rounds += 1
+        num_rounds = rows.num_rows
         if not num_rounds:
             return now_s, num_rejected, False
         allocator.advance_cohort(num_rounds)
-        self._steps.complete_decode_rows(
-            num_rounds,
-            num_seqs=num_seqs,
-            memory_blocked=memory_blocked,
-            constant_slots=StepRecords.decode_constant_slots(usage, memory_blocked),
-        )
+        rows.complete()
         self._tick += num_rounds
         self._context_tokens = context_tokens
         return now_s, num_rejected, num_rounds == max_rounds

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from kvbench.allocators.base import MemoryUsage
+from kvbench.allocators.base import CohortRounds, MemoryUsage
 from kvbench.core.request import Request
 from kvbench.engine.step_totals import CHUNK_ROWS, SLOT_COLUMNS, StepTotals
 
@@ -185,19 +185,6 @@ class StepRecords:
         if self.sink is not None and len(step_column) >= CHUNK_ROWS:
             self._flush_full_chunks()
 
-    @staticmethod
-    def decode_constant_slots(usage: MemoryUsage, memory_blocked: bool) -> dict[str, int]:
-        """The ``constant_slots`` of a stretch of decode-only rows that starts from ``usage``:
-        external fragmentation (0 free slots when ``memory_blocked``: ``with_free_blocked``
-        moves them there, and they change), shared and saved slots."""
-        return {
-            "free_slots" if memory_blocked else "external_frag_slots": (
-                0 if memory_blocked else usage.external_frag
-            ),
-            "shared_slots": usage.shared_slots,
-            "saved_slots": usage.saved_slots,
-        }
-
     def close(self) -> None:
         """Hand the last, partial chunk to the sink (at the end of the run)."""
         if self.sink is not None and self.columns["step"]:
@@ -237,6 +224,98 @@ class StepRecords:
 
 # Why a request is never served (RequestRecord.reject_reason); docs/metrics.md defines each.
 # vLLM refuses an empty prompt and a prompt with no room for one output token.
+class DecodeRows:
+    """The rows of a stretch of decode-only iterations (v0's lazy batch, v1's decode stretches):
+    in each, every one of ``num_seqs`` sequences adds a token state, and the round takes the
+    blocks and adds the internal fragmentation ``rounds`` says; the usage after each follows
+    from ``usage``, the one before the stretch, and a round whose blocks pass
+    ``num_free_slots`` cannot run. ``append`` writes a row's changing columns (O(1), through
+    ``StepRecords.decode_row_appenders``), ``complete`` the rest.
+
+    ``memory_blocked``: a waiting request does not fit in any of them (``with_free_blocked``:
+    the free slots count as external fragmentation)."""
+
+    __slots__ = ("_appenders", "_block_size", "_first_round", "_frag_by_round", "_free_base_slots",
+                 "_in_use_slots", "_internal_frag", "_memory_blocked", "_new_blocks",
+                 "_num_free_slots", "_num_seqs", "_num_taken_slots", "_steps", "_token_states",
+                 "_usage", "num_rows")  # fmt: skip
+
+    def __init__(
+        self,
+        steps: StepRecords,
+        usage: MemoryUsage,
+        rounds: CohortRounds,
+        *,
+        num_seqs: int,
+        block_size: int,
+        num_free_slots: int,
+        memory_blocked: bool,
+    ) -> None:
+        self._steps = steps
+        self._usage = usage
+        self._appenders = steps.decode_row_appenders(memory_blocked)
+        self._new_blocks = rounds.new_blocks
+        self._first_round = rounds.first_round
+        self._frag_by_round = rounds.internal_frag_slots
+        self._num_seqs = num_seqs
+        self._block_size = block_size
+        self._memory_blocked = memory_blocked
+        self._num_free_slots = num_free_slots
+        self._free_base_slots = usage.free + (usage.external_frag if memory_blocked else 0)
+        self._token_states = usage.token_states
+        self._internal_frag = usage.internal_frag
+        self._in_use_slots = usage.token_states + usage.reservation + usage.internal_frag
+        self._num_taken_slots = 0
+        self.num_rows = 0  # rows appended so far
+
+    def append(self, time_s: float, duration_s: float, num_waiting: int) -> bool:
+        """Write the next iteration's row (started at ``time_s``, ``num_waiting`` waiting after
+        it); False, writing nothing, when the free slots cannot hold its round's new blocks (a
+        sequence cannot grow: the engine preempts, step by step)."""
+        num_rows = self.num_rows
+        new_blocks = self._new_blocks
+        taken_slots = (self._num_taken_slots
+                       + new_blocks[num_rows % len(new_blocks)] * self._block_size)  # fmt: skip
+        if taken_slots > self._num_free_slots:
+            return False
+        self._num_taken_slots = taken_slots
+        internal_frag = self._internal_frag
+        if self._frag_by_round:
+            internal_frag += self._frag_by_round.get(self._first_round + num_rows, 0)
+            self._internal_frag = internal_frag
+        token_states = self._token_states = self._token_states + self._num_seqs
+        (append_time_s, append_duration_s, append_num_waiting, append_token_states,
+         append_reservation, append_internal_frag, append_free) = self._appenders  # fmt: skip
+        append_time_s(time_s)
+        append_duration_s(duration_s)
+        append_num_waiting(num_waiting)
+        append_token_states(token_states)
+        append_internal_frag(internal_frag)
+        append_reservation(self._in_use_slots + taken_slots - token_states - internal_frag)
+        append_free(self._free_base_slots - taken_slots)
+        self.num_rows = num_rows + 1
+        return True
+
+    def complete(self) -> None:
+        """Write the appended rows' constant columns (``StepRecords.complete_decode_rows``):
+        external fragmentation (0 free slots when blocked: they changed), shared and saved
+        slots."""
+        usage = self._usage
+        memory_blocked = self._memory_blocked
+        self._steps.complete_decode_rows(
+            self.num_rows,
+            num_seqs=self._num_seqs,
+            memory_blocked=memory_blocked,
+            constant_slots={
+                "free_slots" if memory_blocked else "external_frag_slots": (
+                    0 if memory_blocked else usage.external_frag
+                ),
+                "shared_slots": usage.shared_slots,
+                "saved_slots": usage.saved_slots,
+            },
+        )
+
+
 EMPTY_PROMPT = "empty_prompt"
 PROMPT_EXCEEDS_MAX_MODEL_LEN = "prompt_exceeds_max_model_len"  # prompt >= max_model_len
 EXCEEDS_MAX_MODEL_LEN = "exceeds_max_model_len"  # prompt + output > max_model_len

@@ -35,6 +35,7 @@ from kvbench.engine.records import (
     EXCEEDS_MAX_MODEL_LEN,
     EXCEEDS_POOL,
     PROMPT_EXCEEDS_MAX_MODEL_LEN,
+    DecodeRows,
     RequestRecord,
     SimulationResult,
     StepRecords,
@@ -208,65 +209,27 @@ def _run_decode_stretch(
     to a step the free blocks cannot hold, writing the rows ``_record_step`` would (O(1) a
     step); (end time, arrivals rejected)."""
     num_seqs = stretch.num_seqs
-    memory_blocked = stretch.memory_blocked
     decode_time_s = cost_model.decode_time_fn(num_seqs)
     kv_cache = scheduler.kv_cache
-    usage = kv_cache.usage(scheduler.running)  # before the stretch
-    block_size = kv_cache.block_size
-    new_blocks = stretch.rounds.new_blocks
-    period = len(new_blocks)
-    frag_by_round = stretch.rounds.internal_frag_slots
-    (
-        append_time_s,
-        append_duration_s,
-        append_num_waiting,
-        append_token_states,
-        append_reservation,
-        append_internal_frag,
-        append_free,
-    ) = steps.decode_row_appenders(memory_blocked)
-    # A blocked step counts its free slots as external fragmentation (with_free_blocked).
-    free_base_slots = usage.free + (usage.external_frag if memory_blocked else 0)
-    num_free_slots = usage.free
-    token_states = usage.token_states
-    internal_frag = usage.internal_frag
-    in_use_slots = token_states + usage.reservation + internal_frag
-    num_taken_slots = 0
+    usage = kv_cache.usage(scheduler.running)  # its free slots: the free queue's blocks
+    rows = DecodeRows(steps, usage, stretch.rounds, num_seqs=num_seqs,
+                      block_size=kv_cache.block_size, num_free_slots=usage.free,
+                      memory_blocked=stretch.memory_blocked)  # fmt: skip
     context_tokens = stretch.context_tokens
     num_rejected = 0
-    num_steps = 0
-    while num_steps < stretch.max_steps:
-        if num_steps and arrivals.next_arrival_s() <= now_s:
+    while rows.num_rows < stretch.max_steps:
+        if rows.num_rows and arrivals.next_arrival_s() <= now_s:
             if stretch.admits_arrivals:
                 break  # the step may admit it: the scheduler decides, step by step
             num_rejected += arrivals.take_until(now_s)  # it waits behind the blocked head
-        taken_slots = num_taken_slots + new_blocks[num_steps % period] * block_size
-        if taken_slots > num_free_slots:
-            break  # some request cannot grow: the step preempts, step by step
-        num_taken_slots = taken_slots
         # No wake-up to charge: the step after an idle wait admits, so no stretch follows one.
         duration_s = decode_time_s(context_tokens)
-        # Each step's usage is read after its tokens' blocks are taken: a token state more per
-        # request, a block more per start, the final blocks' unused slots.
-        token_states += num_seqs
-        internal_frag += frag_by_round.get(num_steps, 0)
-        append_time_s(now_s)
-        append_duration_s(duration_s)
-        append_num_waiting(scheduler.num_waiting)
-        append_token_states(token_states)
-        append_reservation(in_use_slots + taken_slots - token_states - internal_frag)
-        append_internal_frag(internal_frag)
-        append_free(free_base_slots - taken_slots)
+        if not rows.append(now_s, duration_s, scheduler.num_waiting):
+            break  # some request cannot grow: the step preempts, step by step
         now_s += duration_s
         context_tokens += num_seqs
-        num_steps += 1
-    scheduler.end_decode_stretch(num_steps)
-    steps.complete_decode_rows(
-        num_steps,
-        num_seqs=num_seqs,
-        memory_blocked=memory_blocked,
-        constant_slots=StepRecords.decode_constant_slots(usage, memory_blocked),
-    )
+    scheduler.end_decode_stretch(rows.num_rows)
+    rows.complete()
     return now_s, num_rejected
 
 
