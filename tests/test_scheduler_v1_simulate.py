@@ -212,11 +212,13 @@ def test_the_fast_path_gives_the_reference_loops_records(allocator_name: str) ->
 def test_decode_stretches_give_the_reference_loops_records(
     allocator_name: str, async_scheduling: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Decode-only steps run as stretches (``decode_stretch``), synchronously or not: the
-    records, and vLLM's free queue in reuse order, are the reference loop's on random workloads
-    (prefix groups, blocks of 1-32 slots) whose limits bind each way (seats, token budget,
-    memory, preemption), with arrivals queued mid-stretch behind a blocked head, rejected ones
-    among them; and the stretches do run (far fewer scheduler steps than step rows)."""
+    """Decode-only steps run as stretches (``decode_stretch``), synchronously or not, and
+    synchronously the decoding requests of the other steps decode lazily (``LazyDecoders``):
+    the records, and vLLM's free queue in reuse order, are the reference loop's on random
+    workloads (prefix groups, blocks of 1-32 slots) whose limits bind each way (seats, token
+    budget, memory, preemption), with arrivals queued mid-stretch behind a blocked head,
+    rejected ones among them; and both do run (far fewer scheduler steps than step rows, and
+    lazy decodes in a third of those steps or more)."""
     import dataclasses
     import random
 
@@ -224,14 +226,16 @@ def test_decode_stretches_give_the_reference_loops_records(
     from kvbench.engine.kv_cache_v1 import V1KVCache
     from kvbench.engine.scheduler_v1 import V1StepScheduler
 
-    num_scheduled = num_blocked_stretches = 0
+    num_scheduled = num_blocked_stretches = num_lazy_steps = 0
     step = V1StepScheduler.step
     decode_stretch = V1StepScheduler.decode_stretch
 
     def counted_step(self: V1StepScheduler, *args, **kwargs):  # type: ignore[no-untyped-def]
-        nonlocal num_scheduled
+        nonlocal num_scheduled, num_lazy_steps
         num_scheduled += 1
-        return step(self, *args, **kwargs)
+        v1_step = step(self, *args, **kwargs)
+        num_lazy_steps += v1_step.num_lazy_decodes > 0
+        return v1_step
 
     def counted_stretch(self: V1StepScheduler):  # type: ignore[no-untyped-def]
         nonlocal num_blocked_stretches
@@ -286,6 +290,8 @@ def test_decode_stretches_give_the_reference_loops_records(
     if allocator_name.startswith("paged"):
         assert num_preempted > 0
     assert num_fast_steps < 0.6 * num_rows
+    if not async_scheduling:  # the decoding requests of steps that do more decode lazily
+        assert num_lazy_steps > num_fast_steps / 3
 
 
 def test_a_v1_run_writes_the_tables_with_every_column_documented(tmp_path) -> None:  # type: ignore[no-untyped-def]

@@ -158,6 +158,7 @@ class V1KVCache:
         # Blocks handed to requests in the current step (new, or cached ones hit): a store of a
         # finished request's blocks among them is copied at once (``CpuOffloadTier``).
         self.step_allocated_blocks: set[int] = set()
+        self._cohort = _DecodeCohort(block_size)
 
     @property
     def num_free_blocks(self) -> int:
@@ -265,51 +266,93 @@ class V1KVCache:
         if self.enable_caching:
             self._cache_full_blocks(seq, min(num_tokens, seq.num_tokens) // self.block_size)
 
-    def begin_decode_rounds(
-        self, seqs: list[V1Sequence], max_rounds: int
-    ) -> CohortRounds | None:
-        """What ``end_decode_rounds`` over ``seqs`` (each decoding: its next token's input is
-        computed but for that token) takes in each of its first ``max_rounds`` rounds: a block
-        for each sequence whose token starts one, and the internal fragmentation of the blocks
-        that hold a sequence's final token (``usage``). None when the free blocks cannot hold
-        the first round."""
+    # The decode cohort: running sequences that each decode one token a round, their counts and
+    # blocks kept lazily (the scheduler's ``LazyDecoders``). A round costs O(blocks it starts).
+
+    def join_decoders(self, seqs: list[V1Sequence]) -> bool:
+        """Take ``seqs`` (each decoding: its next token's input computed but for that token;
+        counts current) into the cohort, after its members in running order: from now on each
+        round (``advance_decoders``) grows each member by one token, in join order, until it
+        leaves (``leave_decoders``). Always True: a block pool grows any sequence a token."""
+        cohort = self._cohort
         block_size = self.block_size
-        new_blocks = [0] * block_size
-        internal_frag_slots: dict[int, int] = {}
+        round_index = cohort.round_index
         for seq in seqs:
             computed = seq.num_computed_tokens
-            new_blocks[-computed % block_size] += 1
+            # A member starts a block in the rounds where its computed tokens are a multiple
+            # of block_size: rounds r with (computed - round_index + r) % block_size == 0.
+            phase = (computed - round_index) % block_size
+            cohort.phases[phase][seq] = None
             final_tokens = min(seq.request.total_tokens, self.max_model_len)
             last_block_start = (final_tokens - 1) // block_size * block_size
-            round_index = last_block_start - computed
             unused_slots = block_size - (final_tokens - last_block_start)
-            if 0 <= round_index < max_rounds and unused_slots:
-                internal_frag_slots[round_index] = (internal_frag_slots.get(round_index, 0)
-                                                    + unused_slots)  # fmt: skip
-        if new_blocks[0] > len(self._free_queue):
-            return None
-        return CohortRounds(new_blocks=tuple(new_blocks), first_round=0,
-                            internal_frag_slots=internal_frag_slots)  # fmt: skip
+            frag_round = round_index + last_block_start - computed  # it enters its final block
+            if unused_slots and frag_round >= round_index:
+                calendar = cohort.frag_calendar
+                calendar[frag_round] = calendar.get(frag_round, 0) + unused_slots
+            cohort.members[seq] = (phase, frag_round, unused_slots)
+            cohort.add_partial(self._partial_block(seq), 1)
+        return True
 
-    def end_decode_rounds(self, seqs: list[V1Sequence], num_rounds: int) -> None:
-        """Grow each of ``seqs`` by ``num_rounds`` decode tokens, as that many steps of one
-        ``grow`` each in their order would (the free blocks hold them: ``begin_decode_rounds``):
-        round by round, the sequences that start a block take the free queue's first, and the
-        blocks their taken-in tokens fill are cached (a token in flight waits, as
-        ``cache_computed`` has it; a filled block holds a token of its own request: no one
-        else's lookup can hit it, so caching it at the end finds the same)."""
+    def next_round_blocks(self) -> int:
+        """Blocks the cohort's next round takes (one per member that starts a block)."""
+        cohort = self._cohort
+        return len(cohort.phases[-cohort.round_index % self.block_size])
+
+    def decode_rounds(self) -> CohortRounds:
+        """The blocks each of the cohort's next rounds takes and the internal fragmentation it
+        adds (members entering the block of their final token), while none joins or leaves."""
+        cohort = self._cohort
         block_size = self.block_size
-        starting: list[list[V1Sequence]] = [[] for _ in range(block_size)]
+        round_index = cohort.round_index
+        new_blocks = tuple(len(cohort.phases[-(round_index + k) % block_size])
+                           for k in range(block_size))  # fmt: skip
+        return CohortRounds(new_blocks=new_blocks, first_round=round_index,
+                            internal_frag_slots=cohort.frag_calendar)  # fmt: skip
+
+    def advance_decoders(self, num_rounds: int) -> None:
+        """Run ``num_rounds`` rounds of the cohort (the free queue holds their blocks: check
+        ``next_round_blocks``), as that many steps of one ``grow`` per member in running order
+        would: round by round, the members that start a block take the free queue's first.
+        The blocks members fill are cached when they leave (each holds a token of its own
+        request: no one else's lookup can hit it meanwhile)."""
+        cohort = self._cohort
+        phases = cohort.phases
+        block_size = self.block_size
+        num_members = len(cohort.members)
+        for _ in range(num_rounds):
+            round_index = cohort.round_index
+            starting = phases[-round_index % block_size]
+            if starting:
+                for seq, block_id in zip(starting, self._take_free_blocks(len(starting)),
+                                         strict=True):  # fmt: skip
+                    seq.blocks.append(block_id)
+                cohort.num_logical_blocks += len(starting)
+            # After the round, the members whose next token starts a block have a full last
+            # block; every other member's last block holds one token more.
+            num_full = len(phases[(-round_index - 1) % block_size])
+            cohort.num_partial = num_members - num_full
+            cohort.partial_filled_slots += num_members - block_size * num_full
+            cohort.internal_frag_slots += cohort.frag_calendar.pop(round_index, 0)
+            cohort.round_index = round_index + 1
+
+    def leave_decoders(self, seqs: list[V1Sequence]) -> None:
+        """Take ``seqs`` out of the cohort, their counts written back (``advance_decoders``'s
+        rounds included), and cache the blocks their taken-in tokens fill (a token in flight
+        waits, as ``cache_computed`` has it)."""
+        cohort = self._cohort
         for seq in seqs:
-            starting[-seq.num_computed_tokens % block_size].append(seq)
-        for round_index in range(num_rounds):
-            for seq in starting[round_index % block_size]:
-                seq.blocks += self._take_free_blocks(1)
-        if self.enable_caching:
-            for seq in seqs:
-                num_known_tokens = (seq.num_computed_tokens + num_rounds
-                                    - seq.num_output_placeholders)  # fmt: skip
-                self._cache_full_blocks(seq, num_known_tokens // block_size)
+            phase, frag_round, unused_slots = cohort.members.pop(seq)
+            del cohort.phases[phase][seq]
+            if unused_slots and frag_round >= cohort.round_index:  # not entered yet
+                calendar = cohort.frag_calendar
+                calendar[frag_round] -= unused_slots
+                if not calendar[frag_round]:
+                    del calendar[frag_round]
+            cohort.add_partial(self._partial_block(seq), -1)
+            if self.enable_caching:
+                num_known_tokens = seq.num_computed_tokens - seq.num_output_placeholders
+                self._cache_full_blocks(seq, num_known_tokens // self.block_size)
 
     def free(self, seq: V1Sequence) -> None:
         """Release the sequence's blocks, tail first: unhashed ones to the front of the free
@@ -342,7 +385,8 @@ class V1KVCache:
         return len(seq.blocks) * self.block_size
 
     def usage(self, sequences: list[V1Sequence]) -> MemoryUsage:
-        """The pool in the paper's categories; ``sequences`` are those holding blocks.
+        """The pool in the paper's categories; ``sequences`` are those holding blocks outside
+        the decode cohort (whose part is kept as its rounds run).
 
         Held blocks hold the tokens scheduled into them (``token_states``); a sequence's partly
         filled last block splits into the slots its later tokens will fill (``reservation``) and
@@ -351,10 +395,11 @@ class V1KVCache:
         block_size = self.block_size
         max_model_len = self.max_model_len
         num_held = self.num_blocks_in_use
-        num_logical = 0
-        partial_filled = 0
-        partial_usable = 0
-        num_partial = 0
+        cohort = self._cohort
+        num_logical = cohort.num_logical_blocks
+        partial_filled = cohort.partial_filled_slots
+        num_partial = cohort.num_partial
+        partial_usable = num_partial * block_size - cohort.internal_frag_slots
         # Every step records this over the whole batch: the loop avoids calls (min, max and
         # the request's total_tokens property cost a third of it).
         for seq in sequences:
@@ -382,6 +427,18 @@ class V1KVCache:
             shared_slots=self._num_shared_blocks * block_size,
             saved_slots=(num_logical - num_held) * block_size,
         )
+
+    def _partial_block(self, seq: V1Sequence) -> tuple[int, int, int]:
+        """(blocks, filled slots, never-filled slots) of the sequence's partly filled last block
+        as ``usage`` counts them (filled 0: its last block is full)."""
+        block_size = self.block_size
+        computed = seq.num_computed_tokens
+        filled = computed % block_size if seq.blocks else 0
+        if not filled:
+            return len(seq.blocks), 0, 0
+        final_tokens = min(seq.request.total_tokens, self.max_model_len)
+        usable = min(max(final_tokens, computed) - computed + filled, block_size)
+        return len(seq.blocks), filled, block_size - usable
 
     def _num_new_blocks(self, seq: V1Sequence, num_new_tokens: int) -> int:
         num_tokens = min(seq.num_computed_tokens + num_new_tokens, self.max_model_len)
@@ -434,3 +491,35 @@ class V1KVCache:
             hash_of_block[block_id] = block_hash
             blocks_of_hash.setdefault(block_hash, {})[block_id] = None
         seq.num_cached_blocks = num_full_blocks
+
+
+class _DecodeCohort:
+    """``V1KVCache``'s decode cohort: its members, which start a block in which rounds, the
+    rounds in which members enter the block of their final token, and the members' part of
+    ``usage`` (kept as rounds run, so a step's usage costs O(non-members))."""
+
+    __slots__ = ("frag_calendar", "internal_frag_slots", "members", "num_logical_blocks",
+                 "num_partial", "partial_filled_slots", "phases", "round_index")  # fmt: skip
+
+    def __init__(self, block_size: int) -> None:
+        self.round_index = 0  # rounds run since the pool was made
+        # phase -> members (in running order) that start a block in rounds r with
+        # -r % block_size == phase.
+        self.phases: list[dict[V1Sequence, None]] = [{} for _ in range(block_size)]
+        # member -> (phase, round it enters its final block, that block's never-filled slots)
+        self.members: dict[V1Sequence, tuple[int, int, int]] = {}
+        self.frag_calendar: dict[int, int] = {}  # round -> never-filled slots entered in it
+        self.num_logical_blocks = 0  # the members' block-table entries
+        self.num_partial = 0  # members whose last block is partly filled
+        self.partial_filled_slots = 0  # slots those blocks hold tokens in
+        self.internal_frag_slots = 0  # slots of those blocks no token will fill
+
+    def add_partial(self, part: tuple[int, int, int], sign: int) -> None:
+        """Count a member's blocks and partly filled last block (``_partial_block``) in
+        (``sign`` 1) or out (-1)."""
+        num_blocks, filled, unused = part
+        self.num_logical_blocks += sign * num_blocks
+        if filled:
+            self.num_partial += sign
+            self.partial_filled_slots += sign * filled
+            self.internal_frag_slots += sign * unused

@@ -37,13 +37,14 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Sequence as SequenceOf
 from dataclasses import dataclass, field
-from typing import Generic, Protocol, TypeVar
+from typing import Generic, Protocol, TypeVar, cast
 
 from kvbench.allocators.base import Allocator, CohortAllocator, CohortRounds, MemoryUsage
 from kvbench.allocators.hybrid_prefix import HybridHit
 from kvbench.allocators.paged_hybrid import PagedHybridAllocator
 from kvbench.core.request import Request
 from kvbench.engine.cpu_tier_v1 import CopyClock, CopyDone, CpuOffloadTier
+from kvbench.engine.decoders_v1 import LazyDecoders
 from kvbench.engine.kv_cache_v1 import LOADED, LOADING, NOT_LOADING, V1KVCache, V1Sequence
 
 _AllocatorT = TypeVar("_AllocatorT", Allocator, PagedHybridAllocator)
@@ -89,6 +90,8 @@ class V1Step:
         cpu_hit_tokens: tokens requests admitted in this step load from the CPU tier.
         num_cpu_blocks: chunks (of ``blocks_per_chunk`` blocks) the CPU tier holds after the
             step's scheduling (0 without one).
+        num_lazy_decodes: decode tokens of the first running requests, left out of
+            ``scheduled_tokens`` (a lazy scheduler's; 0 otherwise).
     """
 
     step_index: int
@@ -104,6 +107,7 @@ class V1Step:
     resumed_hit_tokens: int = 0
     cpu_hit_tokens: int = 0
     num_cpu_blocks: int = 0
+    num_lazy_decodes: int = 0
 
 
 class V1Memory(Protocol):
@@ -213,25 +217,38 @@ class ReservingV1Memory(_AllocatorV1Memory[Allocator]):
     def cache_computed(self, seq: V1Sequence, num_tokens: int) -> None:
         pass  # no prefix cache
 
-    def begin_decode_rounds(self, seqs: list[V1Sequence], max_rounds: int) -> CohortRounds | None:
-        """Let ``end_decode_rounds`` grow each of ``seqs`` by a token per round, if each reserved
-        at least what it will finally hold: every round then turns one reserved slot of each
-        into a token state, and nothing else in the pool's usage moves (no new blocks, no
-        internal fragmentation), however many rounds (``max_rounds``) run. None (nothing
-        changes) otherwise, or for an allocator without lazy rounds."""
+    def join_decoders(self, seqs: list[V1Sequence]) -> bool:
+        """Take ``seqs`` into the allocator's cohort (``DecodingMemory``), if each reserved at
+        least what it will finally hold: every round then turns one reserved slot of each into
+        a token state, and nothing else in the pool's usage moves. False (nothing changes)
+        otherwise, or for an allocator without cohort rounds."""
         allocator = self._allocator
         if not isinstance(allocator, CohortAllocator) or allocator.cohort_next_round_blocks():
-            return None
-        if not allocator.join_cohort([seq.request_id for seq in seqs]):
-            return None
+            return False
+        return allocator.join_cohort([seq.request_id for seq in seqs])
+
+    def next_round_blocks(self) -> int:
+        """0: a round fills reserved slots."""
+        return 0
+
+    @property
+    def num_free_blocks(self) -> int:
+        """Free slots."""
+        return cast(CohortAllocator, self._allocator).num_free_blocks()
+
+    def decode_rounds(self) -> CohortRounds:
+        """Rounds take no blocks and add no internal fragmentation."""
         return CohortRounds(new_blocks=(0,), first_round=0, internal_frag_slots={})
 
-    def end_decode_rounds(self, seqs: list[V1Sequence], num_rounds: int) -> None:
-        """Grow the sequences ``begin_decode_rounds`` took by ``num_rounds`` tokens each."""
-        allocator = self._allocator
-        assert isinstance(allocator, CohortAllocator)
-        allocator.advance_cohort(num_rounds)
-        allocator.leave_cohort([seq.request_id for seq in seqs])
+    def advance_decoders(self, num_rounds: int) -> None:
+        """Grow every member by ``num_rounds`` tokens."""
+        assert isinstance(self._allocator, CohortAllocator)
+        self._allocator.advance_cohort(num_rounds)
+
+    def leave_decoders(self, seqs: list[V1Sequence]) -> None:
+        """Take ``seqs`` out of the cohort."""
+        assert isinstance(self._allocator, CohortAllocator)
+        self._allocator.leave_cohort([seq.request_id for seq in seqs])
 
 
 class HybridV1Memory(_AllocatorV1Memory[PagedHybridAllocator]):
@@ -394,13 +411,17 @@ class V1Batch:
         loaded: (sequence, tokens) of the sequences admitted in the step to load from the CPU
             tier.
         preempted: the sequences preempted in the step.
-        sampled: the sequences that produced a token (their prompt is computed).
+        sampled: the sequences that produced a token (their prompt is computed), but for the
+            lazily decoding ones.
         finished: (sequence, slots it held) of those whose last token was taken in: produced in
             this step, or in the step before under async scheduling (0 slots when it was
             preempted meanwhile).
         memory_blocked: a waiting request did not fit the free memory.
         usage: the memory right after scheduling (before finished requests free theirs), when
             the scheduler records it (``record_usage``).
+        num_lazy_decodes: the lazily decoding requests (the first running ones), each
+            computing one token, not in ``scheduled``.
+        lazy_context_tokens: their decode tokens' context (each request's tokens after it).
     """
 
     scheduled: list[tuple[V1Sequence, int, int]] = field(default_factory=list)
@@ -411,29 +432,48 @@ class V1Batch:
     finished: list[tuple[V1Sequence, int]] = field(default_factory=list)
     memory_blocked: bool = False
     usage: MemoryUsage | None = None
+    num_lazy_decodes: int = 0
+    lazy_context_tokens: int = 0
 
 
 class V1StepScheduler:
     """vLLM v1's policy over its KV-cache manager (``V1KVCache``), one step per call."""
 
     def __init__(
-        self, kv_cache: V1Memory, limits: V1Limits, *, record_usage: bool = False, fast: bool = True
+        self,
+        kv_cache: V1Memory,
+        limits: V1Limits,
+        *,
+        record_usage: bool = False,
+        fast: bool = True,
+        lazy: bool = False,
     ) -> None:
         """``record_usage``: keep each step's memory usage (``last_batch.usage``) for the
         records; ``fast``: skip the KV manager for decode tokens that neither start nor fill one
-        of its blocks (identical steps; False is the reference, every token through it)."""
+        of its blocks (identical steps; False is the reference, every token through it);
+        ``lazy`` (with ``fast``, synchronously, over a memory with decode rounds): the running
+        requests that only decode advance lazily (``LazyDecoders``): a step's
+        ``scheduled_tokens`` then leaves out their decode tokens (``num_lazy_decodes``), and
+        ``last_batch`` and their counts leave them out too until they finish or ``step``
+        needs them (the engine's fast path)."""
         self._kv_cache = kv_cache
         # A decode token that neither starts nor fills a block of vLLM's manager changes nothing
         # in it: the fast path skips the calls (this runs for every running request of every
         # step).
         self._fast_decodes = fast and isinstance(kv_cache, V1KVCache)
-        # Decode-only steps change nothing but counts and the blocks they start: the engine
-        # runs a stretch of them at once (``decode_stretch``), over a reserving allocator or
-        # vLLM's manager without a CPU tier.
-        self._bulk_decodes = fast and (
+        # A decode token changes nothing but counts and the blocks it starts: over a reserving
+        # allocator or vLLM's manager without a CPU tier, decoding requests advance lazily
+        # (``LazyDecoders``), and the engine runs decode-only steps in stretches
+        # (``decode_stretch``).
+        self._decoders = None
+        if fast and (
             isinstance(kv_cache, ReservingV1Memory)
             or (isinstance(kv_cache, V1KVCache) and kv_cache.cpu_tier is None)
-        )
+        ):
+            self._decoders = LazyDecoders(kv_cache)
+        # Synchronously, the running requests that decode stay members between steps (under
+        # async scheduling only a stretch's, which then writes their counts back).
+        self._lazy = lazy and self._decoders is not None and not limits.async_scheduling
         self._record_usage = record_usage
         self.last_batch = V1Batch()
         self._limits = limits
@@ -520,7 +560,13 @@ class V1StepScheduler:
             self._take_in_copies(tier, copy_done)
             assert self._tiered_cache is not None
             self._tiered_cache.step_allocated_blocks.clear()
-        budget = self._schedule_running(scheduled, preempted, self._limits.max_num_batched_tokens)
+        budget = self._limits.max_num_batched_tokens
+        num_lazy = self._advance_decoders()
+        if num_lazy:
+            batch.num_lazy_decodes = num_lazy
+            batch.lazy_context_tokens = self._decoders.computed_tokens  # type: ignore[union-attr]
+            budget -= num_lazy
+        budget = self._schedule_running(scheduled, preempted, budget, num_lazy)
         if not preempted:
             self._schedule_waiting(scheduled, budget, lookups)
         num_blocks_in_use = self._kv_cache.num_blocks_in_use
@@ -538,8 +584,7 @@ class V1StepScheduler:
             if computed >= request.prompt_tokens + generated:
                 computed_inputs.append(seq)
         if self._record_usage:
-            holders = self._running + list(self._holding) if self._holding else self._running
-            batch.usage = self._kv_cache.usage(holders)
+            batch.usage = self.usage()
         batch.sampled = computed_inputs
         if tier is not None:
             self._offload(tier)
@@ -554,7 +599,12 @@ class V1StepScheduler:
             finished = self._take_in(self._in_flight)
             self._in_flight = computed_inputs
         else:
-            finished = self._take_in(computed_inputs)
+            finished = []
+            if num_lazy:
+                finished = self._take_in(self._decoders.take_finishers())  # type: ignore[union-attr]
+            finished += self._take_in(computed_inputs)
+        if self._lazy:
+            self._join_decoders()
         step = V1Step(
             step_index=self._num_steps,
             scheduled_tokens=tuple(scheduled_tokens),
@@ -569,9 +619,50 @@ class V1StepScheduler:
             resumed_hit_tokens=lookups.resumed_hit_tokens,
             cpu_hit_tokens=sum(num_tokens for _, num_tokens in batch.loaded),
             num_cpu_blocks=tier.num_held_chunks if tier is not None else 0,
+            num_lazy_decodes=num_lazy,
         )
         self._num_steps += 1
         return step
+
+    def usage(self) -> MemoryUsage:
+        """The memory now, in the paper's categories."""
+        decoders = self._running[len(self._decoders):] if self._decoders else self._running
+        holders = decoders + list(self._holding) if self._holding else decoders
+        return self._kv_cache.usage(holders)
+
+    def _advance_decoders(self) -> int:
+        """Run the lazily decoding requests' round of this step; how many decode in it. 0
+        when the memory cannot grow each: their counts are written back, and the step runs
+        them as the reference does (it preempts)."""
+        decoders = self._decoders
+        if not self._lazy or not decoders:
+            return 0
+        memory = decoders.memory
+        num_new_blocks = memory.next_round_blocks()
+        if num_new_blocks and num_new_blocks > memory.num_free_blocks:
+            decoders.leave_all()
+            return 0
+        num_lazy = len(decoders)
+        # Synchronously the running requests never outnumber the token budget: a step admits
+        # only while budget is left after each running request took a token.
+        assert num_lazy <= self._limits.max_num_batched_tokens
+        decoders.advance(1)
+        return num_lazy
+
+    def _join_decoders(self) -> None:
+        """Make the running requests after the members that decode (their prompt computed,
+        each sampled token but the last) members, in running order."""
+        decoders = self._decoders
+        assert decoders is not None
+        running = self._running
+        num_members = len(decoders)
+        while num_members < len(running):
+            seq = running[num_members]
+            if (not seq.num_output_tokens
+                    or seq.num_computed_tokens != seq.num_tokens - 1
+                    or not decoders.join([seq])):  # fmt: skip
+                return
+            num_members += 1
 
     def step_on(self, clock: CopyClock | None, now_s: float) -> tuple[V1Step, float]:
         """``step`` at ``now_s`` with the CPU tier's copies on ``clock``: the answers before it
@@ -596,7 +687,8 @@ class V1StepScheduler:
         steps take can only evict cached blocks it would hit, each of which it then needs as a
         new block instead.
         """
-        if not self._bulk_decodes:
+        decoders = self._decoders
+        if decoders is None:
             return None
         running = self._running
         limits = self._limits
@@ -615,51 +707,61 @@ class V1StepScheduler:
             if kv_cache.can_admit(head, hits, num_tokens):
                 return None
             memory_blocked = True
-        # Async: each step takes in the token the step before sampled, so a request finishes
-        # one step later than synchronously, and the stretch may run one step more.
-        num_in_flight = 1 if limits.async_scheduling else 0
-        max_steps = limits.max_model_len
-        context_tokens = 0
-        for seq in running:
-            request = seq.request
-            num_generated = seq.num_output_tokens + seq.num_output_placeholders
-            computed = seq.num_computed_tokens
-            # Decoding: its prompt and every sampled token but the last are computed.
-            if (not num_generated or computed != request.prompt_tokens + num_generated - 1
-                    or seq.num_output_placeholders != num_in_flight
-                    or seq.num_in_flight_tokens != num_in_flight):  # fmt: skip
+        if self._lazy:  # every running request must already decode lazily
+            if len(decoders) < num_seqs:
                 return None
-            max_steps = min(max_steps, request.output_tokens - num_generated - 1 + num_in_flight)
-            context_tokens += computed + 1
-        if max_steps < 1:
+            max_steps = decoders.rounds_before_finish()
+        else:
+            max_steps = self._stretch_steps()
+        if max_steps < 1 or not (self._lazy or decoders.join(running)):
             return None
-        # Async, every running request has one token in flight from the last step, so the last
-        # step scheduled and sampled exactly these (a preempted request's took in already).
-        assert not num_in_flight or (len(self._in_flight) == len(self._in_flight_scheduled)
-                                     == num_seqs)  # fmt: skip
-        assert isinstance(kv_cache, ReservingV1Memory | V1KVCache)
-        rounds = kv_cache.begin_decode_rounds(running, max_steps)
-        if rounds is None:
+        memory = decoders.memory
+        if memory.next_round_blocks() > memory.num_free_blocks:  # it would preempt: a step
+            if not self._lazy:
+                decoders.leave_all()
             return None
         return DecodeStretch(
             max_steps=max_steps,
             num_seqs=num_seqs,
-            context_tokens=context_tokens,
+            context_tokens=decoders.computed_tokens + num_seqs,
             memory_blocked=memory_blocked,
             admits_arrivals=tries_waiting and not self._queued,
-            rounds=rounds,
+            rounds=memory.decode_rounds(),
         )
+
+    def _stretch_steps(self) -> int:
+        """The decode-only steps before one that takes in a request's last token, if every
+        running request decodes (0 otherwise); under async scheduling, with exactly the last
+        step's decode token in flight. Each step then takes in the token the step before
+        sampled, so a request finishes one step later than synchronously."""
+        running = self._running
+        num_in_flight = 1 if self._limits.async_scheduling else 0
+        max_steps = self._limits.max_model_len
+        for seq in running:
+            request = seq.request
+            num_generated = seq.num_output_tokens + seq.num_output_placeholders
+            # Decoding: its prompt and every sampled token but the last are computed.
+            if (not num_generated
+                    or seq.num_computed_tokens != request.prompt_tokens + num_generated - 1
+                    or seq.num_output_placeholders != num_in_flight
+                    or seq.num_in_flight_tokens != num_in_flight):  # fmt: skip
+                return 0
+            max_steps = min(max_steps, request.output_tokens - num_generated - 1 + num_in_flight)
+        # Async, every running request has one token in flight from the last step, so the last
+        # step scheduled and sampled exactly these (a preempted request's took in already).
+        assert not num_in_flight or (len(self._in_flight) == len(self._in_flight_scheduled)
+                                     == len(running))  # fmt: skip
+        return max_steps
 
     def end_decode_stretch(self, num_steps: int) -> None:
         """Run ``num_steps`` steps of the stretch ``decode_stretch`` began (its first
         ``max_steps`` at most, each held by the free blocks): each running request computes and
         takes in that many tokens."""
-        kv_cache = self._kv_cache
-        assert isinstance(kv_cache, ReservingV1Memory | V1KVCache)
-        kv_cache.end_decode_rounds(self._running, num_steps)
-        for seq in self._running:
-            seq.num_computed_tokens += num_steps
-            seq.num_output_tokens += num_steps
+        decoders = self._decoders
+        assert decoders is not None
+        decoders.advance(num_steps)
+        if not self._lazy:
+            decoders.leave_all()
         # Async, the last step's tokens in flight are again one per running request, in order:
         # ``_in_flight`` and ``_in_flight_scheduled`` hold them as they are.
         self._num_steps += num_steps
@@ -683,14 +785,18 @@ class V1StepScheduler:
                 seq.load_state = LOADED
 
     def _schedule_running(
-        self, scheduled: list[tuple[V1Sequence, int]], preempted: list[int], budget: int
+        self, scheduled: list[tuple[V1Sequence, int]], preempted: list[int], budget: int,
+        first_index: int,
     ) -> int:
+        """Schedule the running requests from ``first_index`` on (those before it decode
+        lazily); the budget left. A request that cannot grow preempts the last running ones,
+        never one before it."""
         kv_cache = self._kv_cache
         running = self._running
         fast_decodes = self._fast_decodes
         block_size = kv_cache.block_size
         last_decode_position = self._limits.max_model_len - 2
-        index = 0
+        index = first_index
         while index < len(running) and budget > 0:
             seq = running[index]
             computed = seq.num_computed_tokens
@@ -902,7 +1008,8 @@ def is_stuck(step: V1Step) -> bool:
     the first waiting request (an async step that only took in finishing tokens did change, as
     did one that preempted the last running request beside one loaded from the CPU tier, or
     admitted a request to load from it)."""
-    return (not step.scheduled_tokens and not step.finished_request_ids
+    return (not step.scheduled_tokens and not step.num_lazy_decodes
+            and not step.finished_request_ids
             and not step.num_running and not step.cpu_hit_tokens
             and not step.preempted_request_ids and bool(step.num_waiting))  # fmt: skip
 

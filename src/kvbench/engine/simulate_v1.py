@@ -90,7 +90,7 @@ def simulate_v1(
     records are ``simulate``'s (``on_finish`` and ``step_sink`` as there); ``fast=False`` runs
     every token through the KV manager (``V1StepScheduler``'s reference), with identical records.
     """
-    scheduler = V1StepScheduler(memory, limits, record_usage=True, fast=fast)
+    scheduler = V1StepScheduler(memory, limits, record_usage=True, fast=fast, lazy=fast)
     arrivals = _Arrivals(requests, scheduler, num_pool_slots)
     record_of = arrivals.record_of
     steps = StepRecords(sink=step_sink, block_size=memory.block_size)
@@ -120,7 +120,7 @@ def simulate_v1(
             now_s = start_s
             if cpu_tier is not None:
                 store_lag.submitted(cpu_tier.last_copies)
-            if step.scheduled_tokens:
+            if step.scheduled_tokens or step.num_lazy_decodes:
                 started_s = now_s
                 now_s, num_finished = _record_step(step, scheduler, cost_model, now_s, steps,
                                                    record_of, idle.end(now_s))  # fmt: skip
@@ -210,10 +210,9 @@ def _run_decode_stretch(
     step); (end time, arrivals rejected)."""
     num_seqs = stretch.num_seqs
     decode_time_s = cost_model.decode_time_fn(num_seqs)
-    kv_cache = scheduler.kv_cache
-    usage = kv_cache.usage(scheduler.running)  # its free slots: the free queue's blocks
+    usage = scheduler.usage()  # its free slots: the free queue's blocks
     rows = DecodeRows(steps, usage, stretch.rounds, num_seqs=num_seqs,
-                      block_size=kv_cache.block_size, num_free_slots=usage.free,
+                      block_size=scheduler.kv_cache.block_size, num_free_slots=usage.free,
                       memory_blocked=stretch.memory_blocked)  # fmt: skip
     context_tokens = stretch.context_tokens
     num_rejected = 0
@@ -255,7 +254,7 @@ def _record_step(
     steps.append(
         time_s=now_s,
         duration_s=duration_s,
-        batch_size=len(batch.scheduled),
+        batch_size=len(batch.scheduled) + batch.num_lazy_decodes,
         num_prefill_seqs=num_prefill_seqs,
         num_prefill_tokens=shape.num_prefill_tokens,
         num_decode_tokens=shape.num_decode_tokens,
@@ -324,26 +323,32 @@ def _record_finished(batch: V1Batch, record_of: dict[int, RequestRecord], finish
 
 
 def step_shape(batch: V1Batch) -> tuple[IterationShape, int]:
-    """What the step computes (``chunks_shape`` of its scheduled sequences), and how many
-    sequences it prefills."""
+    """What the step computes (``chunks_shape`` of its scheduled sequences and its lazy
+    decodes), and how many sequences it prefills."""
     shape = chunks_shape(
-        (seq.request.prompt_tokens, computed_before, num_tokens)
-        for seq, computed_before, num_tokens in batch.scheduled
-    )
+        ((seq.request.prompt_tokens, computed_before, num_tokens)
+         for seq, computed_before, num_tokens in batch.scheduled),
+        num_decode_tokens=batch.num_lazy_decodes,
+        decode_context_tokens=batch.lazy_context_tokens,
+    )  # fmt: skip
     return shape, shape.num_prefill_seqs
 
 
-def chunks_shape(scheduled: Iterable[tuple[int, int, int]]) -> IterationShape:
+def chunks_shape(
+    scheduled: Iterable[tuple[int, int, int]],
+    *,
+    num_decode_tokens: int = 0,
+    decode_context_tokens: int = 0,
+) -> IterationShape:
     """What a step of (prompt tokens, tokens computed before the step, tokens scheduled) per
-    request computes: prefill chunks with their context, decode tokens. A decode is the one token
+    request computes, beside ``num_decode_tokens`` decodes of ``decode_context_tokens`` context
+    counted apart: prefill chunks with their context, decode tokens. A decode is the one token
     of a request whose input was computed (the last sampled token, or a resumed request's last);
     the rest are prefill (prompt chunks, a preempted request's recomputed input). Also what real
     vLLM's recorded steps are priced by (``referee.vllm_engine``)."""
     num_prefill_tokens = 0
     prefill_attention_pairs = 0
     num_prefill_seqs = 0
-    num_decode_tokens = 0
-    decode_context_tokens = 0
     prefill_spans = []  # (KV tokens after the chunk, before it): a sliding layer's exact pairs
     for prompt_tokens, computed_before, num_tokens in scheduled:
         if num_tokens == 1 and computed_before >= prompt_tokens:
