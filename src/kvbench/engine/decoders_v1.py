@@ -61,7 +61,8 @@ class LazyDecoders:
         self.memory = memory
         self.round_index = 0  # rounds run
         self._joined: dict[V1Sequence, int] = {}  # member -> round it joined at, running order
-        # Synchronously, the round after which a member has taken in its last token.
+        # The round that samples a member's last token: synchronously its step takes it in,
+        # under async scheduling the next step.
         self._finishing: dict[int, list[V1Sequence]] = {}  # round -> members, running order
         self._finish_rounds: list[int] = []  # heap of the keys of _finishing
         self.computed_tokens = 0  # the members' computed tokens, now
@@ -77,7 +78,7 @@ class LazyDecoders:
         round_index = self.round_index
         for seq in seqs:
             self._joined[seq] = round_index
-            finish_round = round_index + seq.request.output_tokens - seq.num_output_tokens
+            finish_round = round_index + seq.request.output_tokens - seq.num_generated_tokens
             finishers = self._finishing.get(finish_round)
             if finishers is None:
                 self._finishing[finish_round] = [seq]
@@ -88,8 +89,7 @@ class LazyDecoders:
         return True
 
     def rounds_before_finish(self) -> int:
-        """Rounds that run before the first in which a member takes in its last token
-        (synchronously)."""
+        """Rounds that run before the first that samples a member's last token."""
         return self._finish_rounds[0] - self.round_index - 1
 
     def advance(self, num_rounds: int) -> None:
@@ -98,18 +98,23 @@ class LazyDecoders:
         self.round_index += num_rounds
         self.computed_tokens += num_rounds * len(self._joined)
 
-    def take_finishers(self) -> list[V1Sequence]:
-        """The members whose last token the round just run sampled, in running order, out of
-        the cohort with their counts written back as before that token is taken in."""
+    def take_finishers(self, *, pending_take_in: bool) -> list[V1Sequence]:
+        """The members whose last token the last round sampled, in running order, out of the
+        cohort with their counts written back. ``pending_take_in``: the round's tokens are not
+        taken in yet (synchronously, at the end of its step; under async scheduling, the
+        next step starts with the round's tokens as placeholders and the ones before taken
+        in)."""
         finish_rounds = self._finish_rounds
         round_index = self.round_index
-        if not finish_rounds or finish_rounds[0] != round_index:
+        if not finish_rounds or finish_rounds[0] > round_index:
             return []
+        assert finish_rounds[0] == round_index, "a round ran past a member's last token"
         heapq.heappop(finish_rounds)
         finishers = self._finishing.pop(round_index)
         for seq in finishers:
             self._write_back(seq)
-            seq.num_output_tokens -= 1  # the round's token: the scheduler takes it in
+            if pending_take_in:
+                seq.num_output_tokens -= 1  # the scheduler takes it in
         self.memory.leave_decoders(finishers)
         return finishers
 

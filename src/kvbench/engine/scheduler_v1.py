@@ -189,6 +189,10 @@ class ReservingV1Memory(_AllocatorV1Memory[Allocator]):
     def __init__(self, allocator: Allocator, max_model_len: int) -> None:
         self._allocator = allocator
         self._max_model_len = max_model_len
+        # Whether its requests can decode lazily (an allocator with cohort rounds, which
+        # take no blocks: a round fills reserved slots).
+        self._has_cohort = (isinstance(allocator, CohortAllocator)
+                            and not allocator.cohort_next_round_blocks())  # fmt: skip
 
     @property
     def num_blocks_in_use(self) -> int:
@@ -222,10 +226,10 @@ class ReservingV1Memory(_AllocatorV1Memory[Allocator]):
         least what it will finally hold: every round then turns one reserved slot of each into
         a token state, and nothing else in the pool's usage moves. False (nothing changes)
         otherwise, or for an allocator without cohort rounds."""
-        allocator = self._allocator
-        if not isinstance(allocator, CohortAllocator) or allocator.cohort_next_round_blocks():
+        if not self._has_cohort:
             return False
-        return allocator.join_cohort([seq.request_id for seq in seqs])
+        return cast(CohortAllocator, self._allocator).join_cohort([seq.request_id
+                                                                  for seq in seqs])  # fmt: skip
 
     def next_round_blocks(self) -> int:
         """0: a round fills reserved slots."""
@@ -242,13 +246,11 @@ class ReservingV1Memory(_AllocatorV1Memory[Allocator]):
 
     def advance_decoders(self, num_rounds: int) -> None:
         """Grow every member by ``num_rounds`` tokens."""
-        assert isinstance(self._allocator, CohortAllocator)
-        self._allocator.advance_cohort(num_rounds)
+        cast(CohortAllocator, self._allocator).advance_cohort(num_rounds)
 
     def leave_decoders(self, seqs: list[V1Sequence]) -> None:
         """Take ``seqs`` out of the cohort."""
-        assert isinstance(self._allocator, CohortAllocator)
-        self._allocator.leave_cohort([seq.request_id for seq in seqs])
+        cast(CohortAllocator, self._allocator).leave_cohort([seq.request_id for seq in seqs])
 
 
 class HybridV1Memory(_AllocatorV1Memory[PagedHybridAllocator]):
@@ -466,14 +468,14 @@ class V1StepScheduler:
         # (``LazyDecoders``), and the engine runs decode-only steps in stretches
         # (``decode_stretch``).
         self._decoders = None
-        if fast and (
+        if fast and lazy and (
             isinstance(kv_cache, ReservingV1Memory)
             or (isinstance(kv_cache, V1KVCache) and kv_cache.cpu_tier is None)
         ):
             self._decoders = LazyDecoders(kv_cache)
-        # Synchronously, the running requests that decode stay members between steps (under
-        # async scheduling only a stretch's, which then writes their counts back).
-        self._lazy = lazy and self._decoders is not None and not limits.async_scheduling
+        self._num_prefix = 0  # running[:_num_prefix]: the members, and the leavers below
+        # Async, in a step: members whose last token is in flight, to take in.
+        self._leavers: list[V1Sequence] = []
         self._record_usage = record_usage
         self.last_batch = V1Batch()
         self._limits = limits
@@ -566,7 +568,7 @@ class V1StepScheduler:
             batch.num_lazy_decodes = num_lazy
             batch.lazy_context_tokens = self._decoders.computed_tokens  # type: ignore[union-attr]
             budget -= num_lazy
-        budget = self._schedule_running(scheduled, preempted, budget, num_lazy)
+        budget = self._schedule_running(scheduled, preempted, budget, self._num_prefix)
         if not preempted:
             self._schedule_waiting(scheduled, budget, lookups)
         num_blocks_in_use = self._kv_cache.num_blocks_in_use
@@ -601,9 +603,10 @@ class V1StepScheduler:
         else:
             finished = []
             if num_lazy:
-                finished = self._take_in(self._decoders.take_finishers())  # type: ignore[union-attr]
+                finishers = self._decoders.take_finishers(pending_take_in=True)  # type: ignore[union-attr]
+                finished = self._take_in(finishers)
             finished += self._take_in(computed_inputs)
-        if self._lazy:
+        if self._decoders is not None:
             self._join_decoders()
         step = V1Step(
             step_index=self._num_steps,
@@ -626,43 +629,77 @@ class V1StepScheduler:
 
     def usage(self) -> MemoryUsage:
         """The memory now, in the paper's categories."""
-        decoders = self._running[len(self._decoders):] if self._decoders else self._running
-        holders = decoders + list(self._holding) if self._holding else decoders
+        holders = self._running[self._num_prefix:] if self._num_prefix else self._running
+        if self._leavers or self._holding:
+            holders = holders + self._leavers + list(self._holding)
         return self._kv_cache.usage(holders)
 
     def _advance_decoders(self) -> int:
-        """Run the lazily decoding requests' round of this step; how many decode in it. 0
-        when the memory cannot grow each: their counts are written back, and the step runs
-        them as the reference does (it preempts)."""
+        """Run the lazily decoding requests' round of this step; how many decode in it.
+
+        Under async scheduling, the members whose last token is in flight leave first: the
+        step does not schedule them and takes that token in. 0 when the memory cannot grow
+        every member: their counts are written back, and the step runs them as the reference
+        does (it preempts). The members' tokens in flight, when written back, join the lists
+        the step takes in from, at their head, in running order."""
         decoders = self._decoders
-        if not self._lazy or not decoders:
+        if decoders is None:
             return 0
+        self._num_prefix = num_prefix = len(decoders)
+        if not num_prefix:
+            return 0
+        in_flight: list[V1Sequence] = []
+        if self._limits.async_scheduling:
+            in_flight = self._leavers = decoders.take_finishers(pending_take_in=False)
         memory = decoders.memory
         num_new_blocks = memory.next_round_blocks()
         if num_new_blocks and num_new_blocks > memory.num_free_blocks:
             decoders.leave_all()
-            return 0
+            self._leavers = []
+            self._num_prefix = 0
+            in_flight = self._running[:num_prefix]
+        if in_flight and self._limits.async_scheduling:
+            self._in_flight = in_flight + self._in_flight
+            self._in_flight_scheduled = [(seq, 1) for seq in in_flight] + self._in_flight_scheduled
         num_lazy = len(decoders)
-        # Synchronously the running requests never outnumber the token budget: a step admits
-        # only while budget is left after each running request took a token.
-        assert num_lazy <= self._limits.max_num_batched_tokens
-        decoders.advance(1)
+        if num_lazy:
+            # The running requests a step schedules never outnumber the token budget (a step
+            # admits only while budget is left), and every member was scheduled in the last.
+            assert num_lazy <= self._limits.max_num_batched_tokens
+            decoders.advance(1)
         return num_lazy
 
     def _join_decoders(self) -> None:
-        """Make the running requests after the members that decode (their prompt computed,
-        each sampled token but the last) members, in running order."""
+        """Make the running requests after the members that decode members, in running order:
+        their prompt computed, each sampled token but the last; under async scheduling, with
+        exactly the last step's decode token in flight, not their last, which then leaves the
+        lists the next step takes in from (they head them)."""
         decoders = self._decoders
         assert decoders is not None
+        self._leavers = []
         running = self._running
         num_members = len(decoders)
+        num_in_flight = 1 if self._limits.async_scheduling else 0
+        num_joined = 0
         while num_members < len(running):
             seq = running[num_members]
-            if (not seq.num_output_tokens
-                    or seq.num_computed_tokens != seq.num_tokens - 1
+            num_generated = seq.num_output_tokens + seq.num_output_placeholders
+            if (not num_generated or num_generated >= seq.request.output_tokens
+                    or seq.num_computed_tokens != seq.request.prompt_tokens + num_generated - 1
+                    or seq.num_output_placeholders != num_in_flight
+                    or seq.num_in_flight_tokens != num_in_flight
                     or not decoders.join([seq])):  # fmt: skip
-                return
+                break
             num_members += 1
+            num_joined += 1
+        self._num_prefix = num_members
+        if num_in_flight and num_joined:
+            joined = running[num_members - num_joined:num_members]
+            assert self._in_flight[:num_joined] == joined
+            assert self._in_flight_scheduled[:num_joined] == [(seq, 1) for seq in joined]
+            # New lists: the step's records share the old ones (``last_batch.sampled``).
+            self._in_flight = self._in_flight[num_joined:]
+            self._in_flight_scheduled = self._in_flight_scheduled[num_joined:]
 
     def step_on(self, clock: CopyClock | None, now_s: float) -> tuple[V1Step, float]:
         """``step`` at ``now_s`` with the CPU tier's copies on ``clock``: the answers before it
@@ -679,23 +716,17 @@ class V1StepScheduler:
         the memory can grow the batch lazily; end it with ``end_decode_stretch``. None: the next
         step goes through ``step``.
 
-        Only over a reserving allocator (``ReservingV1Memory``: a decode token fills a slot its
-        request reserved) or vLLM's manager without a CPU tier (``V1KVCache``: a request starts
-        a block every ``block_size`` tokens). Under async scheduling, only once every running
-        request has exactly the last step's decode token in flight. A waiting request that does
-        not fit now will not while the batch only decodes: nothing is freed, and the blocks the
-        steps take can only evict cached blocks it would hit, each of which it then needs as a
-        new block instead.
+        Only when every running request decodes lazily (``LazyDecoders``: over a reserving
+        allocator or vLLM's manager without a CPU tier). A waiting request that does not fit
+        now will not while the batch only decodes: nothing is freed, and the blocks the steps
+        take can only evict cached blocks it would hit, each of which it then needs as a new
+        block instead.
         """
         decoders = self._decoders
-        if decoders is None:
+        num_seqs = len(self._running)
+        if decoders is None or not num_seqs or len(decoders) < num_seqs:
             return None
-        running = self._running
         limits = self._limits
-        num_seqs = len(running)
-        if not num_seqs or num_seqs > limits.max_num_batched_tokens:
-            return None
-        # The head first: with requests arriving, it is the likelier reason to step.
         budget = limits.max_num_batched_tokens - num_seqs
         tries_waiting = budget > 0 and num_seqs < limits.max_num_seqs
         kv_cache = self._kv_cache
@@ -707,19 +738,11 @@ class V1StepScheduler:
             if kv_cache.can_admit(head, hits, num_tokens):
                 return None
             memory_blocked = True
-        if self._lazy:  # every running request must already decode lazily
-            if len(decoders) < num_seqs:
-                return None
-            max_steps = decoders.rounds_before_finish()
-        else:
-            max_steps = self._stretch_steps()
-        if max_steps < 1 or not (self._lazy or decoders.join(running)):
-            return None
+        # Async, a member's last token in flight is taken in a step later than synchronously.
+        max_steps = decoders.rounds_before_finish() + (1 if limits.async_scheduling else 0)
         memory = decoders.memory
-        if memory.next_round_blocks() > memory.num_free_blocks:  # it would preempt: a step
-            if not self._lazy:
-                decoders.leave_all()
-            return None
+        if max_steps < 1 or memory.next_round_blocks() > memory.num_free_blocks:
+            return None  # a member finishes, or cannot grow: the step preempts
         return DecodeStretch(
             max_steps=max_steps,
             num_seqs=num_seqs,
@@ -729,41 +752,12 @@ class V1StepScheduler:
             rounds=memory.decode_rounds(),
         )
 
-    def _stretch_steps(self) -> int:
-        """The decode-only steps before one that takes in a request's last token, if every
-        running request decodes (0 otherwise); under async scheduling, with exactly the last
-        step's decode token in flight. Each step then takes in the token the step before
-        sampled, so a request finishes one step later than synchronously."""
-        running = self._running
-        num_in_flight = 1 if self._limits.async_scheduling else 0
-        max_steps = self._limits.max_model_len
-        for seq in running:
-            request = seq.request
-            num_generated = seq.num_output_tokens + seq.num_output_placeholders
-            # Decoding: its prompt and every sampled token but the last are computed.
-            if (not num_generated
-                    or seq.num_computed_tokens != request.prompt_tokens + num_generated - 1
-                    or seq.num_output_placeholders != num_in_flight
-                    or seq.num_in_flight_tokens != num_in_flight):  # fmt: skip
-                return 0
-            max_steps = min(max_steps, request.output_tokens - num_generated - 1 + num_in_flight)
-        # Async, every running request has one token in flight from the last step, so the last
-        # step scheduled and sampled exactly these (a preempted request's took in already).
-        assert not num_in_flight or (len(self._in_flight) == len(self._in_flight_scheduled)
-                                     == len(running))  # fmt: skip
-        return max_steps
-
     def end_decode_stretch(self, num_steps: int) -> None:
         """Run ``num_steps`` steps of the stretch ``decode_stretch`` began (its first
         ``max_steps`` at most, each held by the free blocks): each running request computes and
-        takes in that many tokens."""
-        decoders = self._decoders
-        assert decoders is not None
-        decoders.advance(num_steps)
-        if not self._lazy:
-            decoders.leave_all()
-        # Async, the last step's tokens in flight are again one per running request, in order:
-        # ``_in_flight`` and ``_in_flight_scheduled`` hold them as they are.
+        takes in that many tokens (lazily)."""
+        assert self._decoders is not None
+        self._decoders.advance(num_steps)
         self._num_steps += num_steps
 
     def _offload(self, tier: CpuOffloadTier) -> None:

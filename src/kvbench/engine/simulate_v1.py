@@ -16,8 +16,9 @@ only takes tokens in costs no time and writes no step row (vLLM runs no model fo
 CPU tier (``engine.cpu_tier_v1``) its copies run beside the steps for their PCIe time
 (``swap_time_s``), one at a time in each direction (``CopyClock``): a load delays its request, a
 store the moment its blocks become readable, and a flushed store the step that waits for it.
-With ``fast``, the steps that only decode run as stretches (``V1StepScheduler.decode_stretch``,
-``_run_decode_stretch``): O(1) work a step, the same rows.
+With ``fast``, the running requests that only decode advance lazily (``engine.decoders_v1``): a
+step costs O(what else it schedules), and the steps that only decode run as stretches
+(``V1StepScheduler.decode_stretch``, ``_run_decode_stretch``), O(1) a step; the same rows.
 """
 
 from __future__ import annotations

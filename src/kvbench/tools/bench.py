@@ -15,8 +15,9 @@ Cases (each in a fresh process, so its peak memory is its own):
   ``summary.parquet``) plus the interpreter's start (``python -c pass``): the overhead of
   everything around the engine (imports, config, trace reading, tables, parquet, charts).
 - ``azure_v1`` (not in ``all``): the same trace and deployment under ``scheduler=vllm_v1``, every
-  allocator of the main experiment (``V1_ALLOCATORS``): its fast path (decode stretches) and
-  its step-by-step reference, their times, speed ratio and whether every record is identical.
+  allocator of the main experiment (``V1_ALLOCATORS``): its fast path (lazy decoders and decode
+  stretches) and its step-by-step reference, their times, speed ratio and whether every record
+  is identical.
 - ``v1_referee`` (not in ``all``: it needs the referee, docs/referee.md): ``scheduler=vllm_v1``'s
   step model (``engine.scheduler_v1``, fast path, prefix caching on) against vLLM's own scheduler
   loop (``referee.run_referee``, no model) on the same ``V1_WORKLOAD`` (``--v1-requests``
