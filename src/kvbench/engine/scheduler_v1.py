@@ -389,9 +389,9 @@ class DecodeStretch:
         memory_blocked: the first waiting request is tried in each step and does not fit.
         admits_arrivals: nothing waits, and a request arriving would be tried for admission: the
             stretch ends before the step it arrives for.
-        rounds: the blocks each step takes and the internal fragmentation it adds (rounds
-            counted from 0, the stretch's first step); a step the free blocks cannot hold
-            would preempt, and ends the stretch before it.
+        rounds: the blocks each step takes and the internal fragmentation it adds (the
+            members' rounds, ``LazyDecoders``); a step the free blocks cannot hold would
+            preempt, and ends the stretch before it.
     """
 
     max_steps: int
@@ -453,11 +453,12 @@ class V1StepScheduler:
         """``record_usage``: keep each step's memory usage (``last_batch.usage``) for the
         records; ``fast``: skip the KV manager for decode tokens that neither start nor fill one
         of its blocks (identical steps; False is the reference, every token through it);
-        ``lazy`` (with ``fast``, synchronously, over a memory with decode rounds): the running
-        requests that only decode advance lazily (``LazyDecoders``): a step's
-        ``scheduled_tokens`` then leaves out their decode tokens (``num_lazy_decodes``), and
-        ``last_batch`` and their counts leave them out too until they finish or ``step``
-        needs them (the engine's fast path)."""
+        ``lazy`` (with ``fast``, over a reserving allocator or vLLM's manager without a CPU
+        tier): the running requests that only decode advance lazily (``LazyDecoders``), and
+        ``decode_stretch`` runs decode-only steps; a step's ``scheduled_tokens`` then leaves
+        out their decode tokens (``num_lazy_decodes``), and ``last_batch`` and their counts
+        leave them out too until they finish or ``step`` needs them (the engine's fast
+        path)."""
         self._kv_cache = kv_cache
         # A decode token that neither starts nor fills a block of vLLM's manager changes nothing
         # in it: the fast path skips the calls (this runs for every running request of every
@@ -563,10 +564,12 @@ class V1StepScheduler:
             assert self._tiered_cache is not None
             self._tiered_cache.step_allocated_blocks.clear()
         budget = self._limits.max_num_batched_tokens
+        decoders = self._decoders
         num_lazy = self._advance_decoders()
         if num_lazy:
+            assert decoders is not None
             batch.num_lazy_decodes = num_lazy
-            batch.lazy_context_tokens = self._decoders.computed_tokens  # type: ignore[union-attr]
+            batch.lazy_context_tokens = decoders.computed_tokens
             budget -= num_lazy
         budget = self._schedule_running(scheduled, preempted, budget, self._num_prefix)
         if not preempted:
@@ -603,10 +606,10 @@ class V1StepScheduler:
         else:
             finished = []
             if num_lazy:
-                finishers = self._decoders.take_finishers(pending_take_in=True)  # type: ignore[union-attr]
-                finished = self._take_in(finishers)
+                assert decoders is not None
+                finished = self._take_in(decoders.take_finishers(pending_take_in=True))
             finished += self._take_in(computed_inputs)
-        if self._decoders is not None:
+        if decoders is not None:
             self._join_decoders()
         step = V1Step(
             step_index=self._num_steps,
