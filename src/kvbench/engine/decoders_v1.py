@@ -11,11 +11,11 @@ heap. A step then costs O(what is not a member), and a stretch of decode-only st
 
 from __future__ import annotations
 
-import heapq
 from typing import Protocol
 
 from kvbench.allocators.base import CohortRounds
 from kvbench.engine.kv_cache_v1 import V1Sequence
+from kvbench.engine.lazy_batch import FinishCalendar
 
 
 class DecodingMemory(Protocol):
@@ -54,8 +54,7 @@ class LazyDecoders:
     token a round, with stale counts (``V1Sequence.num_computed_tokens`` and
     ``num_output_tokens`` as of the round it joined)."""
 
-    __slots__ = ("_finish_rounds", "_finishing", "_joined", "computed_tokens", "memory",
-                 "round_index")  # fmt: skip
+    __slots__ = ("_finishing", "_joined", "computed_tokens", "memory", "round_index")
 
     def __init__(self, memory: DecodingMemory) -> None:
         self.memory = memory
@@ -63,8 +62,7 @@ class LazyDecoders:
         self._joined: dict[V1Sequence, int] = {}  # member -> round it joined at, running order
         # The round that samples a member's last token: synchronously its step takes it in,
         # under async scheduling the next step.
-        self._finishing: dict[int, list[V1Sequence]] = {}  # round -> members, running order
-        self._finish_rounds: list[int] = []  # heap of the keys of _finishing
+        self._finishing: FinishCalendar[V1Sequence] = FinishCalendar()
         self.computed_tokens = 0  # the members' computed tokens, now
 
     def __len__(self) -> int:
@@ -79,18 +77,13 @@ class LazyDecoders:
         for seq in seqs:
             self._joined[seq] = round_index
             finish_round = round_index + seq.request.output_tokens - seq.num_generated_tokens
-            finishers = self._finishing.get(finish_round)
-            if finishers is None:
-                self._finishing[finish_round] = [seq]
-                heapq.heappush(self._finish_rounds, finish_round)
-            else:
-                finishers.append(seq)
+            self._finishing.add(finish_round, seq)
             self.computed_tokens += seq.num_computed_tokens
         return True
 
     def rounds_before_finish(self) -> int:
         """Rounds that run before the first that samples a member's last token."""
-        return self._finish_rounds[0] - self.round_index - 1
+        return self._finishing.first_round() - self.round_index - 1
 
     def advance(self, num_rounds: int) -> None:
         """Run ``num_rounds`` rounds: every member computes and samples a token in each."""
@@ -104,13 +97,9 @@ class LazyDecoders:
         taken in yet (synchronously, at the end of its step; under async scheduling, the
         next step starts with the round's tokens as placeholders and the ones before taken
         in)."""
-        finish_rounds = self._finish_rounds
-        round_index = self.round_index
-        if not finish_rounds or finish_rounds[0] > round_index:
+        finishers = self._finishing.pop(self.round_index)
+        if not finishers:
             return []
-        assert finish_rounds[0] == round_index, "a round ran past a member's last token"
-        heapq.heappop(finish_rounds)
-        finishers = self._finishing.pop(round_index)
         for seq in finishers:
             self._write_back(seq)
             if pending_take_in:
@@ -125,7 +114,6 @@ class LazyDecoders:
             self._write_back(seq)
         self.memory.leave_decoders(members)
         self._finishing.clear()
-        self._finish_rounds.clear()
         self.computed_tokens = 0
 
     def _write_back(self, seq: V1Sequence) -> None:

@@ -19,7 +19,7 @@ copy-on-write) goes to the step-by-step loop: ``step`` writes every count back f
 from __future__ import annotations
 
 import heapq
-from typing import cast
+from typing import Generic, TypeVar, cast
 
 from kvbench.allocators.base import Allocator, CohortAllocator
 from kvbench.engine.arrival_queue import Arrivals
@@ -29,6 +29,48 @@ from kvbench.engine.records import EXCEEDS_POOL, DecodeRows, StepRecords
 from kvbench.engine.samples import SampleGroups
 from kvbench.engine.scheduler import FCFS, Scheduler, group_seats
 from kvbench.engine.sequence import Sequence
+
+_MemberT = TypeVar("_MemberT")
+
+
+class FinishCalendar(Generic[_MemberT]):
+    """When the members of a lazily advanced batch finish: the members finishing in each round
+    (iteration), in the order added (running order), and the rounds in a heap."""
+
+    __slots__ = ("_members", "_rounds")
+
+    def __init__(self) -> None:
+        self._members: dict[int, list[_MemberT]] = {}
+        self._rounds: list[int] = []  # heap of the keys of _members
+
+    def add(self, round_index: int, member: _MemberT) -> None:
+        """``member`` finishes in round ``round_index``, after those added for it before."""
+        members = self._members.get(round_index)
+        if members is None:
+            self._members[round_index] = [member]
+            heapq.heappush(self._rounds, round_index)
+        else:
+            members.append(member)
+
+    def first_round(self) -> int:
+        """The first round in which a member finishes (the calendar is not empty)."""
+        return self._rounds[0]
+
+    def pop(self, round_index: int) -> list[_MemberT]:
+        """The members finishing in round ``round_index``, taken out (none if the first round
+        is later; an earlier one is an error: a round ran past it)."""
+        rounds = self._rounds
+        if not rounds or rounds[0] > round_index:
+            return []
+        if rounds[0] < round_index:
+            raise RuntimeError(f"round {round_index} ran past a finish in round {rounds[0]}")
+        heapq.heappop(rounds)
+        return self._members.pop(round_index)
+
+    def clear(self) -> None:
+        """Forget every member."""
+        self._members.clear()
+        self._rounds.clear()
 
 
 class LazyBatch:
@@ -64,8 +106,7 @@ class LazyBatch:
         self._idle = idle
         self._tick = 0  # iterations run while active: a running sequence generated offset + tick
         self._finish_tick: dict[Sequence, int] = {}  # running sequence -> tick it finishes at
-        self._finishing: dict[int, list[Sequence]] = {}  # tick -> its finishers, running order
-        self._finish_ticks: list[int] = []  # heap of the keys of _finishing
+        self._finishing: FinishCalendar[Sequence] = FinishCalendar()  # by tick
         self._context_tokens = 0  # KV tokens of the running sequences
         self._decode_time_fns: dict[int, DecodeTimeFn] = {}
 
@@ -98,7 +139,6 @@ class LazyBatch:
         self._allocator.leave_cohort([seq.seq_id for seq in running])
         finish_tick.clear()
         self._finishing.clear()
-        self._finish_ticks.clear()
         self._context_tokens = 0
         self.active = False
 
@@ -118,24 +158,14 @@ class LazyBatch:
         """Start tracking a running sequence (its ``num_generated`` is current)."""
         finish_tick = self._tick + seq.request.output_tokens - seq.num_generated
         self._finish_tick[seq] = finish_tick
-        finishers = self._finishing.get(finish_tick)
-        if finishers is None:
-            self._finishing[finish_tick] = [seq]
-            heapq.heappush(self._finish_ticks, finish_tick)
-        else:
-            finishers.append(seq)
+        self._finishing.add(finish_tick, seq)
         self._context_tokens += seq.request.prompt_tokens + seq.num_generated
 
     def _finish_due(self, end_s: float) -> int:
         """Finish the sequences whose last token the iteration ending at ``end_s`` produced, in
         running order; returns the requests that finished."""
-        finish_ticks = self._finish_ticks
-        tick = self._tick
-        if not finish_ticks or finish_ticks[0] != tick:
-            return 0
-        heapq.heappop(finish_ticks)
         num_finished = 0
-        for seq in self._finishing.pop(tick):
+        for seq in self._finishing.pop(self._tick):
             del self._finish_tick[seq]
             seq.num_generated = seq.request.output_tokens
             self._context_tokens -= seq.request.prompt_tokens + seq.num_generated
@@ -230,7 +260,7 @@ class LazyBatch:
         next_arrival_s = arrivals.next_arrival_s()
         context_tokens = self._context_tokens
         num_rejected = 0
-        max_rounds = self._finish_ticks[0] - self._tick
+        max_rounds = self._finishing.first_round() - self._tick
         while rows.num_rows < max_rounds:
             if (rows.num_rows or check_first_arrival) and next_arrival_s <= now_s:
                 if queue_was_empty:
