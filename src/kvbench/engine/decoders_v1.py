@@ -4,9 +4,9 @@ Most of a busy step's running requests only decode: each computes its last sampl
 samples the next. ``LazyDecoders`` holds a prefix of the running list in that state as a round
 count instead: a member joined at round ``r0`` has computed and taken in ``round - r0`` tokens
 more than its ``V1Sequence`` says, its memory grows it a token a round (``DecodingMemory``: O(the
-blocks a round starts)), and the rounds in which members take in their last token wait in a
-heap. A step then costs O(what is not a member), and a stretch of decode-only steps O(1) a step.
-``leave_all`` writes the counts back before anything that reads them.
+blocks a round starts)), and the rounds that sample members' last tokens wait in a
+``FinishCalendar``. A step then costs O(what is not a member), and a stretch of decode-only
+steps O(1) a step. ``leave_all`` writes the counts back before anything that reads them.
 """
 
 from __future__ import annotations

@@ -510,7 +510,8 @@ class V1StepScheduler:
 
     @property
     def running(self) -> list[V1Sequence]:
-        """The running sequences, in vLLM's order (read only)."""
+        """The running sequences, in vLLM's order (read only; under ``lazy``, the first ones'
+        counts are stale: ``LazyDecoders``)."""
         return self._running
 
     @property
