@@ -60,10 +60,7 @@ class Arrivals:
         """Queue every request that arrived by ``now_s`` (or reject it for good, with its
         reason); returns how many were rejected."""
         num_rejected = 0
-        pending = self._pending
-        while self._num_arrived < len(pending) and pending[self._num_arrived].arrival_s <= now_s:
-            request = pending[self._num_arrived]
-            self._num_arrived += 1
+        while (request := self.pop_arrived(now_s)) is not None:
             seq = _new_sequence(request)
             self.records.append(seq.record)
             reason = scheduler.rejection_reason(seq)
@@ -75,6 +72,16 @@ class Arrivals:
                 scheduler.add(seq)
         return num_rejected
 
+    def pop_arrived(self, now_s: float) -> Request | None:
+        """The next request, taken out of those pending, if it arrived by ``now_s``; else
+        None."""
+        num_arrived = self._num_arrived
+        if num_arrived < len(self._pending):
+            request = self._pending[num_arrived]
+            if request.arrival_s <= now_s:
+                self._num_arrived = num_arrived + 1
+                return request
+        return None
 
     def flush_ended(self) -> None:
         """Hand the leading ended records to the sink once they fill a chunk (no sink: keep)."""

@@ -222,8 +222,6 @@ class StepRecords:
         return self.num_flushed + len(self.columns["step"])
 
 
-# Why a request is never served (RequestRecord.reject_reason); docs/metrics.md defines each.
-# vLLM refuses an empty prompt and a prompt with no room for one output token.
 class DecodeRows:
     """The rows of a stretch of decode-only iterations (v0's lazy batch, v1's decode stretches):
     in each, every one of ``num_seqs`` sequences adds a token state, and the round takes the
@@ -316,6 +314,8 @@ class DecodeRows:
         )
 
 
+# Why a request is never served (RequestRecord.reject_reason); docs/metrics.md defines each.
+# vLLM refuses an empty prompt and a prompt with no room for one output token.
 EMPTY_PROMPT = "empty_prompt"
 PROMPT_EXCEEDS_MAX_MODEL_LEN = "prompt_exceeds_max_model_len"  # prompt >= max_model_len
 EXCEEDS_MAX_MODEL_LEN = "exceeds_max_model_len"  # prompt + output > max_model_len

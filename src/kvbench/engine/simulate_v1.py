@@ -27,6 +27,7 @@ from collections.abc import Callable, Iterable
 from collections.abc import Sequence as SequenceOf
 
 from kvbench.core.request import Request
+from kvbench.engine.arrival_queue import Arrivals
 from kvbench.engine.cost_model import CostModel, IterationShape
 from kvbench.engine.cpu_tier_v1 import CopyClock, StepCopies
 from kvbench.engine.iteration import IdleWait
@@ -152,40 +153,24 @@ def simulate_v1(
                             cpu_flush_wait_s=flush_wait_s)  # fmt: skip
 
 
-class _Arrivals:
-    """The run's requests in arrival order, queued as the clock passes them: each gets its
-    record, and joins the scheduler's queue unless it can never run (rejected, with its
-    reason)."""
+class _Arrivals(Arrivals):
+    """The run's requests in arrival order (``Arrivals``), queued as the clock passes them: each
+    gets its record, and joins the scheduler's queue unless it can never run (rejected, with
+    its reason)."""
 
     def __init__(
         self, requests: SequenceOf[Request], scheduler: V1StepScheduler, num_pool_slots: int
     ) -> None:
-        self._pending = sorted(requests, key=lambda r: (r.arrival_s, r.request_id))
-        self._num_arrived = 0
+        super().__init__(requests)
         self._scheduler = scheduler
         self._num_pool_slots = num_pool_slots
-        self.records: list[RequestRecord] = []  # in arrival order
         self.record_of: dict[int, RequestRecord] = {}  # the queued ones still running or waiting
-
-    @property
-    def num_pending(self) -> int:
-        """Requests still to arrive."""
-        return len(self._pending) - self._num_arrived
-
-    def next_arrival_s(self) -> float:
-        """When the next request arrives (inf when none is left)."""
-        if self._num_arrived < len(self._pending):
-            return self._pending[self._num_arrived].arrival_s
-        return float("inf")
 
     def take_until(self, now_s: float) -> int:
         """Queue every request that arrived by ``now_s``; how many were rejected."""
         num_rejected = 0
-        pending = self._pending
         limits = self._scheduler.limits
-        while self._num_arrived < len(pending) and pending[self._num_arrived].arrival_s <= now_s:
-            request = pending[self._num_arrived]
-            self._num_arrived += 1
+        while (request := self.pop_arrived(now_s)) is not None:
             record = request_record(request)
             self.records.append(record)
             reason = v1_rejection_reason(request, limits, self._num_pool_slots)
