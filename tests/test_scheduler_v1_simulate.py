@@ -5,6 +5,7 @@ the step rows it writes against real vLLM's steps (peer)."""
 from __future__ import annotations
 
 import math
+import random
 
 import pytest
 from referee_support import peer
@@ -167,8 +168,6 @@ def test_simulated_step_rows_match_vllms_steps() -> None:
 
 
 def _random_workload(seed: int, num_requests: int) -> list[Request]:
-    import random
-
     rng = random.Random(seed)
     requests = []
     for request_id in range(num_requests):
@@ -206,6 +205,14 @@ def test_the_fast_path_gives_the_reference_loops_records(allocator_name: str) ->
     assert steps == run_v1_steps(requests, _paged_prefix(16 * 150, limits), limits, fast=False)
 
 
+def random_limits(rng: random.Random, async_scheduling: bool) -> V1Limits:
+    """Limits drawn to bind each way: seats, token budget, context."""
+    return V1Limits(max_num_seqs=rng.choice([2, 4, 8, 16, 64]),
+                    max_num_batched_tokens=rng.choice([4, 16, 64, 256, 2048]),
+                    max_model_len=rng.choice([256, 512, 1024]),
+                    async_scheduling=async_scheduling)  # fmt: skip
+
+
 @pytest.mark.parametrize("async_scheduling", [False, True])
 @pytest.mark.parametrize("allocator_name",
                          ["naive_max", "naive_pow2", "naive_oracle", "paged", "paged_prefix"])
@@ -220,7 +227,6 @@ def test_lazy_decodes_and_stretches_give_the_reference_loops_records(
     run (far fewer scheduler steps than step rows, lazy decodes in a third of those steps or
     more)."""
     import dataclasses
-    import random
 
     from kvbench.core.catalog import get_deployment
     from kvbench.engine.kv_cache_v1 import V1KVCache
@@ -249,10 +255,7 @@ def test_lazy_decodes_and_stretches_give_the_reference_loops_records(
     num_rows = num_fast_steps = num_preempted = 0
     for seed in range(30):
         rng = random.Random(seed)
-        limits = V1Limits(max_num_seqs=rng.choice([2, 4, 8, 16, 64]),
-                          max_num_batched_tokens=rng.choice([4, 16, 64, 256, 2048]),
-                          max_model_len=rng.choice([256, 512, 1024]),
-                          async_scheduling=async_scheduling)  # fmt: skip
+        limits = random_limits(rng, async_scheduling)
         # Empty prompts and ones longer than max_model_len arrive too (rejected on arrival).
         span_s = rng.choice([0.5, 5.0, 50.0])
         requests = []

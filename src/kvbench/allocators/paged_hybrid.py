@@ -41,6 +41,7 @@ from dataclasses import dataclass
 
 from kvbench.allocators.base import MemoryUsage, check_token_count
 from kvbench.allocators.block_pool import BlockPool
+from kvbench.allocators.hybrid_cohort import HybridDecodeCohort
 from kvbench.allocators.hybrid_prefix import HybridHit, HybridPrefixCache
 from kvbench.core.kv_groups import KvCacheGroup, KvGroupLayout
 from kvbench.core.request import Request
@@ -156,6 +157,10 @@ class PagedHybridAllocator:
         self._partial_layer_slots = 0
         self._partial_filled = 0
         self._partial_usable = 0
+        # vLLM v1's decoding requests, grown lazily (``join_decoders``).
+        self._decoders: HybridDecodeCohort[_HybridSequence] = HybridDecodeCohort(
+            block_size, self._windows, self._free_behind_window, self._start_blocks
+        )
 
     # --- the Allocator protocol ----------------------------------------------------------------
 
@@ -302,6 +307,44 @@ class PagedHybridAllocator:
             assert appended  # covered by the free blocks alone
         return True
 
+    # --- vLLM v1's decoding requests, grown lazily (``hybrid_cohort``) ----------------------
+
+    def join_decoders(self, seq_ids: list[int], *, num_unprocessed_tokens: int) -> bool:
+        """Make the sequences (after the members, in running order) members of the decode
+        cohort: from now on each ``advance_decoders`` round appends one token to each, in join
+        order, as ``append(seq_id, 1, num_processed_tokens=num_tokens -
+        num_unprocessed_tokens)`` would, until it leaves (``leave_decoders``); a member's
+        ``num_tokens`` is stale meanwhile. False (nothing changes) with a prefix cache (rounds
+        would cache blocks) or a shared last block (a round would copy it)."""
+        if self.prefix_cache is not None:
+            return False
+        sequences = self._sequences
+        ref_counts = self._pool.ref_counts
+        if any(ref_counts[sequences[seq_id].tables[0][-1]] > 1  # type: ignore[index]
+               for seq_id in seq_ids):  # fmt: skip
+            return False
+        for seq_id in seq_ids:
+            seq = sequences[seq_id]
+            if seq.num_tokens % self.block_size:  # the cohort counts its partial last block
+                self._untrack_partial(seq.tables[0][-1])
+            self._decoders.join(seq_id, seq, num_unprocessed_tokens)
+        return True
+
+    def decoders_round_need(self) -> int:
+        """Free blocks the decode cohort's next round needs (``HybridDecodeCohort.round_need``):
+        fewer free, some member cannot grow (the caller takes them all out first)."""
+        return self._decoders.round_need()
+
+    def advance_decoders(self, num_rounds: int) -> None:
+        """Run ``num_rounds`` rounds of the decode cohort (each checked with
+        ``decoders_round_need``)."""
+        self._decoders.advance(num_rounds)
+
+    def leave_decoders(self, seq_ids: list[int]) -> None:
+        """Take the sequences out of the decode cohort, their token counts written back."""
+        for seq_id in seq_ids:
+            self._track_last_blocks(self._decoders.leave(seq_id))
+
     def fork(self, parent_id: int, child_id: int) -> bool:
         """Make ``child_id`` share every live block of ``parent_id`` (always succeeds)."""
         if child_id in self._sequences:
@@ -323,6 +366,7 @@ class PagedHybridAllocator:
 
     def free(self, seq_id: int) -> None:
         """Drop the sequence's references, each group's tail first (vLLM frees in reverse)."""
+        assert seq_id not in self._decoders, "a decoding member leaves before it is freed"
         seq = self._sequences.pop(seq_id)
         for group, table in enumerate(seq.tables):
             live = [block_id for block_id in table[seq.first_live[group] :] if block_id is not None]
@@ -395,9 +439,18 @@ class PagedHybridAllocator:
             (group_size - num_layers) * block_size * num_held
             for num_layers, num_held in zip(self._group_layers, held, strict=True)
         )
-        token_states = full_layer_slots - self._partial_layer_slots + self._partial_filled
-        reservation = self._partial_usable - self._partial_filled
-        internal_frag = self._partial_layer_slots - self._partial_usable + padding_layer_slots
+        # The decode cohort's partly filled last blocks, beside the other sequences'.
+        decoders = self._decoders
+        num_layers = self._num_layers
+        partial_layer_slots = (self._partial_layer_slots
+                               + num_layers * block_size * decoders.num_partial)  # fmt: skip
+        partial_filled = self._partial_filled + num_layers * decoders.partial_filled_slots
+        partial_usable = self._partial_usable + num_layers * (
+            block_size * decoders.num_partial - decoders.internal_frag_slots
+        )
+        token_states = full_layer_slots - partial_layer_slots + partial_filled
+        reservation = partial_usable - partial_filled
+        internal_frag = partial_layer_slots - partial_usable + padding_layer_slots
         pool = self._pool
         free = pool.num_free_blocks * self._block_layer_slots
         external_frag = (
@@ -557,6 +610,12 @@ class PagedHybridAllocator:
         seq.first_live[group] = max(seq.first_live[group], end)
         self._num_logical_blocks -= len(behind)
         self._release(behind[::-1], group)  # the newest first, as vLLM frees the range
+
+    def _start_blocks(self, seq: _HybridSequence) -> None:
+        """A new block in every group, in group order (a token that starts a block)."""
+        for group, table in enumerate(seq.tables):
+            table += self._allocate(group, 1)
+        self._num_logical_blocks += len(seq.tables)
 
     def _copy_last_block(self, table: list[int | None], group: int) -> None:
         source_block = table[-1]

@@ -20,7 +20,7 @@ from kvbench.engine.lazy_batch import FinishCalendar
 
 class DecodingMemory(Protocol):
     """A v1 memory that grows a cohort of decoding sequences a token per round, lazily
-    (``V1KVCache``, ``ReservingV1Memory``)."""
+    (``V1KVCache``, ``ReservingV1Memory``, ``HybridV1Memory``)."""
 
     @property
     def num_free_blocks(self) -> int:
@@ -33,11 +33,13 @@ class DecodingMemory(Protocol):
         ...
 
     def next_round_blocks(self) -> int:
-        """Blocks the next round takes."""
+        """Free blocks the next round needs: the blocks it takes beyond those it frees before
+        (a sliding window's)."""
         ...
 
-    def decode_rounds(self) -> CohortRounds:
-        """The blocks and internal fragmentation of the next rounds."""
+    def decode_rounds(self) -> CohortRounds | None:
+        """The blocks and internal fragmentation of the next rounds; None when rounds free
+        blocks too (no decode stretch runs)."""
         ...
 
     def advance_decoders(self, num_rounds: int) -> None:

@@ -284,6 +284,8 @@ class HybridV1Memory(_AllocatorV1Memory[PagedHybridAllocator]):
         self._max_model_len = limits.max_model_len
         self.block_size = block_size = allocator.block_size
         max_in_flight_tokens = limits.max_num_batched_tokens * (2 if limits.async_scheduling else 1)
+        # A decoding request's tokens in flight: its window is placed before them.
+        self._num_in_flight_tokens = 1 if limits.async_scheduling else 0
         # Per group, the most blocks the admission check asks for (None: the whole input's).
         self._admission_caps = [
             None if group.window_tokens is None
@@ -367,6 +369,35 @@ class HybridV1Memory(_AllocatorV1Memory[PagedHybridAllocator]):
         if self.enable_caching:
             seq.block_hashes(num_tokens // self.block_size, self.block_size)
             self._allocator.cache_blocks(seq.request_id, num_tokens)
+
+    def join_decoders(self, seqs: list[V1Sequence]) -> bool:
+        """Take ``seqs`` into the allocator's decode cohort (``DecodingMemory``: their windows
+        placed after the tokens whose step has returned, as ``can_grow`` places them); False
+        (nothing changes) with prefix caching."""
+        return self._allocator.join_decoders(
+            [seq.request_id for seq in seqs], num_unprocessed_tokens=self._num_in_flight_tokens
+        )
+
+    @property
+    def num_free_blocks(self) -> int:
+        """Blocks in the free queue."""
+        return self._allocator.num_free_blocks()
+
+    def next_round_blocks(self) -> int:
+        """Free blocks the next round needs (its new blocks beyond what its frees give back)."""
+        return self._allocator.decoders_round_need()
+
+    def decode_rounds(self) -> None:
+        """None: rounds also free blocks (behind the windows), so no stretch runs."""
+        return None
+
+    def advance_decoders(self, num_rounds: int) -> None:
+        """Grow every member by ``num_rounds`` tokens."""
+        self._allocator.advance_decoders(num_rounds)
+
+    def leave_decoders(self, seqs: list[V1Sequence]) -> None:
+        """Take ``seqs`` out of the cohort, their counts written back."""
+        self._allocator.leave_decoders([seq.request_id for seq in seqs])
 
 
 def _processed_tokens(seq: V1Sequence) -> int:
@@ -453,25 +484,28 @@ class V1StepScheduler:
         """``record_usage``: keep each step's memory usage (``last_batch.usage``) for the
         records; ``fast``: skip the KV manager for decode tokens that neither start nor fill one
         of its blocks (identical steps; False is the reference, every token through it);
-        ``lazy`` (with ``fast``, over a reserving allocator or vLLM's manager without a CPU
-        tier): the running requests that only decode advance lazily (``LazyDecoders``), and
-        ``decode_stretch`` runs decode-only steps; a step's ``scheduled_tokens`` then leaves
-        out their decode tokens (``num_lazy_decodes``), and ``last_batch`` and their counts
-        leave them out too until they finish or ``step`` needs them (the engine's fast
-        path)."""
+        ``lazy`` (with ``fast``, over a reserving allocator, vLLM's manager without a CPU tier,
+        or its hybrid manager without prefix caching): the running requests that only decode
+        advance lazily (``LazyDecoders``), and ``decode_stretch`` runs decode-only steps (but
+        over the hybrid manager, whose rounds free blocks behind windows); a step's
+        ``scheduled_tokens`` then leaves out their decode tokens (``num_lazy_decodes``), and
+        ``last_batch`` and their counts leave them out too until they finish or ``step`` needs
+        them (the engine's fast path)."""
         self._kv_cache = kv_cache
         # A decode token that neither starts nor fills a block of vLLM's manager changes nothing
         # in it: the fast path skips the calls (this runs for every running request of every
         # step).
         self._fast_decodes = fast and isinstance(kv_cache, V1KVCache)
-        # A decode token changes nothing but counts and the blocks it starts: over a reserving
-        # allocator or vLLM's manager without a CPU tier, decoding requests advance lazily
-        # (``LazyDecoders``), and the engine runs decode-only steps in stretches
+        # A decode token changes nothing but counts and the blocks it starts (and, in the hybrid
+        # manager, frees behind windows): over a reserving allocator, vLLM's manager without a
+        # CPU tier or its hybrid manager without prefix caching, decoding requests advance
+        # lazily (``LazyDecoders``), and the engine runs decode-only steps in stretches
         # (``decode_stretch``).
         self._decoders = None
         if fast and lazy and (
             isinstance(kv_cache, ReservingV1Memory)
             or (isinstance(kv_cache, V1KVCache) and kv_cache.cpu_tier is None)
+            or (isinstance(kv_cache, HybridV1Memory) and not kv_cache.enable_caching)
         ):
             self._decoders = LazyDecoders(kv_cache)
         self._num_prefix = 0  # running[:_num_prefix]: the members, and the leavers below
@@ -721,7 +755,8 @@ class V1StepScheduler:
         step goes through ``step``.
 
         Only when every running request decodes lazily (``LazyDecoders``: over a reserving
-        allocator or vLLM's manager without a CPU tier). A waiting request that does not fit
+        allocator or vLLM's manager without a CPU tier; not the hybrid manager, whose rounds
+        free blocks: ``DecodingMemory.decode_rounds``). A waiting request that does not fit
         now will not while the batch only decodes: nothing is freed, and the blocks the steps
         take can only evict cached blocks it would hit, each of which it then needs as a new
         block instead.
@@ -729,6 +764,10 @@ class V1StepScheduler:
         decoders = self._decoders
         num_seqs = len(self._running)
         if decoders is None or not num_seqs or len(decoders) < num_seqs:
+            return None
+        memory = decoders.memory
+        rounds = memory.decode_rounds()
+        if rounds is None:
             return None
         limits = self._limits
         budget = limits.max_num_batched_tokens - num_seqs
@@ -744,7 +783,6 @@ class V1StepScheduler:
             memory_blocked = True
         # Async, a member's last token in flight is taken in a step later than synchronously.
         max_steps = decoders.rounds_before_finish() + (1 if limits.async_scheduling else 0)
-        memory = decoders.memory
         if max_steps < 1 or memory.next_round_blocks() > memory.num_free_blocks:
             return None  # a member finishes, or cannot grow: the step preempts
         return DecodeStretch(
@@ -753,7 +791,7 @@ class V1StepScheduler:
             context_tokens=decoders.computed_tokens + num_seqs,
             memory_blocked=memory_blocked,
             admits_arrivals=tries_waiting and not self._queued,
-            rounds=memory.decode_rounds(),
+            rounds=rounds,
         )
 
     def end_decode_stretch(self, num_steps: int) -> None:
