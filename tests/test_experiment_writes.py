@@ -149,6 +149,36 @@ def test_a_failed_run_by_run_write_names_the_table_and_leaves_no_temporary(tmp_p
     assert calls == [2, 3] and not list(tmp_path.iterdir())
 
 
+def test_a_failed_write_still_under_way_when_later_runs_come_is_not_lost(tmp_path, monkeypatch):
+    # The first run's write fails after the next two runs were handed to the thread: the
+    # failure surfaces at close, and no file of the later runs alone is published. (Found by
+    # the full-disk test, now and then: a 200-request run published a steps table without its
+    # first runs, and exited 0.)
+    import threading
+
+    write_table = pq.ParquetWriter.write_table
+    later_runs_queued = threading.Event()
+    calls = []
+
+    def disk_full_at_the_first_run(self, table, *rest):
+        calls.append(table.num_rows)
+        if len(calls) == 1:
+            assert later_runs_queued.wait(10)
+            raise OSError(28, "No space left on device")
+        return write_table(self, table, *rest)
+
+    monkeypatch.setattr(pq.ParquetWriter, "write_table", disk_full_at_the_first_run)
+    runs_table = RunsTable(tmp_path / "steps.parquet", {})
+    frames, labels = _runs()
+    for frame, columns in zip([*frames, frames[0]], [*labels, labels[0]], strict=True):
+        runs_table.append(frame, columns)
+    later_runs_queued.set()
+    with pytest.raises(OSError, match="No space left") as error:
+        runs_table.close()
+    assert error.value.filename == str(tmp_path / "steps.parquet")
+    assert calls == [2] and not list(tmp_path.iterdir())
+
+
 def test_an_experiment_whose_runs_differ_in_type_still_writes_every_run(tmp_path, monkeypatch):
     labels = experiment._run_labels
 

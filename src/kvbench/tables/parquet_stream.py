@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+from collections import deque
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -117,32 +118,39 @@ class RunsTable:
         self._stream = ParquetStream(path, metadata,
                                      temporary_path(path.with_name(f"{path.name}.runs")))
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="kvbench-runs-table")
-        self._last: Future[None] | None = None
+        self._pending: deque[Future[None]] = deque()  # writes not yet checked, in order
         self._refused = False
+        self._failed = False  # a write failed: the file is gone, later runs are not written
 
     def append(self, frame: pd.DataFrame, constants: Mapping[str, object] | None = None) -> None:
         """Hand one run's rows (``constants`` added as columns, as ``write_frames`` adds them)
-        to the thread; an earlier run's failed write raises here."""
-        if self._last is not None and self._last.done():
-            self._last.result()
-        self._last = self._thread.submit(self._write, arrow_table(frame, constants))
+        to the thread; an earlier run's failed write raises here (or at ``close``, if it is
+        still under way)."""
+        pending = self._pending
+        while pending and pending[0].done():
+            pending.popleft().result()
+        pending.append(self._thread.submit(self._write, arrow_table(frame, constants)))
 
     def _write(self, table: pa.Table) -> None:
-        if self._refused:
+        if self._refused or self._failed:
             return
         schema = self._stream.schema
         if schema is not None and not table.schema.equals(schema, check_metadata=False):
             self._refused = True
             self._stream.discard()
             return
-        self._stream.write_table(table)
+        try:
+            self._stream.write_table(table)
+        except OSError:
+            self._failed = True  # a later run's rows would begin a file without this run's
+            raise
 
     def close(self) -> bool:
         """Wait for the thread and publish the file; False (nothing published) when a run's
         types differed from the first's or no run came."""
         self._thread.shutdown(wait=True)
-        if self._last is not None:
-            self._last.result()
+        while self._pending:
+            self._pending.popleft().result()
         if self._refused or self._stream.schema is None:
             return False
         self._stream.close()
