@@ -183,6 +183,29 @@ def test_a_sequence_preempted_past_the_token_budget_is_an_error_not_a_hang():
         _run("paged", requests, num_slots=320, max_num_batched_tokens=100)
 
 
+@pytest.mark.parametrize("fast", [True, False])
+def test_a_swapped_sequence_that_can_never_come_back_is_rejected_not_a_hang(fast):
+    # paged_hybrid with one full and one 8-token sliding group, padded to two layers: 40 blocks
+    # of 4 tokens. Request 1 is swapped out near 80 tokens; swapping it back takes blocks for
+    # every token in both groups (42 or more), where it held the window's in the sliding one.
+    # Once request 0 finishes nothing else holds memory: it is rejected, not waited for forever.
+    from kvbench.allocators import PagedHybridAllocator
+    from kvbench.core.kv_groups import KvCacheGroup, KvGroupLayout
+    from kvbench.engine.records import EXCEEDS_POOL
+
+    layout = KvGroupLayout((KvCacheGroup(None, 1), KvCacheGroup(8, 1)), group_size=2,
+                           num_model_layers=2)  # fmt: skip
+    allocator = PagedHybridAllocator(160, 4, 512, layout=layout, num_blocks=40,
+                                     generated_slot_ahead=True)  # fmt: skip
+    limits = SchedulerLimits(max_model_len=512, preemption="swap", swap_capacity_tokens=1000)
+    result = simulate([Request(0, 0.0, 8, 100), Request(1, 0.01, 60, 90)], Scheduler(limits),
+                      allocator, RooflineCostModel(OPT13B), fast=fast)  # fmt: skip
+    first, second = result.requests
+    assert (first.status, first.num_swaps) == ("finished", 0)
+    assert (second.status, second.reject_reason, second.num_swaps) == (
+        "rejected", EXCEEDS_POOL, 1)
+
+
 def test_naive_max_fits_seven_opt13b_requests():
     requests = _requests([(10, 500)] * 20, gap_s=0)
     result = _run("naive_max", requests)

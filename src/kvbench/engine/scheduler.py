@@ -172,9 +172,9 @@ class Scheduler:
         self._grow_running(allocator, batch, bulk_appends)
         rejected: list[Sequence] = []
         if batch.num_preempted == 0:
-            self._swap_in(allocator, batch)
+            rejected = self._swap_in(allocator, batch)
             if not self._swapped:
-                rejected = self._admit_waiting(allocator, batch)
+                rejected += self._admit_waiting(allocator, batch)
         self.run_admitted(batch)
         return batch, rejected
 
@@ -268,17 +268,28 @@ class Scheduler:
         num_seqs = len(self._running) + len(batch.swapped_in) + len(batch.prefill)
         return num_seqs < self.limits.max_num_seqs
 
-    def _swap_in(self, allocator: Allocator, batch: Batch) -> None:
+    def _swap_in(self, allocator: Allocator, batch: Batch) -> list[Sequence]:
+        """Swap sequences back in, first out first in, while they fit; returns the ones
+        rejected for good."""
+        rejected: list[Sequence] = []
         while self._swapped and self._has_seat(batch):
             seq = self._swapped[0]
             # The swapped-in sequence decodes its next token this iteration: one more slot.
-            if not allocator.admit(seq.seq_id, seq.request, seq.num_kv_tokens + 1):
-                batch.memory_blocked = True
-                return
+            fits = allocator.admit(seq.seq_id, seq.request, seq.num_kv_tokens + 1)
+            if fits or self._running or batch.swapped_in:
+                if not fits:
+                    batch.memory_blocked = True
+                    return rejected
+                batch.num_swap_in_tokens += seq.num_kv_tokens
+                batch.swapped_in.append(seq)
+            else:
+                # Nothing else holds memory: it can never come back (``paged_hybrid`` takes
+                # blocks for every token in every group, sliding ones too, where it held a
+                # window's before).
+                rejected.append(seq)
             self._swapped.popleft()
             self.num_swapped_tokens -= seq.num_kv_tokens
-            batch.num_swap_in_tokens += seq.num_kv_tokens
-            batch.swapped_in.append(seq)
+        return rejected
 
     def _admit_waiting(self, allocator: Allocator, batch: Batch) -> list[Sequence]:
         """Admit waiting requests first come, first served into ``batch`` (whose ``decode`` and
