@@ -9,6 +9,7 @@ from kvbench.allocators import (
     Allocator,
     CohortAllocator,
     CopyOnWriteCounter,
+    RoundsAllocator,
     make_allocator,
 )
 
@@ -42,7 +43,9 @@ def test_each_declares_its_abilities(name: str) -> None:
     assert allocator.forks_share_blocks == is_paged
     # vattention keeps paged's block pool underneath (a counter that stays 0: it never shares).
     assert isinstance(allocator, CopyOnWriteCounter) == (is_paged or name == "vattention")
-    # paged_hybrid's sliding groups free blocks as the sequences grow: no lazy rounds (yet).
+    # paged_hybrid's sliding groups free blocks as the sequences grow: lazy rounds, not
+    # described ahead.
+    assert isinstance(allocator, RoundsAllocator)
     assert isinstance(allocator, CohortAllocator) == (not name.startswith("paged_hybrid"))
 
 

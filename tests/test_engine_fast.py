@@ -14,6 +14,7 @@ import pytest
 from conftest import SHARED_TRACE_FILES
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from test_paged_hybrid import count_cohort_rounds, hybrid_over, random_layout
 
 from kvbench.allocators import ALLOCATOR_NAMES, MemoryUsage, make_allocator
 from kvbench.core.catalog import get_deployment
@@ -109,10 +110,10 @@ def test_fast_path_skips_iterations_on_a_quiet_batch():
     assert list(result.steps.columns["batch_size"][:300]) == [2] * 300
 
 
-# paged_hybrid(_prefix) is no CohortAllocator (its sliding groups free blocks as sequences
-# grow): step by step, which the other tests here find identical to itself.
+# paged_hybrid_prefix has no lazy rounds (a round would cache the blocks it fills): step by
+# step, which the other tests here find identical to itself.
 @pytest.mark.parametrize(
-    "allocator_name", [n for n in ALLOCATOR_NAMES if not n.startswith("paged_hybrid")]
+    "allocator_name", [name for name in ALLOCATOR_NAMES if name != "paged_hybrid_prefix"]
 )
 def test_runs_advance_the_cohort_without_per_sequence_appends(allocator_name, monkeypatch):
     """With nothing to preempt, a run never appends sequence by sequence: every iteration is a
@@ -134,6 +135,43 @@ def test_runs_advance_the_cohort_without_per_sequence_appends(allocator_name, mo
     result, _ = _run(requests, allocator_name, 400_000, 16, limits, True)
     assert calls == []
     assert sum(rounds) == len(result.steps)
+
+
+def test_the_lazy_batch_over_the_hybrid_manager_gives_the_reference_records(monkeypatch):
+    """paged_hybrid's running sequences grow lazily too (``HybridDecodeCohort``; its rounds
+    free blocks behind windows, so no quiet stretch: each iteration admits as the step loop
+    would): on random workloads (layouts of full and sliding groups with padding layers,
+    blocks of 1-32 tokens, pools that preempt by recompute or swap, parallel samples forking)
+    the records, the free queue in reuse order and the usage are the reference loop's, and the
+    rounds free blocks behind windows, catch up after a prefill, start blocks."""
+    counts = count_cohort_rounds(monkeypatch)
+    num_preempted = 0
+    for seed in range(40):
+        rng = random.Random(seed)
+        max_len = rng.choice([256, 512, 1024])
+        limits = SchedulerLimits(max_model_len=max_len, max_num_seqs=rng.choice([2, 4, 8, 64]),
+                                 max_num_batched_tokens=max(max_len, rng.choice([256, 2048])),
+                                 preemption=rng.choice(["recompute", "swap"]),
+                                 swap_capacity_tokens=rng.choice([0, 500, 5000]))  # fmt: skip
+        layout = random_layout(rng)
+        span_s = rng.choice([0.5, 5.0, 50.0])
+        requests = [Request(request_id, rng.random() * span_s, rng.randint(1, 300),
+                            rng.randint(0, 120), num_samples=rng.choice([1] * 9 + [2]))
+                    for request_id in range(rng.randint(1, 60))]  # fmt: skip
+        num_blocks = rng.choice([40, 100, 300, 2000])
+        block_size = rng.choice([1, 2, 4, 16, 32])
+        runs = []
+        for fast in (True, False):
+            allocator = hybrid_over(num_blocks, block_size, layout, max_len,
+                                    generated_slot_ahead=True)  # fmt: skip
+            result = simulate(requests, Scheduler(limits), allocator, RooflineCostModel(OPT13B),
+                              fast=fast)  # fmt: skip
+            runs.append((result.steps.columns, result.requests, allocator.free_blocks(),
+                         allocator.usage()))  # fmt: skip
+        assert runs[0] == runs[1], seed
+        num_preempted += sum(runs[1][0]["num_preempted"])
+    assert num_preempted > 0
+    assert len(counts) == 3 and min(counts.values()) > 100, counts
 
 
 TRACES = SHARED_TRACE_FILES

@@ -22,7 +22,7 @@ from referee_support import peer
 from kvbench.allocators import PagedHybridAllocator, make_allocator
 from kvbench.core.catalog import get_deployment, get_model
 from kvbench.core.kv_capacity import hybrid_pool
-from kvbench.core.kv_groups import KvGroupLayout, kv_group_layout
+from kvbench.core.kv_groups import KvCacheGroup, KvGroupLayout, kv_group_layout
 from kvbench.core.request import Request
 from kvbench.engine import RooflineCostModel, Scheduler, SchedulerLimits, simulate
 
@@ -31,11 +31,53 @@ PROMPT, OUTPUT = 8000, 100
 REQUEST = Request(0, 0.0, PROMPT, OUTPUT)
 
 
+def hybrid_over(num_blocks: int, block_size: int, layout: KvGroupLayout, max_model_len: int,
+                **kwargs: bool) -> PagedHybridAllocator:  # fmt: skip
+    """``paged_hybrid`` over ``num_blocks`` blocks, its slots what they hold of the model."""
+    num_slots = -(-num_blocks * block_size * layout.group_size // layout.num_model_layers)
+    return PagedHybridAllocator(num_slots, block_size, max_model_len, layout=layout,
+                                num_blocks=num_blocks, **kwargs)  # fmt: skip
+
+
+def random_layout(rng: random.Random) -> KvGroupLayout:
+    """Full and sliding groups (windows of 3-100 tokens), with padding layers or not."""
+    windows = rng.choice([(None, 8), (None, 32), (16, None, 40), (5,), (None, 3, 100),
+                          (64, 64, None)])  # fmt: skip
+    group_size = rng.choice([1, 2])
+    groups = tuple(KvCacheGroup(window, rng.randint(1, group_size)) for window in windows)
+    num_layers = sum(group.num_layers for group in groups)
+    return KvGroupLayout(groups, group_size=group_size, num_model_layers=num_layers)
+
+
+def count_cohort_rounds(monkeypatch: pytest.MonkeyPatch) -> Counter[str]:
+    """From now on, count what the decode cohort's rounds do (``HybridDecodeCohort``): members
+    freeing blocks behind a window, starting blocks, joining with blocks to free off their
+    phases (a catch-up after a prefill)."""
+    from kvbench.allocators.hybrid_cohort import HybridDecodeCohort
+
+    counts: Counter[str] = Counter()
+    act = HybridDecodeCohort._act
+    join = HybridDecodeCohort.join
+
+    def counted_act(self, member, num_tokens):  # type: ignore[no-untyped-def]
+        first_live = list(member.seq.first_live)
+        num_blocks = len(member.seq.tables[0])
+        act(self, member, num_tokens)
+        counts["freeing"] += member.seq.first_live != first_live
+        counts["starting"] += len(member.seq.tables[0]) > num_blocks
+
+    def counted_join(self, seq_id, seq, num_unprocessed_tokens):  # type: ignore[no-untyped-def]
+        join(self, seq_id, seq, num_unprocessed_tokens)
+        counts["catching_up"] += seq_id in self._first_round
+
+    monkeypatch.setattr(HybridDecodeCohort, "_act", counted_act)
+    monkeypatch.setattr(HybridDecodeCohort, "join", counted_join)
+    return counts
+
+
 def _hybrid(model: str, num_blocks: int = 4000) -> PagedHybridAllocator:
     """``paged_hybrid`` for the catalog model's groups over ``num_blocks`` blocks."""
-    layout = kv_group_layout(get_model(model).layer_windows)
-    num_slots = -(-num_blocks * BLOCK * layout.group_size // layout.num_model_layers)
-    return PagedHybridAllocator(num_slots, BLOCK, 32768, layout=layout, num_blocks=num_blocks)
+    return hybrid_over(num_blocks, BLOCK, kv_group_layout(get_model(model).layer_windows), 32768)
 
 
 def _run_request(allocator) -> None:  # type: ignore[no-untyped-def]
@@ -383,3 +425,84 @@ def test_random_operations_keep_the_pool_consistent(
     assert allocator.num_free_blocks() == num_blocks
     usage = allocator.usage()
     assert usage.token_states == usage.reservation == usage.internal_frag == 0
+
+
+def _state(allocator: PagedHybridAllocator, seq_ids: list[int]) -> tuple:
+    return (allocator.usage(), allocator.free_blocks(),
+            [(allocator.num_tokens(seq_id), allocator.group_tables(seq_id),
+              allocator.held_slots(seq_id)) for seq_id in seq_ids])  # fmt: skip
+
+
+def test_cohort_rounds_leave_the_state_of_single_appends() -> None:
+    """The decode cohort (``join_cohort``, ``advance_cohort``): a round gives the state one
+    ``append`` per member in join order gives (blocks, tables, usage, free queue, counts), its
+    need (``cohort_next_round_blocks``) is the most those appends outrun the free blocks, and
+    members leave and are freed at any point; sequences forked and grown apart share their
+    leading blocks, so a round frees a shared block only at its last reference."""
+    stats: Counter[str] = Counter()
+    for seed in range(60):
+        _compare_cohort_with_single_appends(random.Random(seed), stats)
+    assert stats["rounds"] > 500 and stats["rounds needing blocks"] > 50, stats
+    assert stats["rounds with forked members"] > 50, stats
+
+
+def _compare_cohort_with_single_appends(rng: random.Random, stats: Counter[str]) -> None:
+    layout = random_layout(rng)
+    block_size = rng.choice([1, 2, 4, 16])
+    num_blocks = rng.choice([60, 200, 1000])
+    slot_ahead = rng.random() < 0.5
+    lazy, single = (hybrid_over(num_blocks, block_size, layout, 4096,
+                                generated_slot_ahead=slot_ahead) for _ in range(2))  # fmt: skip
+    live: list[int] = []
+    members: list[int] = []  # in join order
+    final_tokens: dict[int, int] = {}
+    forked: set[int] = set()  # sequences sharing blocks with a fork
+    for seq_id in range(200):
+        operation = rng.choice(["admit", "admit", "fork", "advance", "advance", "advance",
+                                "leave", "free"])  # fmt: skip
+        if operation == "admit":
+            request = Request(seq_id, 0.0, rng.randint(1, 120), rng.randint(1, 200))
+            if not lazy.admit(seq_id, request, request.prompt_tokens + 1):
+                continue
+            assert single.admit(seq_id, request, request.prompt_tokens + 1)
+            live.append(seq_id)
+            final_tokens[seq_id] = request.total_tokens
+        elif operation == "fork" and len(live) > len(members):
+            # A non-member forks, and both grow a token apart (a copy-on-write, or new blocks).
+            parent = rng.choice([other for other in live if other not in members])
+            if (lazy.num_tokens(parent) + 1 >= final_tokens[parent]
+                    or lazy.num_free_blocks() < 2 * len(layout.groups)):  # fmt: skip
+                continue
+            for allocator in (lazy, single):
+                assert allocator.fork(parent, seq_id)
+                assert allocator.append(parent, 1) and allocator.append(seq_id, 1)
+            live.append(seq_id)
+            final_tokens[seq_id] = final_tokens[parent]
+            forked |= {parent, seq_id}
+        elif operation == "advance" and members:
+            if min(final_tokens[member] - lazy.num_tokens(member) for member in members) < 1:
+                continue
+            need = lazy.cohort_next_round_blocks()
+            if need > lazy.num_free_blocks():
+                continue
+            free_before = min_free = single.num_free_blocks()
+            for member in members:
+                assert single.append(member, 1)
+                min_free = min(min_free, single.num_free_blocks())
+            assert need == free_before - min_free
+            lazy.advance_cohort(1)
+            stats["rounds"] += 1
+            stats["rounds needing blocks"] += need > 0
+            stats["rounds with forked members"] += len(forked.intersection(members)) > 1
+        elif operation == "leave" and members:
+            lazy.leave_cohort([members.pop(rng.randrange(len(members)))])
+        elif operation == "free" and live:
+            freed = live.pop(rng.randrange(len(live)))
+            if freed in members:
+                members.remove(freed)
+            lazy.free(freed)
+            single.free(freed)
+        joining = [other for other in live if other not in members and rng.random() < 0.5]
+        if joining and lazy.join_cohort(joining):
+            members += joining
+        assert _state(lazy, live) == _state(single, live)

@@ -12,12 +12,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from referee_support import agrees_with_vllm, kvbench_v1_steps, peer
+from test_paged_hybrid import count_cohort_rounds, hybrid_over, random_layout
 from test_scheduler_v1_prefix_referee import workloads as prefix_workloads
 from test_scheduler_v1_referee import SLICE_LIMITS, TRACE_SLICES
 from test_scheduler_v1_simulate import random_limits
 
 from kvbench.allocators import make_allocator
-from kvbench.allocators.paged_hybrid import PagedHybridAllocator
 from kvbench.core.catalog import get_deployment
 from kvbench.core.kv_capacity import NUM_NULL_BLOCKS, hybrid_pool
 from kvbench.core.kv_groups import KvCacheGroup, KvGroupLayout
@@ -152,14 +152,6 @@ def test_gemma_3_under_v1_holds_less_and_batches_more_than_uniform_paging() -> N
     assert batches["paged_hybrid"] > 2 * batches["paged"]
 
 
-def _hybrid_allocator(num_blocks: int, block_size: int, layout: KvGroupLayout,
-                      max_model_len: int) -> PagedHybridAllocator:  # fmt: skip
-    """``paged_hybrid`` over ``num_blocks`` blocks, its slots what they hold of the model."""
-    num_slots = -(-num_blocks * block_size * layout.group_size // layout.num_model_layers)
-    return PagedHybridAllocator(num_slots, block_size, max_model_len, layout=layout,
-                                num_blocks=num_blocks)  # fmt: skip
-
-
 @pytest.mark.parametrize("async_scheduling", [False, True])
 def test_lazy_decodes_give_the_reference_loops_records(
     async_scheduling: bool, monkeypatch: pytest.MonkeyPatch
@@ -171,36 +163,13 @@ def test_lazy_decodes_give_the_reference_loops_records(
     cohort's rounds do free blocks behind windows, catch up after a prefill, start blocks."""
     import random
 
-    from kvbench.allocators.hybrid_cohort import HybridDecodeCohort
-
-    counts = {"freeing": 0, "starting": 0, "catching_up": 0}
-    act = HybridDecodeCohort._act
-    join = HybridDecodeCohort.join
-
-    def counted_act(self, member, num_tokens):  # type: ignore[no-untyped-def]
-        first_live = list(member.seq.first_live)
-        num_blocks = len(member.seq.tables[0])
-        act(self, member, num_tokens)
-        counts["freeing"] += member.seq.first_live != first_live
-        counts["starting"] += len(member.seq.tables[0]) > num_blocks
-
-    def counted_join(self, seq_id, seq, num_unprocessed_tokens):  # type: ignore[no-untyped-def]
-        join(self, seq_id, seq, num_unprocessed_tokens)
-        counts["catching_up"] += seq_id in self._first_round
-
-    monkeypatch.setattr(HybridDecodeCohort, "_act", counted_act)
-    monkeypatch.setattr(HybridDecodeCohort, "join", counted_join)
+    counts = count_cohort_rounds(monkeypatch)
     cost_model = RooflineCostModel(get_deployment("opt-13b", "a100-40gb"))
     num_preempted = 0
     for seed in range(40):
         rng = random.Random(seed)
         limits = random_limits(rng, async_scheduling)
-        windows = rng.choice([(None, 8), (None, 32), (16, None, 40), (5,), (None, 3, 100),
-                              (64, 64, None)])  # fmt: skip
-        group_size = rng.choice([1, 2])
-        groups = tuple(KvCacheGroup(window, rng.randint(1, group_size)) for window in windows)
-        num_layers = sum(group.num_layers for group in groups)
-        layout = KvGroupLayout(groups, group_size=group_size, num_model_layers=num_layers)
+        layout = random_layout(rng)
         span_s = rng.choice([0.5, 5.0, 50.0])
         requests = [Request(request_id, rng.random() * span_s, rng.randint(0, 300),
                             rng.randint(0, 120))
@@ -209,7 +178,7 @@ def test_lazy_decodes_give_the_reference_loops_records(
         block_size = rng.choice([1, 2, 4, 16, 32])
         runs = []
         for fast in (True, False):
-            allocator = _hybrid_allocator(num_blocks, block_size, layout, limits.max_model_len)
+            allocator = hybrid_over(num_blocks, block_size, layout, limits.max_model_len)
             result = simulate_v1(requests, v1_memory("paged_hybrid", allocator, limits), limits,
                                  cost_model, allocator.num_slots, fast=fast)  # fmt: skip
             runs.append((result.steps.columns,
@@ -218,7 +187,7 @@ def test_lazy_decodes_give_the_reference_loops_records(
         assert runs[0] == runs[1], seed
         num_preempted += sum(runs[1][0]["num_preempted"])
     assert num_preempted > 0
-    assert min(counts.values()) > 100, counts
+    assert len(counts) == 3 and min(counts.values()) > 100, counts
 
 
 def test_a_request_whose_groups_outgrow_the_pool_as_it_decodes_is_rejected() -> None:
@@ -233,7 +202,7 @@ def test_a_request_whose_groups_outgrow_the_pool_as_it_decodes_is_rejected() -> 
     limits = V1Limits(max_num_seqs=4, max_num_batched_tokens=64, max_model_len=512)
     requests = [Request(0, 0.0, 80, 80), Request(1, 0.0, 20, 5)]
     for fast in (True, False):
-        allocator = _hybrid_allocator(40, 4, layout, limits.max_model_len)
+        allocator = hybrid_over(40, 4, layout, limits.max_model_len)
         assert allocator.num_slots == 160
         result = simulate_v1(requests, v1_memory("paged_hybrid", allocator, limits), limits,
                              RooflineCostModel(get_deployment("opt-13b", "a100-40gb")),

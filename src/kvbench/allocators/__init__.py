@@ -21,6 +21,7 @@ from kvbench.allocators.base import (
     CohortAllocator,
     CopyOnWriteCounter,
     MemoryUsage,
+    RoundsAllocator,
 )
 from kvbench.allocators.contiguous import (
     NaiveMaxAllocator,
@@ -135,6 +136,7 @@ __all__ = [
     "PagedHybridAllocator",
     "PrefixCache",
     "RadixAllocator",
+    "RoundsAllocator",
     "VAttentionAllocator",
     "VAttentionSettings",
     "make_allocator",

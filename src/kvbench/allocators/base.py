@@ -3,8 +3,9 @@ declare, and the memory-usage breakdown every allocator reports.
 
 ``Allocator`` is what every allocator does. Abilities only some have are declared, never probed
 for: ``prefix_cache`` (a ``PrefixCache`` component or None) and ``forks_share_blocks`` are
-properties of every allocator, read on hot paths; ``CohortAllocator`` (lazy cohort rounds) and
-``CopyOnWriteCounter`` are protocols the engine checks with ``isinstance`` once per run.
+properties of every allocator, read on hot paths; ``RoundsAllocator`` (lazy rounds),
+``CohortAllocator`` (lazy rounds described ahead) and ``CopyOnWriteCounter`` are protocols the
+engine checks with ``isinstance`` once per run.
 
 All sizes are in token slots: one slot holds the K and V of one token in every layer. Bytes are
 computed only by the catalog (``kvbench.core.specs``), from slots.
@@ -200,9 +201,9 @@ class CohortRounds:
 
 
 @runtime_checkable
-class CohortAllocator(Allocator, Protocol):
-    """Ability: the engine's fast path can advance the running batch one round per iteration at
-    a cost of O(new blocks), not O(sequences).
+class RoundsAllocator(Allocator, Protocol):
+    """Ability: the engine's fast path can grow the running batch a token per sequence per
+    iteration lazily, at a cost of O(the members a round changes), not O(sequences).
 
     Members append one token per round, in join order; their token counts are lazy (read them
     with ``num_tokens``); ``free`` takes a member out, and ``append``/``fork`` refuse members.
@@ -218,11 +219,8 @@ class CohortAllocator(Allocator, Protocol):
         ...
 
     def cohort_next_round_blocks(self) -> int:
-        """Blocks the next round takes."""
-        ...
-
-    def cohort_rounds(self) -> CohortRounds:
-        """The blocks and internal fragmentation of the next rounds."""
+        """Free blocks the next round needs: the blocks it takes beyond those it frees before
+        (a sliding window's); fewer free, some member cannot grow."""
         ...
 
     def advance_cohort(self, num_rounds: int) -> None:
@@ -231,4 +229,15 @@ class CohortAllocator(Allocator, Protocol):
 
     def num_free_blocks(self) -> int:
         """Blocks free for new allocations."""
+        ...
+
+
+@runtime_checkable
+class CohortAllocator(RoundsAllocator, Protocol):
+    """Ability: a ``RoundsAllocator`` whose rounds only take blocks, so that the next ones can be
+    described ahead (``cohort_rounds``): the engine runs decode-only iterations as stretches,
+    O(1) each."""
+
+    def cohort_rounds(self) -> CohortRounds:
+        """The blocks and internal fragmentation of the next rounds."""
         ...

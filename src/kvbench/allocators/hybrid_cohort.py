@@ -1,5 +1,6 @@
 """The hybrid manager's decode cohort: vLLM v1's running requests that only decode, grown lazily
-(``PagedHybridAllocator.join_decoders``, driven by the scheduler's ``LazyDecoders``).
+(``PagedHybridAllocator.join_decoders``, driven by vLLM v1's ``LazyDecoders`` or the vLLM-v0
+engine's ``LazyBatch``).
 
 A member decodes one token a round, and its token count is ``offset + round``. vLLM's
 ``allocate_slots`` changes something for it in a round only when the token starts a block (a new
@@ -11,13 +12,14 @@ those of its phase in that order: the same frees and allocations, in the same or
 round when its last prefill chunk left blocks behind a window (they are freed then).
 
 The members' partly filled last blocks are counted here as rounds run, as ``V1KVCache``'s cohort
-counts them, so the pool's usage costs nothing per member. Without a prefix cache only: every
-block a member holds is its own, so a freed entry always frees its block.
+counts them, so the pool's usage costs nothing per member. Without a prefix cache only (a
+round would cache the blocks it fills); a member may share blocks with a fork (vLLM-v0 engine's
+parallel sampling) but for its last one.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
@@ -53,6 +55,8 @@ class HybridDecodeCohort(Generic[_SeqT]):
         free_behind_window: frees a sequence's table entries ``[first, end)`` of a group (the
             allocator's ``append`` does the same).
         start_blocks: gives a sequence a new block in every group, in group order.
+        ref_counts: the pool's references per block (read: a freed entry frees its block only
+            when it holds the last one).
 
     Attributes:
         round_index: rounds run since the cohort was made.
@@ -67,6 +71,7 @@ class HybridDecodeCohort(Generic[_SeqT]):
         windows: list[int | None],
         free_behind_window: Callable[[_SeqT, int, int, int], None],
         start_blocks: Callable[[_SeqT], None],
+        ref_counts: Sequence[int],
     ) -> None:
         self.block_size = block_size
         self._sliding = [(group, window) for group, window in enumerate(windows)
@@ -74,6 +79,7 @@ class HybridDecodeCohort(Generic[_SeqT]):
         self._num_groups = len(windows)
         self._free_behind_window = free_behind_window
         self._start_blocks = start_blocks
+        self._ref_counts = ref_counts
         self.round_index = 0
         self._members: dict[int, _Member[_SeqT]] = {}
         # phase -> the members (running order) acting in rounds r with r % block_size == phase.
@@ -89,6 +95,10 @@ class HybridDecodeCohort(Generic[_SeqT]):
 
     def __contains__(self, seq_id: int) -> bool:
         return seq_id in self._members
+
+    def num_tokens(self, seq_id: int) -> int:
+        """A member's tokens now."""
+        return self._members[seq_id].offset + self.round_index
 
     def join(self, seq_id: int, seq: _SeqT, num_unprocessed_tokens: int) -> None:
         """Add a sequence after the members (its tokens all allocated, its last block its own);
@@ -118,7 +128,7 @@ class HybridDecodeCohort(Generic[_SeqT]):
             self._acting[phase][seq_id] = member
         self._num_starting[start_phase] += 1
         first_phase = round_index % block_size
-        if first_phase not in phases and self._num_released(member, num_tokens):
+        if first_phase not in phases and self._num_released(member, num_tokens, {}):
             self._acting[first_phase][seq_id] = member
             self._first_round[seq_id] = first_phase
         if member.unused_slots and member.frag_round >= round_index:
@@ -160,9 +170,10 @@ class HybridDecodeCohort(Generic[_SeqT]):
         block_size = self.block_size
         num_groups = self._num_groups
         balance = need = 0
+        released: dict[int, int] = {}  # block -> references the round drops before
         for member in self._acting[round_index % block_size].values():
             num_tokens = member.offset + round_index
-            balance += self._num_released(member, num_tokens)
+            balance += self._num_released(member, num_tokens, released)
             if num_tokens % block_size == 0:
                 balance -= num_groups
                 need = max(need, -balance)
@@ -201,15 +212,24 @@ class HybridDecodeCohort(Generic[_SeqT]):
         if num_tokens % block_size == 0:
             self._start_blocks(seq)
 
-    def _num_released(self, member: _Member[_SeqT], num_tokens: int) -> int:
-        """Blocks ``_act`` frees for a sequence of ``num_tokens`` tokens."""
+    def _num_released(self, member: _Member[_SeqT], num_tokens: int,
+                      released: dict[int, int]) -> int:  # fmt: skip
+        """Blocks ``_act`` gives back to the pool for a sequence of ``num_tokens`` tokens: the
+        entries it frees whose last reference it holds, after the references ``released``
+        (block -> references dropped earlier in the round), which it adds its own to."""
         seq = member.seq
         processed = num_tokens - member.num_unprocessed_tokens
         block_size = self.block_size
+        ref_counts = self._ref_counts
         num_released = 0
         for group, window in self._sliding:
-            end = min(max(0, processed - window + 1) // block_size, len(seq.tables[group]))
-            num_released += max(0, end - seq.first_live[group])
+            table = seq.tables[group]
+            end = min(max(0, processed - window + 1) // block_size, len(table))
+            for block_id in table[seq.first_live[group]:end]:
+                assert block_id is not None  # entries from first_live on are live
+                num_dropped = released.get(block_id, 0)
+                num_released += ref_counts[block_id] - num_dropped == 1
+                released[block_id] = num_dropped + 1
         return num_released
 
     def _count_partial(self, num_tokens: int, member: _Member[_SeqT], sign: int) -> None:

@@ -159,7 +159,8 @@ class PagedHybridAllocator:
         self._partial_usable = 0
         # vLLM v1's decoding requests, grown lazily (``join_decoders``).
         self._decoders: HybridDecodeCohort[_HybridSequence] = HybridDecodeCohort(
-            block_size, self._windows, self._free_behind_window, self._start_blocks
+            block_size, self._windows, self._free_behind_window, self._start_blocks,
+            self._pool.ref_counts,
         )
 
     # --- the Allocator protocol ----------------------------------------------------------------
@@ -242,6 +243,7 @@ class PagedHybridAllocator:
         ``num_cacheable_tokens`` tokens are cached (default: every held token; under async
         scheduling, a token in flight is not known yet: ``cache_blocks`` catches up)."""
         check_token_count(num_tokens)
+        self._check_not_in_cohort(seq_id)
         seq = self._sequences[seq_id]
         default_processed = self._computed_tokens(seq)
         if num_processed_tokens is None:
@@ -307,22 +309,30 @@ class PagedHybridAllocator:
             assert appended  # covered by the free blocks alone
         return True
 
-    # --- vLLM v1's decoding requests, grown lazily (``hybrid_cohort``) ----------------------
+    # --- the decoding requests, grown lazily (``RoundsAllocator``; ``hybrid_cohort``) --------
+
+    def join_cohort(self, seq_ids: list[int]) -> bool:
+        """``join_decoders`` with the windows placed as ``append`` places them by default."""
+        return self.join_decoders(seq_ids, num_unprocessed_tokens=self._num_uncomputed_tokens)
 
     def join_decoders(self, seq_ids: list[int], *, num_unprocessed_tokens: int) -> bool:
         """Make the sequences (after the members, in running order) members of the decode
-        cohort: from now on each ``advance_decoders`` round appends one token to each, in join
+        cohort: from now on each ``advance_cohort`` round appends one token to each, in join
         order, as ``append(seq_id, 1, num_processed_tokens=num_tokens -
-        num_unprocessed_tokens)`` would, until it leaves (``leave_decoders``); a member's
-        ``num_tokens`` is stale meanwhile. False (nothing changes) with a prefix cache (rounds
-        would cache blocks) or a shared last block (a round would copy it)."""
+        num_unprocessed_tokens)`` would, until it leaves (``leave_cohort``, ``free``). False
+        (nothing changes) with a prefix cache (rounds would cache blocks), a shared last block
+        (a round would copy it) or a sequence past its final length (one that outputs no
+        token)."""
         if self.prefix_cache is not None:
             return False
         sequences = self._sequences
         ref_counts = self._pool.ref_counts
-        if any(ref_counts[sequences[seq_id].tables[0][-1]] > 1  # type: ignore[index]
-               for seq_id in seq_ids):  # fmt: skip
-            return False
+        for seq_id in seq_ids:
+            seq = sequences[seq_id]
+            last_block = seq.tables[0][-1]
+            assert last_block is not None  # a table's last block is never freed
+            if seq.num_tokens > seq.final_tokens or ref_counts[last_block] > 1:
+                return False
         for seq_id in seq_ids:
             seq = sequences[seq_id]
             if seq.num_tokens % self.block_size:  # the cohort counts its partial last block
@@ -330,18 +340,17 @@ class PagedHybridAllocator:
             self._decoders.join(seq_id, seq, num_unprocessed_tokens)
         return True
 
-    def decoders_round_need(self) -> int:
-        """Free blocks the decode cohort's next round needs (``HybridDecodeCohort.round_need``):
-        fewer free, some member cannot grow (the caller takes them all out first)."""
+    def cohort_next_round_blocks(self) -> int:
+        """Free blocks the cohort's next round needs (``HybridDecodeCohort.round_need``)."""
         return self._decoders.round_need()
 
-    def advance_decoders(self, num_rounds: int) -> None:
-        """Run ``num_rounds`` rounds of the decode cohort (each checked with
-        ``decoders_round_need``)."""
+    def advance_cohort(self, num_rounds: int) -> None:
+        """Run ``num_rounds`` rounds of the cohort (each checked with
+        ``cohort_next_round_blocks``)."""
         self._decoders.advance(num_rounds)
 
-    def leave_decoders(self, seq_ids: list[int]) -> None:
-        """Take the sequences out of the decode cohort, their token counts written back."""
+    def leave_cohort(self, seq_ids: list[int]) -> None:
+        """Take the sequences out of the cohort, their token counts written back."""
         for seq_id in seq_ids:
             self._track_last_blocks(self._decoders.leave(seq_id))
 
@@ -349,6 +358,7 @@ class PagedHybridAllocator:
         """Make ``child_id`` share every live block of ``parent_id`` (always succeeds)."""
         if child_id in self._sequences:
             raise ValueError(f"sequence {child_id} is already allocated")
+        self._check_not_in_cohort(parent_id)
         parent = self._sequences[parent_id]
         for block_id in self._live_blocks(parent):
             self._pool.incref(block_id)
@@ -366,7 +376,8 @@ class PagedHybridAllocator:
 
     def free(self, seq_id: int) -> None:
         """Drop the sequence's references, each group's tail first (vLLM frees in reverse)."""
-        assert seq_id not in self._decoders, "a decoding member leaves before it is freed"
+        if seq_id in self._decoders:
+            self.leave_cohort([seq_id])
         seq = self._sequences.pop(seq_id)
         for group, table in enumerate(seq.tables):
             live = [block_id for block_id in table[seq.first_live[group] :] if block_id is not None]
@@ -380,6 +391,8 @@ class PagedHybridAllocator:
 
     def num_tokens(self, seq_id: int) -> int:
         """Tokens the sequence currently holds (computed, or being computed)."""
+        if seq_id in self._decoders:
+            return self._decoders.num_tokens(seq_id)
         return self._sequences[seq_id].num_tokens
 
     def block_table(self, seq_id: int) -> tuple[int, ...]:
@@ -610,6 +623,10 @@ class PagedHybridAllocator:
         seq.first_live[group] = max(seq.first_live[group], end)
         self._num_logical_blocks -= len(behind)
         self._release(behind[::-1], group)  # the newest first, as vLLM frees the range
+
+    def _check_not_in_cohort(self, seq_id: int) -> None:
+        if seq_id in self._decoders:
+            raise RuntimeError("the sequence is in the cohort: leave_cohort first")
 
     def _start_blocks(self, seq: _HybridSequence) -> None:
         """A new block in every group, in group order (a token that starts a block)."""

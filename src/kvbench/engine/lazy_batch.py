@@ -2,12 +2,15 @@
 
 Every iteration, every running sequence produces one token. ``LazyBatch`` holds that as a clock:
 a running sequence has generated ``offset + tick`` tokens, its allocator holds its KV in a cohort
-(``CohortAllocator``: a round appends a token to every member for O(new blocks) work), and the
-iterations at which sequences finish wait in a heap. An iteration then costs O(what changes in
-it) (the sequences it admits or finishes, the blocks it starts), not O(running sequences):
+(``RoundsAllocator``: a round appends a token to every member for O(the blocks it starts or
+frees) work), and the iterations at which sequences finish wait in a heap. An iteration then
+costs O(what changes in it) (the sequences it admits or finishes, the blocks it starts), not
+O(running sequences):
 
 - a quiet stretch (nothing can be admitted) runs until an arrival into an empty queue, or a
-  round the pool cannot hold, with O(1) work per iteration and the finishers freed as it goes;
+  round the pool cannot hold, with O(1) work per iteration and the finishers freed as it goes
+  (``CohortAllocator``, whose rounds only take blocks; ``paged_hybrid``'s free blocks behind
+  sliding windows, which may admit the head: each of its iterations is the next kind);
 - an iteration that may admit runs the scheduler's admission as the step-by-step loop does,
   after one cohort round for the running sequences.
 
@@ -21,7 +24,7 @@ from __future__ import annotations
 import heapq
 from typing import Generic, TypeVar, cast
 
-from kvbench.allocators.base import Allocator, CohortAllocator
+from kvbench.allocators.base import Allocator, CohortAllocator, RoundsAllocator
 from kvbench.engine.arrival_queue import Arrivals
 from kvbench.engine.cost_model import CostModel, DecodeTimeFn
 from kvbench.engine.iteration import IdleWait, end_iteration, finish_sequence, record_step
@@ -76,7 +79,7 @@ class FinishCalendar(Generic[_MemberT]):
 class LazyBatch:
     """The running batch of one ``simulate`` run, advanced lazily while it can be.
 
-    ``enabled`` is False for an allocator without cohort rounds, and for the ``lpm`` policy
+    ``enabled`` is False for an allocator without lazy rounds, and for the ``lpm`` policy
     (the engine then runs step by step). While ``active``, ``Sequence.num_generated`` of
     running sequences and the allocator's token counts are stale: ``deactivate`` writes them
     back.
@@ -94,11 +97,13 @@ class LazyBatch:
     ) -> None:
         # lpm reorders the queue as the cache changes, which a stretch's blocked head assumes
         # it does not: lpm runs step by step (the same records the step loop gives).
-        self.enabled = isinstance(allocator, CohortAllocator) and scheduler.limits.policy == FCFS
+        self.enabled = isinstance(allocator, RoundsAllocator) and scheduler.limits.policy == FCFS
+        # Quiet stretches need the rounds described ahead, and a head that stays blocked.
+        self._stretches = isinstance(allocator, CohortAllocator)
         self.active = False
         self._arrivals = arrivals
         self._scheduler = scheduler
-        self._allocator = cast(CohortAllocator, allocator)
+        self._allocator = cast(RoundsAllocator, allocator)
         self._cost_model = cost_model
         self._steps = steps
         self._samples = samples
@@ -122,7 +127,9 @@ class LazyBatch:
         if allocator.cohort_next_round_blocks() > allocator.num_free_blocks():
             self.deactivate()  # a running sequence cannot grow: preemption
             return None
-        memory_blocked = _head_blocked(scheduler, allocator) if scheduler.running else None
+        memory_blocked = None
+        if self._stretches and scheduler.running:
+            memory_blocked = _head_blocked(scheduler, allocator)
         if memory_blocked is None:
             return self._admission_iteration(now_s)
         return self._stretch(now_s, memory_blocked)
@@ -252,7 +259,8 @@ class LazyBatch:
         # Each round's row goes straight into the step columns (the usage after it from the
         # cohort's rounds: a token state more per sequence, a block more per start).
         block_size = allocator.block_size
-        rows = DecodeRows(self._steps, allocator.usage(), allocator.cohort_rounds(),
+        rows = DecodeRows(self._steps, allocator.usage(),
+                          cast(CohortAllocator, allocator).cohort_rounds(),
                           num_seqs=num_seqs, block_size=block_size,
                           num_free_slots=allocator.num_free_blocks() * block_size,
                           memory_blocked=memory_blocked)  # fmt: skip

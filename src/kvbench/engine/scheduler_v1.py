@@ -385,7 +385,7 @@ class HybridV1Memory(_AllocatorV1Memory[PagedHybridAllocator]):
 
     def next_round_blocks(self) -> int:
         """Free blocks the next round needs (its new blocks beyond what its frees give back)."""
-        return self._allocator.decoders_round_need()
+        return self._allocator.cohort_next_round_blocks()
 
     def decode_rounds(self) -> None:
         """None: rounds also free blocks (behind the windows), so no stretch runs."""
@@ -393,11 +393,11 @@ class HybridV1Memory(_AllocatorV1Memory[PagedHybridAllocator]):
 
     def advance_decoders(self, num_rounds: int) -> None:
         """Grow every member by ``num_rounds`` tokens."""
-        self._allocator.advance_decoders(num_rounds)
+        self._allocator.advance_cohort(num_rounds)
 
     def leave_decoders(self, seqs: list[V1Sequence]) -> None:
         """Take ``seqs`` out of the cohort, their counts written back."""
-        self._allocator.leave_decoders([seq.request_id for seq in seqs])
+        self._allocator.leave_cohort([seq.request_id for seq in seqs])
 
 
 def _processed_tokens(seq: V1Sequence) -> int:
