@@ -1,6 +1,6 @@
-"""The hybrid manager's decode cohort: vLLM v1's running requests that only decode, grown lazily
-(``PagedHybridAllocator.join_decoders``, driven by vLLM v1's ``LazyDecoders`` or the vLLM-v0
-engine's ``LazyBatch``).
+"""The hybrid manager's decode cohort: running sequences that only decode, grown lazily
+(``PagedHybridAllocator.join_cohort``, ``join_decoders``; driven by the vLLM-v0 engine's
+``LazyBatch`` or vLLM v1's ``LazyDecoders``).
 
 A member decodes one token a round, and its token count is ``offset + round``. vLLM's
 ``allocate_slots`` changes something for it in a round only when the token starts a block (a new
@@ -155,13 +155,6 @@ class HybridDecodeCohort(Generic[_SeqT]):
         self._count_partial(num_tokens, member, -1)
         member.seq.num_tokens = num_tokens
         return member.seq
-
-    def leave_all(self) -> list[int]:
-        """Take every member out (``leave``); their ids, in running order."""
-        seq_ids = list(self._members)
-        for seq_id in seq_ids:
-            self.leave(seq_id)
-        return seq_ids
 
     def round_need(self) -> int:
         """Free blocks the next round needs: the most its members' new blocks outrun the blocks

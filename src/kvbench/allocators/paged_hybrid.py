@@ -32,6 +32,10 @@ only the last ``ceil((w - 1) / block_size)`` of them (null entries before). Bloc
 window stay cached in the free queue until the pool reuses them; freed blocks join the queue as
 vLLM's do, those it holds no hash for at the head. Shared blocks count in the
 breakdown's ``shared_slots`` and ``saved_slots`` like forks' do.
+
+Without a prefix cache, the running sequences that only decode can grow lazily, a round at a
+time for all of them (``join_cohort``, ``advance_cohort``: ``hybrid_cohort``), as the engines'
+fast paths do.
 """
 
 from __future__ import annotations
@@ -157,7 +161,7 @@ class PagedHybridAllocator:
         self._partial_layer_slots = 0
         self._partial_filled = 0
         self._partial_usable = 0
-        # vLLM v1's decoding requests, grown lazily (``join_decoders``).
+        # The running sequences that only decode, grown lazily (``join_cohort``).
         self._decoders: HybridDecodeCohort[_HybridSequence] = HybridDecodeCohort(
             block_size, self._windows, self._free_behind_window, self._start_blocks,
             self._pool.ref_counts,
@@ -335,8 +339,7 @@ class PagedHybridAllocator:
                 return False
         for seq_id in seq_ids:
             seq = sequences[seq_id]
-            if seq.num_tokens % self.block_size:  # the cohort counts its partial last block
-                self._untrack_partial(seq.tables[0][-1])
+            self._untrack_partial(seq.tables[0][-1])  # the cohort counts its partial last block
             self._decoders.join(seq_id, seq, num_unprocessed_tokens)
         return True
 

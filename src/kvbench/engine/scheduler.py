@@ -275,13 +275,12 @@ class Scheduler:
         while self._swapped and self._has_seat(batch):
             seq = self._swapped[0]
             # The swapped-in sequence decodes its next token this iteration: one more slot.
-            fits = allocator.admit(seq.seq_id, seq.request, seq.num_kv_tokens + 1)
-            if fits or self._running or batch.swapped_in:
-                if not fits:
-                    batch.memory_blocked = True
-                    return rejected
+            if allocator.admit(seq.seq_id, seq.request, seq.num_kv_tokens + 1):
                 batch.num_swap_in_tokens += seq.num_kv_tokens
                 batch.swapped_in.append(seq)
+            elif self._running or batch.swapped_in:
+                batch.memory_blocked = True
+                return rejected
             else:
                 # Nothing else holds memory: it can never come back (``paged_hybrid`` takes
                 # blocks for every token in every group, sliding ones too, where it held a
