@@ -10,7 +10,7 @@ O(running sequences):
 - a quiet stretch (nothing can be admitted) runs until an arrival into an empty queue, or a
   round the pool cannot hold, with O(1) work per iteration and the finishers freed as it goes
   (``CohortAllocator``, whose rounds only take blocks; ``paged_hybrid``'s free blocks behind
-  sliding windows, which may admit the head: each of its iterations is the next kind);
+  sliding windows, which may admit the head: each of its iterations is one that may admit);
 - an iteration that may admit runs the scheduler's admission as the step-by-step loop does,
   after one cohort round for the running sequences.
 
