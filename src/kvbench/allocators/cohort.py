@@ -36,6 +36,16 @@ def final_block_fragment(final_tokens: int, block_size: int) -> tuple[int, int]:
     return final_block_start, final_block_start + block_size - final_tokens
 
 
+def count_in_calendar(calendar: dict[int, int], round_index: int, slots: int) -> None:
+    """Add ``slots`` (negative: take them back) to round ``round_index`` of a calendar of
+    internal-fragmentation slots; a round that comes to 0 is dropped."""
+    total = calendar.get(round_index, 0) + slots
+    if total:
+        calendar[round_index] = total
+    else:
+        calendar.pop(round_index, None)
+
+
 class Cohort:
     """Lazy bookkeeping of the members' token counts, block starts and internal fragmentation.
 
@@ -140,8 +150,4 @@ class Cohort:
         if entry_round < self.round_index:
             self.internal_frag_slots += sign * slots_past_final
             return
-        slots = self._frag_calendar.get(entry_round, 0) + sign * slots_past_final
-        if slots:
-            self._frag_calendar[entry_round] = slots
-        else:
-            del self._frag_calendar[entry_round]
+        count_in_calendar(self._frag_calendar, entry_round, sign * slots_past_final)

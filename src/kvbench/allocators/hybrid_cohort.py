@@ -23,6 +23,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
+from kvbench.allocators.cohort import count_in_calendar, final_block_fragment
+
 
 class CohortSequence(Protocol):
     """What the cohort reads and writes of a ``paged_hybrid`` sequence."""
@@ -114,14 +116,14 @@ class HybridDecodeCohort(Generic[_SeqT]):
             # The window's first block falls behind it when offset + r - unprocessed - window
             # + 1 is a multiple of block_size.
             phases.add((num_unprocessed_tokens + window - 1 - offset) % block_size)
-        final_block_start = (seq.final_tokens - 1) // block_size * block_size
+        final_block_start, unused_slots = final_block_fragment(seq.final_tokens, block_size)
         member = _Member(
             seq=seq,
             offset=offset,
             num_unprocessed_tokens=num_unprocessed_tokens,
             phases=tuple(phases),
             frag_round=round_index + final_block_start - num_tokens,
-            unused_slots=final_block_start + block_size - seq.final_tokens,
+            unused_slots=unused_slots,
         )
         self._members[seq_id] = member
         for phase in phases:
@@ -131,9 +133,8 @@ class HybridDecodeCohort(Generic[_SeqT]):
         if first_phase not in phases and self._num_released(member, num_tokens, {}):
             self._acting[first_phase][seq_id] = member
             self._first_round[seq_id] = first_phase
-        if member.unused_slots and member.frag_round >= round_index:
-            calendar = self._frag_calendar
-            calendar[member.frag_round] = calendar.get(member.frag_round, 0) + member.unused_slots
+        if unused_slots and member.frag_round >= round_index:
+            count_in_calendar(self._frag_calendar, member.frag_round, unused_slots)
         self._count_partial(num_tokens, member, 1)
 
     def leave(self, seq_id: int) -> _SeqT:
@@ -148,10 +149,7 @@ class HybridDecodeCohort(Generic[_SeqT]):
             del self._acting[first_phase][seq_id]
         num_tokens = member.offset + self.round_index
         if member.unused_slots and member.frag_round >= self.round_index:  # not entered yet
-            calendar = self._frag_calendar
-            calendar[member.frag_round] -= member.unused_slots
-            if not calendar[member.frag_round]:
-                del calendar[member.frag_round]
+            count_in_calendar(self._frag_calendar, member.frag_round, -member.unused_slots)
         self._count_partial(num_tokens, member, -1)
         member.seq.num_tokens = num_tokens
         return member.seq

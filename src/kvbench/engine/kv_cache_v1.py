@@ -30,6 +30,7 @@ from collections import OrderedDict
 from typing import TYPE_CHECKING
 
 from kvbench.allocators.base import CohortRounds, MemoryUsage
+from kvbench.allocators.cohort import count_in_calendar, final_block_fragment
 from kvbench.allocators.prefix_hashes import prompt_block_hashes
 from kvbench.core.request import Request
 
@@ -284,12 +285,10 @@ class V1KVCache:
             phase = (computed - round_index) % block_size
             cohort.phases[phase][seq] = None
             final_tokens = min(seq.request.total_tokens, self.max_model_len)
-            last_block_start = (final_tokens - 1) // block_size * block_size
-            unused_slots = block_size - (final_tokens - last_block_start)
+            last_block_start, unused_slots = final_block_fragment(final_tokens, block_size)
             frag_round = round_index + last_block_start - computed  # it enters its final block
             if unused_slots and frag_round >= round_index:
-                calendar = cohort.frag_calendar
-                calendar[frag_round] = calendar.get(frag_round, 0) + unused_slots
+                count_in_calendar(cohort.frag_calendar, frag_round, unused_slots)
             cohort.members[seq] = (phase, frag_round, unused_slots)
             cohort.add_partial(self._partial_block(seq), 1)
         return True
@@ -345,10 +344,7 @@ class V1KVCache:
             phase, frag_round, unused_slots = cohort.members.pop(seq)
             del cohort.phases[phase][seq]
             if unused_slots and frag_round >= cohort.round_index:  # not entered yet
-                calendar = cohort.frag_calendar
-                calendar[frag_round] -= unused_slots
-                if not calendar[frag_round]:
-                    del calendar[frag_round]
+                count_in_calendar(cohort.frag_calendar, frag_round, -unused_slots)
             cohort.add_partial(self._partial_block(seq), -1)
             if self.enable_caching:
                 num_known_tokens = seq.num_computed_tokens - seq.num_output_placeholders

@@ -128,27 +128,28 @@ def simulate_v1(
                                                    record_of, idle.end(now_s))  # fmt: skip
                 store_lag.priced(now_s - started_s)
                 num_ended += num_finished
-            elif step.finished_request_ids:  # async: it only took the last step's tokens in
+            else:  # no model runs: only the step's admissions and preemptions are recorded
                 _record_admitted_and_preempted(scheduler.last_batch, record_of, now_s)
-                num_ended += _record_finished(scheduler.last_batch, record_of, now_s)
-            elif clock is not None and scheduler.has_unfinished and (
-                step.cpu_hit_tokens or step.preempted_request_ids or scheduler.awaits_cpu_tier
-            ):
-                # With a CPU tier, a step may compute nothing: it admitted loads, preempted the
-                # last running request beside a loaded one, or waits for a copy a request needs
-                # (the engine idles until the first copy in flight ends or a request arrives).
-                _record_admitted_and_preempted(scheduler.last_batch, record_of, now_s)
-                copy_end_s = clock.next_end_s(now_s)
-                if copy_end_s is not None:
-                    now_s = min(copy_end_s, arrivals.next_arrival_s())
-            elif scheduler.has_unfinished:
-                # Nothing runs, and the first waiting request does not fit the pool alone: a
-                # contiguous allocator's reservation larger than it, or a hybrid request whose
-                # groups outgrow it as it decodes (it preempted itself and every other running
-                # request, and would again): it never will.
-                _record_admitted_and_preempted(scheduler.last_batch, record_of, now_s)
-                record_of.pop(scheduler.drop_first_waiting().request_id).mark_rejected(EXCEEDS_POOL)
-                num_ended += 1
+                if step.finished_request_ids:  # async: it only took the last step's tokens in
+                    num_ended += _record_finished(scheduler.last_batch, record_of, now_s)
+                elif clock is not None and scheduler.has_unfinished and (
+                    step.cpu_hit_tokens or step.preempted_request_ids or scheduler.awaits_cpu_tier
+                ):
+                    # With a CPU tier, a step may compute nothing: it admitted loads, preempted
+                    # the last running request beside a loaded one, or waits for a copy a
+                    # request needs (the engine idles until the first copy in flight ends or a
+                    # request arrives).
+                    copy_end_s = clock.next_end_s(now_s)
+                    if copy_end_s is not None:
+                        now_s = min(copy_end_s, arrivals.next_arrival_s())
+                elif scheduler.has_unfinished:
+                    # Nothing runs, and the first waiting request does not fit the pool alone: a
+                    # contiguous allocator's reservation larger than it, or a hybrid request
+                    # whose groups outgrow it as it decodes (it preempted itself and every other
+                    # running request, and would again): it never will.
+                    rejected = scheduler.drop_first_waiting()
+                    record_of.pop(rejected.request_id).mark_rejected(EXCEEDS_POOL)
+                    num_ended += 1
         if num_ended and on_finish is not None:
             on_finish(num_ended)
     steps.close()
