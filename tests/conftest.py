@@ -56,10 +56,10 @@ def shared_traces() -> Path:
     return SHARED_TRACES
 
 
-def assert_least_squares_optimum(features, times_s, coefficients) -> None:
+def assert_least_squares_optimum(features, times_s, coefficients, signed=None) -> None:
     """``coefficients`` minimise the relative squared error of ``features`` against ``times_s``
-    over all non-negative coefficients (Karush-Kuhn-Tucker): moving a positive coefficient
-    either way, or raising one at 0, lowers it nowhere."""
+    over all coefficients >= 0 but the ``signed`` ones (Karush-Kuhn-Tucker): moving a positive
+    or signed coefficient either way, or raising one at 0, lowers it nowhere."""
     import numpy as np
 
     targets = np.asarray(times_s, dtype=np.float64)  # [num_points]
@@ -69,5 +69,7 @@ def assert_least_squares_optimum(features, times_s, coefficients) -> None:
     # Each term's slope of the error, as a cosine between its column and the residual.
     slopes = np.divide(weighted.T @ residual, norms, out=np.zeros(len(norms)), where=norms > 0)
     positive = np.asarray(coefficients) > 0
+    if signed is not None:
+        positive |= np.asarray(signed, dtype=bool)
     assert np.all(np.abs(slopes[positive]) < 1e-6), f"a positive term's slope: {slopes}"
     assert np.all(slopes[~positive] > -1e-6), f"a term at 0 would lower the error: {slopes}"

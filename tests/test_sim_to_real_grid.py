@@ -70,6 +70,15 @@ def test_every_grid_point_runs_at_once_in_the_grids_pool():
     assert max(p.num_seqs for p in real_grid(4, 64)) == 4
 
 
+def test_the_grid_decodes_every_batch_the_runs_have():
+    # A stair is fitted only where some step computes its count of tokens (tasks.profile.fit):
+    # the experiment's runs decode batches of 1-6, and a batch of 3 or 5 cost no line's price.
+    points = real_grid(LIMITS.max_num_seqs, 64)
+    decode_only = {p.num_seqs for p in points
+                   if p.decode_steps and not p.joining_prompts and not p.wait_s}  # fmt: skip
+    assert decode_only == {1, 2, 3, 4, 5, 6}
+
+
 def test_the_grid_spans_prefill_decode_and_mixed_steps():
     kinds = set()
     for point in real_grid(LIMITS.max_num_seqs, 64):
@@ -281,9 +290,11 @@ def test_the_fit_recovers_the_costs_the_steps_were_priced_by():
 
 
 def test_the_fit_prices_the_wake_up_after_an_idle_wait_apart_from_the_shape():
-    shapes = [IterationShape(tokens, tokens * (tokens + 1) // 2, decodes, decodes * 30,
+    # Contexts that differ between shapes: one mean context for all would be the fixed term.
+    shapes = [IterationShape(tokens, tokens * (tokens + 1) // 2, decodes, decodes * context,
                              num_prefill_seqs=1 if tokens else 0)
-              for tokens in (0, 8, 32) for decodes in (1, 3, 6)]  # fmt: skip
+              for tokens in (0, 8, 32) for decodes in (1, 3, 6)
+              for context in (30, 60)]  # fmt: skip
     costs = COSTS | {"wake_per_sqrt_idle_s": 0.01, "wake_per_idle_s": 0.008}
     model = ProfiledCostModel(costs, 16)
     # Every shape warm, and some again as the first step after waits of 0.1-4 s.

@@ -121,6 +121,7 @@ def test_the_docs_block_is_what_the_report_makes_of_the_committed_runs():
 @pytest.mark.parametrize(("run", "heading"), [
     ("intel-xeon-2026-12-04", "## Again on an Intel Xeon (2026-12-04)"),
     ("amd-epyc-2026-12-05", "## Again on an AMD EPYC (2026-12-05)"),
+    ("amd-epyc-2026-12-06", "## Signed stairs, on an AMD EPYC (2026-12-06)"),
 ])  # fmt: skip
 def test_a_later_machines_tables_in_the_docs_are_what_the_report_makes_of_its_runs(
     run, heading

@@ -49,7 +49,8 @@ def test_every_grid_point_fits_the_engine_at_once():
 def test_the_grid_spans_the_shapes_the_replays_need():
     points = vllm_grid(**ENGINE)
     decodes = [p for p in points if p.decode_seqs and not p.prefill_prompts]
-    assert {p.decode_seqs for p in decodes} == {1, 2, 4, 8, 16}
+    # Every count of the stair terms (1-8 rows), and 16.
+    assert {p.decode_seqs for p in decodes} == {1, 2, 3, 4, 5, 6, 7, 8, 16}
     assert min(p.decode_prompt_tokens for p in decodes) <= 32
     assert max(p.decode_prompt_tokens + p.decode_steps for p in decodes) >= 224
     prefills = [p for p in points if not p.decode_seqs]

@@ -12,7 +12,7 @@ pricing one thing an iteration does (``PROFILE_TERMS``; docs/sim_to_real.md):
            + per_context_block_s  x decode context / block_size   # per block-table entry walked
            + per_mean_context_s   x decode context / decode seqs  # the kernel's walk over tiles
            + per_mixed_step_s     x (1 if it prefills and decodes)  # both attention paths
-           + stair_K_tokens_s     x (1 if it computes >= K tokens), K = 2, 4, 8, 16
+           + stair_K_tokens_s     x (1 if it computes >= K tokens), K = 2, 3, ..., 8, 16
            + per_token_past_K_s   x max(0, tokens - K), K = 64, 256, 1024  # compute-bound rows
     swap_s = swap_per_token_s x tokens + swap_per_block_s x tokens / block_size
     wake_time_s = wake_per_sqrt_idle_s x sqrt(idle seconds)  # the first iteration after a wait
@@ -25,14 +25,18 @@ slowly after (measured on this project's CPU on two days: +1 ms after 0.05 s, +3
 and a line through the origin follow that, where a constant and a line overprice short waits.
 ``per_mixed_step_s`` prices a step that runs the decode kernel and the prefill attention side by
 side (each layer launches both). The stairs price the matmul library's choice of kernel by the
-number of rows (the step's tokens): on this project's CPU, MKL ran SmolLM2's linear layers in
-the same 20 ms for 1-3 rows and in 30 ms from 4, and a whole decode step rose 17 ms between 3 and
-4 sequences, a stair no line through batches of 1-32 follows. Each ``STAIR_TOKENS`` size gets a
-non-negative step, so a fit finds where the stairs are. The hinges bend the per-token line up
-past ``HINGE_TOKENS`` tokens: the dense layers cost little per token while reading the weights
-bounds them and a full token's FLOPs once compute does (a GPU's roofline knee, some hundreds of
-rows for a 7-8B model; on an AMD EPYC, MKL's 211 linears of SmolLM2 took 93 ms on 16 rows and
-284 on 64); each slope is non-negative, so the line only steepens, as a roofline does.
+number of rows (the step's tokens), which follows no line and need not even rise: on this
+project's Intel Xeon, MKL ran SmolLM2's linear layers in the same 20 ms for 1-3 rows and in 30 ms
+from 4; on its AMD EPYC (2026-12-06) in 34, 53, 65, 51, 47, 46, 56 and 47 ms for 1-8 rows, and
+a decode step of ``experiment=sim_to_real`` took 44, 72, 87-90, 66-68 and 65 ms for 1-5
+sequences. So every count of 2-8 tokens, and 16, has a stair (the level from that count on
+against the count below), fitted with either sign; a stair whose band of counts no fitted point
+computes is not fitted (0: its counts cost what the count below does; ``tasks.profile.fit``).
+The hinges bend the per-token line up past ``HINGE_TOKENS`` tokens: the dense layers cost
+little per token while reading the weights bounds them and a full token's FLOPs once compute
+does (a GPU's roofline knee, some hundreds of rows for a 7-8B model; on an AMD EPYC, MKL's 211
+linears of SmolLM2 took 93 ms on 16 rows and 284 on 64); each slope is non-negative, so the
+line only steepens, as a roofline does.
 These came after the first profiles were written: a profile without them prices them 0
 (``OPTIONAL_TERMS``); one with a term this model does not have (an earlier wake form's
 ``wake_s``) is refused, not priced in part.
@@ -45,13 +49,14 @@ The block size is the kernel's: the allocator's for the paged ones, 1 for the co
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from kvbench.engine.cost_model import DecodeTimeFn, IterationShape
 
-# Tokens a step computes from which a stair term prices it (the rows of its matmuls).
-STAIR_TOKENS = (2, 4, 8, 16)
+# Tokens a step computes from which a stair term prices it (the rows of its matmuls); a stair
+# is signed: the level may fall from one count to the next.
+STAIR_TOKENS = (2, 3, 4, 5, 6, 7, 8, 16)
 STAIR_TERMS = tuple(f"stair_{tokens}_tokens_s" for tokens in STAIR_TOKENS)
 # Tokens a step computes past which a hinge term adds to the per-token slope.
 HINGE_TOKENS = (64, 256, 1024)
@@ -73,6 +78,11 @@ SWAP_TERMS = ("swap_per_token_s", "swap_per_block_s")
 WAKE_TERMS = ("wake_per_sqrt_idle_s", "wake_per_idle_s")
 # Terms a profile may lack (written before they were priced): 0.
 OPTIONAL_TERMS = ("per_mixed_step_s", *STAIR_TERMS, *HINGE_TERMS, *WAKE_TERMS)
+
+
+def signed_terms(terms: Sequence[str]) -> list[bool]:
+    """Per term of ``terms``: whether a fit may price it below 0 (the stairs)."""
+    return [term in STAIR_TERMS for term in terms]
 
 
 def missing_terms(coefficients: Mapping[str, float]) -> list[str]:

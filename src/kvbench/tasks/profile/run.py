@@ -24,12 +24,13 @@ from kvbench.engine.profiled import (
     WAKE_TERMS,
     ProfiledCostModel,
     iteration_features,
+    signed_terms,
     swap_features,
     wake_features,
 )
 from kvbench.tables.parquet import write_table
 from kvbench.tables.provenance import provenance
-from kvbench.tasks.profile.fit import fit_non_negative
+from kvbench.tasks.profile.fit import fit_relative
 from kvbench.tasks.profile.grid import iteration_grid, swap_grid
 from kvbench.tasks.profile.plot import plot_predicted_vs_measured
 from kvbench.tasks.profile.profile_file import device_name, profile_file_name, write_profile
@@ -56,12 +57,13 @@ def run_profile(cfg: Any, deployment: Any, raw_cfg: Any, output_dir: Path) -> pd
                                                                      backend))  # fmt: skip
     iterations = [(point, *timed) for point, timed in zip(points, timings, strict=True)]
     swaps = [(point, time_swap(model, point, repeats)) for point in swap_grid(grid, token_bytes)]
-    iteration_coefficients = fit_non_negative(
+    iteration_coefficients = fit_relative(
         [iteration_features(shape, point.block_size) + wake_features(point.wait_s)
          for point, shape, _ in iterations],
         [timing.median_s for _, _, timing in iterations],
+        signed_terms((*PROFILE_TERMS, *WAKE_TERMS)),
     )  # fmt: skip
-    swap_coefficients = fit_non_negative(
+    swap_coefficients = fit_relative(
         [swap_features(point.num_tokens, point.block_size) for point, _ in swaps],
         [timing.median_s for _, timing in swaps],
     )

@@ -30,7 +30,7 @@ from kvbench.core.request import Request
 BLOCK_SIZES = (1, 16)  # the kernel's: a contiguous allocator's arena, the paged allocators'
 PREFILL_COUNTS = (1, 2, 4)
 PREFILL_PROMPTS = (4, 20)  # the decode points' prefills add 1-6 prompts of 8, 28 and 52
-DECODE_SEQS = (1, 2, 4, 6)
+DECODE_SEQS = (1, 2, 3, 4, 5, 6)  # every batch the runs have (the stair terms)
 DECODE_PROMPTS = (8, 28, 52)
 DECODE_STEPS = 3
 # Mixed points: (decoding requests, their prompt, the prompts that join their first decode).

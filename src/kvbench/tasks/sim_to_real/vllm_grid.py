@@ -27,7 +27,7 @@ from kvbench.core.request import Request
 
 PREFILL_COUNTS = (1, 2, 4)
 PREFILL_PROMPTS = (16, 48, 96, 144, 192)
-DECODE_SEQS = (1, 2, 4, 8, 16)
+DECODE_SEQS = (1, 2, 3, 4, 5, 6, 7, 8, 16)  # every count of the stair terms, 1-8
 DECODE_PROMPTS = (32, 96, 160, 224)
 DECODE_STEPS = 6
 # Each point is measured this many times, in different parts of the run (``interleave``).
