@@ -46,6 +46,8 @@ def fit_relative(
         lower = np.where(is_signed[active], -np.inf, 0.0)  # [num_active]
         scaled = lsq_linear(scaled_matrix, targets * weights, bounds=(lower, np.inf),
                             method="bvls").x  # fmt: skip
+        # bvls can leave a term held at its bound a rounding error below it (-5e-17).
+        scaled = np.maximum(scaled, lower)
     else:
         scaled, _ = nnls(scaled_matrix, targets * weights)
     coefficients[active] = scaled / norms[active]

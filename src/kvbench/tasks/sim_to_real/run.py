@@ -4,17 +4,18 @@ Every workload slice x rate x allocator is served on the real model (``executors
 between the slices' runs the closed batches of a grid of controlled shapes (``real_grid``) are
 served the same way: the grid is dealt into parts measured before, between and after the runs, so
 the grid and the runs sample the same minutes of the machine. Two profiles are fitted by the same
-NNLS: one on the grid's steps (every slice is then held out), one on the real iterations of the
-first workload (the fit slice). A third prices each slice x rate with the grid's profile scaled by
-the machine's speed the grid parts just before and after it measured (``drift_scales``); with
-``executor.profile=FILE`` a ``task=profile`` file is evaluated too. The requests of every run are
-simulated with each (``executor=profiled``'s model, per allocator at its kernel block size). With
-``sim_to_real.repeat_replays`` every run is served again after the first pass, and that second run
-is scored as a prediction of the first (``real_repeat``): the error the machine's own repeatability
-leaves, the noise under every profile's. Writes ``sim_to_real.parquet`` (errors per run and
-profile), ``sim_to_real_requests.parquet`` (measured and predicted latencies per request),
-``real_steps.parquet`` (every step of the runs and the grid, on one wall-clock time line), both
-fitted profiles, ``plots/sim_to_real*.png|svg`` and ``report.md`` (with the machine's drift).
+least squares (``tasks.profile.fit``): one on the grid's steps (every slice is then held out), one
+on the real iterations of the first workload (the fit slice). A third prices each slice x rate with
+the grid's profile scaled by the machine's speed the grid parts just before and after it measured
+(``drift_scales``); with ``executor.profile=FILE`` a ``task=profile`` file is evaluated too. The
+requests of every run are simulated with each (``executor=profiled``'s model, per allocator at its
+kernel block size). With ``sim_to_real.repeat_replays`` every run is served again after the first
+pass, and that second run is scored as a prediction of the first (``real_repeat``): the error the
+machine's own repeatability leaves, the noise under every profile's. Writes ``sim_to_real.parquet``
+(errors per run and profile), ``sim_to_real_requests.parquet`` (measured and predicted latencies
+per request), ``real_steps.parquet`` (every step of the runs and the grid, on one wall-clock time
+line), both fitted profiles, ``plots/sim_to_real*.png|svg`` and ``report.md`` (with the machine's
+drift).
 """
 
 from __future__ import annotations
