@@ -141,3 +141,34 @@ def test_a_later_machines_tables_in_the_docs_are_what_the_report_makes_of_its_ru
     section = text.split(heading, 1)[1].split("\n## ", 1)[0]
     assert "#### " + expected in section
 
+
+
+@pytest.mark.parametrize(("run", "row"), [
+    ("amd-epyc-2026-12-03", "AMD EPYC, 2026-12-03 (5)"),
+    ("intel-xeon-2026-12-04", "Intel Xeon, 2026-12-04 (2)"),
+    ("amd-epyc-2026-12-05", "AMD EPYC, 2026-12-05 (2)"),
+    ("amd-epyc-2026-12-06", "AMD EPYC, 2026-12-06, signed stairs (2)"),
+])  # fmt: skip
+def test_where_the_figures_stand_spans_each_machines_committed_runs(
+    run, row
+) -> None:  # type: ignore[no-untyped-def]
+    """docs/sim_to_real.md's summary row of a machine and day = the lowest and highest of its
+    committed runs' held-out slice medians, per predictor."""
+    from kvbench.tasks.report.aggregate import load_tables
+
+    root = Path(__file__).resolve().parents[1]
+    runs = root / "results" / "reference" / "sim_to_real_runs" / run
+    real = load_tables([runs], "sim_to_real.parquet")
+    vllm = load_tables([runs], "sim_to_vllm.parquet")
+
+    def span(table, source: str) -> str:  # type: ignore[no-untyped-def]
+        held_out = table[(table["source"] == source) & table["held_out"]]
+        medians = held_out.groupby(["run_dir", "workload"])["e2e_mape_pct"].median()
+        return f"{medians.min():.1f}-{medians.max():.1f} %"
+
+    text = (root / "docs" / "sim_to_real.md").read_text()
+    line = next(line for line in text.splitlines() if line.startswith(f"| {row} |"))
+    cells = [cell.strip().strip("*") for cell in line.split("|")[2:-1]]
+    assert cells[:3] == [span(real, "interleaved_grid"), span(real, "interleaved_grid_local"),
+                         span(real, "real_repeat")]  # fmt: skip
+    assert cells[4:6] == [span(vllm, "vllm_grid"), span(vllm, "vllm_repeat")]
