@@ -23,6 +23,7 @@ from kvbench.engine.profiled import (
 )
 from kvbench.engine.simulate_v1 import chunks_shape
 from kvbench.referee.vllm_engine import EngineRequest, EngineRun, EngineStep
+from kvbench.tasks.profile.fit import free_signed_terms
 from kvbench.tasks.sim_to_real import vllm
 from kvbench.tasks.sim_to_real.vllm import (
     REPEAT_SOURCE,
@@ -276,5 +277,6 @@ def test_the_grid_records_vllms_schedule_and_its_fit_prices_its_own_steps():
     signed = signed_terms(PROFILE_TERMS)
     assert all(value >= 0 for value, is_signed in zip(fitted, signed, strict=True)
                if not is_signed) and any(value > 0 for value in fitted)  # fmt: skip
-    assert_least_squares_optimum([iteration_features(s.shape, settings.block_size) for s in steps],
-                                 [s.duration_s for s in steps], fitted, signed)  # fmt: skip
+    features = [iteration_features(s.shape, settings.block_size) for s in steps]
+    assert_least_squares_optimum(features, [s.duration_s for s in steps], fitted,
+                                 free_signed_terms(features, signed))  # fmt: skip
