@@ -21,6 +21,17 @@ from collections.abc import Sequence
 import numpy as np
 from scipy.optimize import nnls
 
+from kvbench.engine.profiled import signed_terms
+
+
+def fit_terms(
+    features: Sequence[Sequence[float]], times_s: Sequence[float], terms: Sequence[str]
+) -> dict[str, float]:
+    """The coefficient of each of ``terms`` (the features' columns, in order), fitted by
+    ``fit_relative`` with the profile's signed terms (the stairs) signed."""
+    fitted = fit_relative(features, times_s, signed_terms(terms))
+    return dict(zip(terms, map(float, fitted), strict=True))
+
 
 def fit_relative(
     features: Sequence[Sequence[float]], times_s: Sequence[float],

@@ -24,13 +24,12 @@ from kvbench.engine.profiled import (
     WAKE_TERMS,
     ProfiledCostModel,
     iteration_features,
-    signed_terms,
     swap_features,
     wake_features,
 )
 from kvbench.tables.parquet import write_table
 from kvbench.tables.provenance import provenance
-from kvbench.tasks.profile.fit import fit_relative
+from kvbench.tasks.profile.fit import fit_terms
 from kvbench.tasks.profile.grid import iteration_grid, swap_grid
 from kvbench.tasks.profile.plot import plot_predicted_vs_measured
 from kvbench.tasks.profile.profile_file import device_name, profile_file_name, write_profile
@@ -57,19 +56,17 @@ def run_profile(cfg: Any, deployment: Any, raw_cfg: Any, output_dir: Path) -> pd
                                                                      backend))  # fmt: skip
     iterations = [(point, *timed) for point, timed in zip(points, timings, strict=True)]
     swaps = [(point, time_swap(model, point, repeats)) for point in swap_grid(grid, token_bytes)]
-    iteration_coefficients = fit_relative(
+    coefficients = fit_terms(
         [iteration_features(shape, point.block_size) + wake_features(point.wait_s)
          for point, shape, _ in iterations],
         [timing.median_s for _, _, timing in iterations],
-        signed_terms((*PROFILE_TERMS, *WAKE_TERMS)),
+        (*PROFILE_TERMS, *WAKE_TERMS),
     )  # fmt: skip
-    swap_coefficients = fit_relative(
+    coefficients.update(fit_terms(
         [swap_features(point.num_tokens, point.block_size) for point, _ in swaps],
         [timing.median_s for _, timing in swaps],
-    )
-    coefficients = dict(zip((*PROFILE_TERMS, *WAKE_TERMS), map(float, iteration_coefficients),
-                            strict=True))  # fmt: skip
-    coefficients.update(zip(SWAP_TERMS, map(float, swap_coefficients), strict=True))
+        SWAP_TERMS,
+    ))  # fmt: skip
     rows = [
         iteration_row(shape, point.block_size, point.wait_s, timing.median_s, timing.spread,
                       ProfiledCostModel(coefficients, point.block_size))

@@ -42,14 +42,13 @@ from kvbench.engine.profiled import (
     WAKE_TERMS,
     ProfiledCostModel,
     iteration_features,
-    signed_terms,
     wake_features,
 )
 from kvbench.engine.records import SimulationResult
 from kvbench.engine.scheduler import SchedulerLimits
 from kvbench.tables.parquet import write_table
 from kvbench.tables.provenance import provenance
-from kvbench.tasks.profile.fit import abs_pct_errors, fit_relative
+from kvbench.tasks.profile.fit import abs_pct_errors, fit_terms
 from kvbench.tasks.profile.plot import plot_predicted_vs_measured
 from kvbench.tasks.profile.profile_file import checked_profile, write_profile
 from kvbench.tasks.sim_to_real.real_grid import GRID_POOL_SLOTS, RealGridPoint, real_grid
@@ -322,8 +321,7 @@ def fit_on_runs(runs: list[RealRunRecord]) -> dict[str, float]:
                      for shape, idle_s in zip(run.shapes, run.idle_before_s,
                                               strict=True)]  # fmt: skip
         times += list(run.result.steps.columns["duration_s"])
-    fitted = fit_relative(features, times, signed_terms((*PROFILE_TERMS, *WAKE_TERMS)))
-    coefficients = dict(zip((*PROFILE_TERMS, *WAKE_TERMS), map(float, fitted), strict=True))
+    coefficients = fit_terms(features, times, (*PROFILE_TERMS, *WAKE_TERMS))
     coefficients.update(dict.fromkeys(SWAP_TERMS, 0.0))
     return coefficients
 

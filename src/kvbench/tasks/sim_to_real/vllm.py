@@ -39,7 +39,6 @@ from kvbench.engine.profiled import (
     SWAP_TERMS,
     ProfiledCostModel,
     iteration_features,
-    signed_terms,
 )
 from kvbench.engine.simulate_v1 import simulate_v1
 from kvbench.referee.vllm_engine import (
@@ -53,7 +52,7 @@ from kvbench.referee.vllm_engine import (
 )
 from kvbench.tables.parquet import write_table
 from kvbench.tables.provenance import provenance
-from kvbench.tasks.profile.fit import fit_relative
+from kvbench.tasks.profile.fit import fit_terms
 from kvbench.tasks.profile.plot import plot_predicted_vs_measured
 from kvbench.tasks.profile.profile_file import write_profile
 from kvbench.tasks.sim_to_real.fair_instrument import fair_instrument, fair_summary, profile_tables
@@ -238,8 +237,7 @@ def fit_on_vllm_steps(steps: list[EngineStep], block_size: int) -> dict[str, flo
     of the shapes it scheduled; swap terms 0: vLLM v1 recomputes)."""
     features = [iteration_features(step.shape, block_size) for step in steps]
     times_s = [step.duration_s for step in steps]
-    fitted = fit_relative(features, times_s, signed_terms(PROFILE_TERMS))
-    coefficients = dict(zip(PROFILE_TERMS, map(float, fitted), strict=True))
+    coefficients = fit_terms(features, times_s, PROFILE_TERMS)
     coefficients.update(dict.fromkeys(SWAP_TERMS, 0.0))
     return coefficients
 
