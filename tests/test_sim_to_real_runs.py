@@ -103,7 +103,8 @@ def test_the_report_over_sim_to_real_runs_alone_writes_their_section(tmp_path):
 
 
 def test_the_docs_block_is_what_the_report_makes_of_the_committed_runs():
-    """docs/sim_to_real.md's table across runs = the report on the committed AMD EPYC runs."""
+    """docs/sim_to_real_measured.md's table across runs = the report on the committed AMD EPYC
+    runs."""
     from test_report import _block_body
 
     from kvbench.tasks.report.aggregate import load_tables
@@ -114,7 +115,7 @@ def test_the_docs_block_is_what_the_report_makes_of_the_committed_runs():
     tables = {name: load_tables([runs], name) for name, _, _ in ENGINE_TABLES}
     assert [tables[name]["run_dir"].nunique() for name, _, _ in ENGINE_TABLES] == [5, 5]
     expected = sim_to_real_runs_section(tables)
-    text = (root / "docs" / "sim_to_real.md").read_text()
+    text = (root / "docs" / "sim_to_real_measured.md").read_text()
     assert _block_body(text, "sim_to_real_runs") == expected.strip()
 
 
@@ -126,7 +127,7 @@ def test_the_docs_block_is_what_the_report_makes_of_the_committed_runs():
 def test_a_later_machines_tables_in_the_docs_are_what_the_report_makes_of_its_runs(
     run, heading
 ) -> None:  # type: ignore[no-untyped-def]
-    """docs/sim_to_real.md's tables under ``heading`` = the report on the two runs of each
+    """docs/sim_to_real_measured.md's tables under ``heading`` = the report on the two runs of each
     experiment committed for that machine (its headings one level down, under that section)."""
     from kvbench.tasks.report.aggregate import load_tables
     from kvbench.tasks.report.sim_to_real_runs import ENGINE_TABLES, sim_to_real_runs_section
@@ -137,7 +138,7 @@ def test_a_later_machines_tables_in_the_docs_are_what_the_report_makes_of_its_ru
     assert [tables[name]["run_dir"].nunique() for name, _, _ in ENGINE_TABLES] == [2, 2]
     expected = sim_to_real_runs_section(tables).strip().replace("\n### ", "\n#### ")
     expected = expected.removeprefix("### ")
-    text = (root / "docs" / "sim_to_real.md").read_text()
+    text = (root / "docs" / "sim_to_real_measured.md").read_text()
     section = text.split(heading, 1)[1].split("\n## ", 1)[0]
     assert "#### " + expected in section
 
