@@ -119,15 +119,15 @@ def test_the_docs_block_is_what_the_report_makes_of_the_committed_runs():
     assert _block_body(text, "sim_to_real_runs") == expected.strip()
 
 
-@pytest.mark.parametrize(("run", "heading"), [
-    ("intel-xeon-2026-12-04", "## Again on an Intel Xeon (2026-12-04)"),
-    ("amd-epyc-2026-12-05", "## Again on an AMD EPYC (2026-12-05)"),
-    ("amd-epyc-2026-12-06", "## Signed stairs, on an AMD EPYC (2026-12-06)"),
+@pytest.mark.parametrize(("run", "heading", "num_runs"), [
+    ("intel-xeon-2026-12-04", "## Again on an Intel Xeon (2026-12-04)", 2),
+    ("amd-epyc-2026-12-05", "## Again on an AMD EPYC (2026-12-05)", 2),
+    ("amd-epyc-2026-12-06", "## Signed stairs, on an AMD EPYC (2026-12-06)", 3),
 ])  # fmt: skip
 def test_a_later_machines_tables_in_the_docs_are_what_the_report_makes_of_its_runs(
-    run, heading
+    run, heading, num_runs
 ) -> None:  # type: ignore[no-untyped-def]
-    """docs/sim_to_real_measured.md's tables under ``heading`` = the report on the two runs of each
+    """docs/sim_to_real_measured.md's tables under ``heading`` = the report on the runs of each
     experiment committed for that machine (its headings one level down, under that section)."""
     from kvbench.tasks.report.aggregate import load_tables
     from kvbench.tasks.report.sim_to_real_runs import ENGINE_TABLES, sim_to_real_runs_section
@@ -135,7 +135,7 @@ def test_a_later_machines_tables_in_the_docs_are_what_the_report_makes_of_its_ru
     root = Path(__file__).resolve().parents[1]
     runs = root / "results" / "reference" / "sim_to_real_runs" / run
     tables = {name: load_tables([runs], name) for name, _, _ in ENGINE_TABLES}
-    assert [tables[name]["run_dir"].nunique() for name, _, _ in ENGINE_TABLES] == [2, 2]
+    assert [tables[name]["run_dir"].nunique() for name, _, _ in ENGINE_TABLES] == [num_runs] * 2
     expected = sim_to_real_runs_section(tables).strip().replace("\n### ", "\n#### ")
     expected = expected.removeprefix("### ")
     text = (root / "docs" / "sim_to_real_measured.md").read_text()
@@ -148,7 +148,7 @@ def test_a_later_machines_tables_in_the_docs_are_what_the_report_makes_of_its_ru
     ("amd-epyc-2026-12-03", "AMD EPYC, 2026-12-03 (5)"),
     ("intel-xeon-2026-12-04", "Intel Xeon, 2026-12-04 (2)"),
     ("amd-epyc-2026-12-05", "AMD EPYC, 2026-12-05 (2)"),
-    ("amd-epyc-2026-12-06", "AMD EPYC, 2026-12-06, signed stairs (2)"),
+    ("amd-epyc-2026-12-06", "AMD EPYC, 2026-12-06, signed stairs (3)"),
 ])  # fmt: skip
 def test_where_the_figures_stand_spans_each_machines_committed_runs(
     run, row
