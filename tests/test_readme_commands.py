@@ -64,6 +64,9 @@ SKIP: dict[str, str] = {
                                            "then a run on the entry it writes",
     "python -m kvbench.tools.steadiness": "a timed measurement of this machine (12 s); "
                                           "tests/test_steadiness_tool.py runs it small",
+    "python -m kvbench.tools.equivalence_speed": "a timed measurement on SmolLM2 (9 min); "
+                                                 "tests/test_equivalence_speed_tool.py runs it "
+                                                 "small",
     "python -m kvbench.tools.prefill_pairs --profile FILE":
         "a timed measurement of this machine (2 min) and a template (FILE); "
         "tests/test_prefill_pairs_tool.py runs it small with a profile",

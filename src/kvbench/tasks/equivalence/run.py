@@ -50,7 +50,7 @@ def run_logit_equivalence(
     cfg: Any, deployment: Any, raw_cfg: Any, output_dir: Path
 ) -> pd.DataFrame:
     """Decode the prompts with the stock cache (one sequence at a time), then through every
-    (allocator, backend) pair (the kernel backend batched: ``_paged_trajectories``);
+    (allocator, backend) pair (the kernel backend batched: ``backend_trajectories``);
     write ``equivalence.parquet`` (after each pair), ``plots/equivalence.png`` and
     ``report.md``, print the verdicts (and, unless ``summary_table=false``, the files).
     ``deployment`` is not used (the model is ``equivalence.model``)."""
@@ -65,7 +65,7 @@ def run_logit_equivalence(
     table = pd.DataFrame(columns=list(EQUIVALENCE_COLUMNS))
     for allocator in settings.allocators:
         for backend in settings.backends:
-            paged = _paged_trajectories(model, allocator, backend, cases, steps,
+            paged = backend_trajectories(model, allocator, backend, cases, steps,
                                         settings.block_size, cfg.seed, stock,
                                         _KV_DTYPES.get(settings.kv_dtype),
                                         settings.kv_scales == "calibrated")  # fmt: skip
@@ -86,7 +86,7 @@ def run_logit_equivalence(
     return table
 
 
-def _paged_trajectories(model: Any, allocator: str, backend: str, cases: list[PromptCase],
+def backend_trajectories(model: Any, allocator: str, backend: str, cases: list[PromptCase],
                         steps: int, block_size: int, seed: int, stock: dict,
                         kv_dtype: torch.dtype | None = None,
                         calibrate_scales: bool = False) -> dict:  # fmt: skip
