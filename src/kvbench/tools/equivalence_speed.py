@@ -26,7 +26,7 @@ import torch
 from kvbench.tasks.equivalence.cases import PromptCase, Trajectory
 from kvbench.tasks.equivalence.compare import step_diffs
 from kvbench.tasks.equivalence.models import load_model
-from kvbench.tasks.equivalence.names import ALLOCATORS, MODEL_NAMES, SMOLLM2
+from kvbench.tasks.equivalence.names import ALLOCATORS, FP32_REL_TOLERANCE, MODEL_NAMES, SMOLLM2
 from kvbench.tasks.equivalence.paged_runner import PagedRunner
 from kvbench.tasks.equivalence.run import backend_trajectories, build_cases
 from kvbench.tasks.equivalence.stock_runner import StockRunner
@@ -37,6 +37,7 @@ from kvbench.tasks.equivalence.trajectories import (
     scramble_free_blocks,
     stock_trajectories,
 )
+from kvbench.tasks.profile.profile_file import device_name
 from kvbench.workloads.schema import TokenizerUnavailableError
 
 STOCK = "stock"
@@ -126,9 +127,6 @@ def criterion_lines(rel_diffs: dict[str, float], tolerance: float) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     """Time the parts in rounds; print each, the medians and the pass criterion."""
-    from kvbench.tasks.equivalence.names import FP32_REL_TOLERANCE
-    from kvbench.tasks.profile.profile_file import device_name
-
     parser = argparse.ArgumentParser(prog="python -m kvbench.tools.equivalence_speed",
                                      description=__doc__.split("\n\n")[0])  # fmt: skip
     parser.add_argument("--model", choices=MODEL_NAMES, default=SMOLLM2)

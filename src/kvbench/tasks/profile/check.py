@@ -3,7 +3,7 @@ this machine's steps?
 
 A profile is fitted once and used for hours; the machine under it moves (on this project's
 shared AMD EPYC, the real executor's steps ran at 1.04-1.11x one profile's prices in the morning
-and at 0.78-0.86x in the afternoon, docs/sim_to_real.md). This task times a sample of the
+and at 0.78-0.86x in the afternoon, docs/sim_to_real_measured.md). This task times a sample of the
 profile's own grid again (``points_per_kind`` decode, prefill and mixed points, drawn with a
 fixed seed, so every check times the same ones; wake-ups and swaps are left out), prices each with
 the profile, and says how far the two are apart: the median of measured / priced, how many points
