@@ -8,7 +8,8 @@
 #   bash kernels/gpu_session.sh prepare   # here: .gpu/ = the wheels the GPU image lacks, the
 #                                         # kvbench wheel, the three trace slices' files
 #   device run: command "bash kernels/gpu_session.sh run", carry [".gpu"], timeout_s 590
-#   bash kernels/gpu_session.sh dry-run   # here: the same steps on this CPU, SmolLM2-shaped
+#   bash kernels/gpu_session.sh dry-run   # here, after prepare: the same steps on this CPU,
+#                                         # SmolLM2-shaped
 #
 # Each step has its own time limit and a failing step does not stop the next: one call of at
 # most 10 minutes returns whatever finished. The GPU image has torch, triton, pandas, pyarrow,
@@ -81,6 +82,19 @@ step() {  # step NAME SECONDS COMMAND...: run it under its limit, log its exit s
   if [ -n "${PACK:-}" ]; then tar -czf "$PACK" -C "$(dirname "$RUNS")" "$(basename "$RUNS")"; fi
 }
 
+# The dry run's sim_to_real reads the traces prepare copies: without them, say so before any
+# step runs. (On the device a missing trace fails only that step: gpu_check needs none.)
+check_prepared() {
+  local trace
+  for trace in "${TRACES[@]}"; do
+    if [ ! -f "$GPU_DIR/traces/$(basename "$trace")" ]; then
+      echo "$GPU_DIR/traces/$(basename "$trace") is missing: run 'bash kernels/gpu_session.sh" \
+        "prepare' here first (it copies the traces and the wheels into $GPU_DIR/)" >&2
+      return 1
+    fi
+  done
+}
+
 run_steps() {
   local mode=$1 runs=$2
   RUNS=$runs
@@ -118,6 +132,7 @@ case "${1:-}" in
     ;;
   dry-run)
     export PYTHONUNBUFFERED=1
+    check_prepared || exit 1
     run_steps dry-run "${2:-/tmp/gpu_session_dry}" 2>&1 | tee "${2:-/tmp/gpu_session_dry}.log"
     ;;
   *) echo "usage: $0 prepare | run | dry-run [DIR]" >&2; exit 2 ;;

@@ -2,6 +2,10 @@
 GPU's way to time a model no machine here has the weights of), local Hugging Face folders, and
 the device they live on; the errors that name the fix when a choice cannot run."""
 
+import shutil
+import subprocess
+from pathlib import Path
+
 import pytest
 import torch
 from conftest import compose_config
@@ -143,6 +147,20 @@ def test_the_gpu_session_s_sim_to_real_composes_with_its_186_slot_pool():
     assert not cfg.sim_to_real.repeat_replays
     assert deployment.kv_bytes_per_token == 131_072
     assert deployment.num_kv_slots == 186
+
+
+def test_the_gpu_session_s_dry_run_says_to_prepare_first(tmp_path):
+    # A checkout without .gpu/: the dry run stops before any step, naming the command that
+    # copies the traces its sim_to_real step reads.
+    (tmp_path / "kernels").mkdir()
+    script = Path(__file__).resolve().parents[1] / "kernels" / "gpu_session.sh"
+    shutil.copy(script, tmp_path / "kernels" / "gpu_session.sh")
+    done = subprocess.run(["bash", "kernels/gpu_session.sh", "dry-run", str(tmp_path / "runs")],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert done.returncode == 1
+    assert ".gpu/traces/alpaca_5000_gpt2bpe_lengths.csv is missing: run 'bash " in done.stderr
+    assert "gpu_session.sh prepare' here first" in done.stderr
+    assert not (tmp_path / "runs").exists()
 
 
 def test_the_random_weights_tool_gives_a_ratio_per_point_and_round():
