@@ -41,7 +41,8 @@ from kvbench.tasks.profile.profile_file import device_name
 from kvbench.workloads.schema import TokenizerUnavailableError
 
 STOCK = "stock"
-PASSES = ("torch one by one", "torch batched", "gather")
+# Each pass, and the experiment's backend that runs it (None: the loop before batching).
+PASSES = {"torch one by one": None, "torch batched": "torch", "gather": "gather"}
 
 
 def run_pass(name: str, model: Any, allocator: str, cases: Sequence[PromptCase], steps: int,
@@ -50,9 +51,10 @@ def run_pass(name: str, model: Any, allocator: str, cases: Sequence[PromptCase],
     """One of ``PASSES`` over ``allocator``'s pools, teacher-forced on ``stock``: ``torch one by
     one`` (``PagedRunner``, the loop before batching), or the experiment's own pass of the
     ``torch`` (batched) or ``gather`` backend (``run.backend_trajectories``)."""
-    if name != "torch one by one":
-        return backend_trajectories(model, allocator, name.split()[0], list(cases), steps,
-                                    block_size, seed, stock)  # fmt: skip
+    backend = PASSES[name]
+    if backend is not None:
+        return backend_trajectories(model, allocator, backend, list(cases), steps, block_size,
+                                    seed, stock)  # fmt: skip
     runner = PagedRunner(model, allocator, blocks_needed(cases, steps, block_size), block_size,
                          "paged", "torch")  # fmt: skip
     scramble_free_blocks(runner, seed)

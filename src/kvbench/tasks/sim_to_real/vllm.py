@@ -34,12 +34,7 @@ from kvbench.core.kv_capacity import pool_slots
 from kvbench.core.request import Request
 from kvbench.core.specs import Deployment
 from kvbench.engine.kv_cache_v1 import V1KVCache
-from kvbench.engine.profiled import (
-    PROFILE_TERMS,
-    SWAP_TERMS,
-    ProfiledCostModel,
-    iteration_features,
-)
+from kvbench.engine.profiled import PROFILE_TERMS, SWAP_TERMS, ProfiledCostModel, iteration_features
 from kvbench.engine.simulate_v1 import simulate_v1
 from kvbench.referee.vllm_engine import (
     EngineRun,
