@@ -39,7 +39,7 @@ def _run(tiny, allocator, mode):
     model, cases, _ = tiny
     num_blocks = blocks_needed(cases, NUM_STEPS, BLOCK_SIZE)
     runner = PagedRunner(model, allocator, num_blocks, BLOCK_SIZE, mode)
-    scramble_free_blocks(runner, seed=0)
+    scramble_free_blocks(runner.allocator, seed=0)
     return runner, paged_trajectories(runner, cases, NUM_STEPS)
 
 
@@ -93,7 +93,7 @@ def test_prefix_blocks_are_shared_and_forks_copy_on_write(tiny):
 def test_block_tables_are_scattered(tiny):
     model, cases, _ = tiny
     runner = PagedRunner(model, "paged", blocks_needed(cases, NUM_STEPS, BLOCK_SIZE), BLOCK_SIZE)
-    scramble_free_blocks(runner, seed=0)
+    scramble_free_blocks(runner.allocator, seed=0)
     request = cases[0].request(NUM_STEPS)
     runner.prefill(0, request, list(cases[0].token_ids))
     table = runner.allocator.block_table(0)

@@ -45,7 +45,7 @@ def test_a_paged_run_is_fed_the_references_tokens_not_its_own():
               for case in cases}  # fmt: skip
     reference = {key: Trajectory(torch.empty(0), tokens) for key, tokens in forced.items()}
     runner = PagedRunner(model, "paged", blocks_needed(cases, NUM_STEPS, 8), 8, "gather")
-    scramble_free_blocks(runner, seed=0)
+    scramble_free_blocks(runner.allocator, seed=0)
     paged = paged_trajectories(runner, cases, NUM_STEPS, reference)
     for case in cases:
         key = (case.prompt_id, 0)

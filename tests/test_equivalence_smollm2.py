@@ -41,7 +41,7 @@ def _check(model, tokenizer, num_prompts, num_steps, allocator, mode):
     stock = stock_trajectories(StockRunner(model), cases, num_steps)
     runner = PagedRunner(model, allocator, blocks_needed(cases, num_steps, BLOCK_SIZE),
                          BLOCK_SIZE, mode)  # fmt: skip
-    scramble_free_blocks(runner, seed=0)
+    scramble_free_blocks(runner.allocator, seed=0)
     paged = paged_trajectories(runner, cases, num_steps)
     for key, trajectory in paged.items():
         assert not has_nan(trajectory)
@@ -74,7 +74,7 @@ def test_smollm2_matches_transformers_continuous_batching(smollm2):
     cases = shared_prefix_cases(chat_prompt_ids(tokenizer, instructions(2)), 2)
     runner = PagedRunner(model, "paged_prefix", blocks_needed(cases, num_steps, BLOCK_SIZE),
                          BLOCK_SIZE, "paged")  # fmt: skip
-    scramble_free_blocks(runner, seed=0)
+    scramble_free_blocks(runner.allocator, seed=0)
     paged = paged_trajectories(runner, cases, num_steps)
     peer_tokens = continuous_batching_tokens(
         model, [case.token_ids for case in cases], num_steps + 1, BLOCK_SIZE
@@ -102,3 +102,26 @@ def test_the_converted_model_is_cached_under_kvbench_cache_dir(monkeypatch, tmp_
         pytest.skip(f"SmolLM2's GGUF is absent: {error}")
     assert path.parent == tmp_path / "models"
     assert path.name.startswith("SmolLM2-135M-Instruct.Q4_1-")
+
+
+def test_smollm2_padded_batch_matches_one_at_a_time_and_gather_is_bit_identical(smollm2):
+    # The experiment's reference and gather pass: 3 chat prompts of different lengths in one
+    # padded batch, against one sequence at a time; gather over paged_prefix's pools (the shared
+    # system prompt read from the first row's blocks) against the padded stock batch.
+    from kvbench.tasks.equivalence.padded import PoolMemory, StockMemory, padded_trajectories
+
+    model, tokenizer = smollm2
+    num_steps = 4
+    cases = shared_prefix_cases(chat_prompt_ids(tokenizer, instructions(3)), 2)
+    assert len({len(case.token_ids) for case in cases}) > 1
+    one_by_one = stock_trajectories(StockRunner(model), cases, num_steps)
+    padded = padded_trajectories(model, StockMemory(model), cases, num_steps)
+    memory = PoolMemory(model, "paged_prefix", blocks_needed(cases, num_steps, BLOCK_SIZE, True),
+                        BLOCK_SIZE, seed=0)  # fmt: skip
+    gathered = padded_trajectories(model, memory, cases, num_steps, padded)
+    assert memory.allocator.prefix_cache.num_hit_blocks > 0
+    for key, trajectory in padded.items():
+        diffs = step_diffs(trajectory, one_by_one[key])
+        assert max(diff.max_rel_diff for diff in diffs) <= FP32_REL_TOLERANCE, key
+        assert trajectory.tokens == one_by_one[key].tokens, key
+        assert (gathered[key].logits == trajectory.logits).all(), key

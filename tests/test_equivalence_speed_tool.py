@@ -10,27 +10,39 @@ from kvbench.tools import equivalence_speed
 
 def test_the_summary_is_the_medians_over_rounds_summed_as_each_loop_runs_the_experiment():
     times_s = {
-        "stock": [40.0, 44.0, 42.0],
-        "paged torch one by one": [50.0, 54.0, 60.0],
-        "paged torch batched": [7.0, 8.0, 6.0],
-        "paged gather": [45.0, 46.0, 47.0],
+        "one by one: stock": [40.0, 44.0, 42.0],
+        "one by one: paged torch": [50.0, 54.0, 60.0],
+        "one by one: paged gather": [45.0, 46.0, 47.0],
+        "batched: stock": [6.0, 7.0, 8.0],
+        "batched: paged torch": [7.0, 8.0, 6.0],
+        "batched: paged gather": [9.0, 10.0, 8.0],
     }
     lines = equivalence_speed.summary_lines(times_s, ["paged"])
-    assert lines[0] == "paged: torch one by one 54.0 s, batched 7.0 s (7.7x); gather 46.0 s"
-    # 42 + 46 + 54 = 142 against 42 + 46 + 7 = 95.
-    assert lines[1] == ("the experiment's passes (stock 42.0 s, torch and gather per allocator): "
-                        "142.0 s one by one, 95.0 s batched (1.5x)")  # fmt: skip
+    assert lines[:3] == [
+        "stock: one by one 42.0 s, batched 7.0 s (6.0x)",
+        "paged torch: one by one 54.0 s, batched 7.0 s (7.7x)",
+        "paged gather: one by one 46.0 s, batched 9.0 s (5.1x)",
+    ]
+    # 42 + 54 + 46 = 142 against 7 + 7 + 9 = 23.
+    assert lines[3] == ("the experiment's passes (stock, torch and gather per allocator): "
+                        "142.0 s one by one, 23.0 s batched (6.2x)")  # fmt: skip
 
 
-def test_a_pass_past_the_tolerance_fails_and_zero_is_bit_identical():
+def test_a_pass_past_the_tolerance_or_with_other_tokens_fails_and_zero_is_bit_identical():
     lines = equivalence_speed.criterion_lines(
-        {"paged torch batched": 2e-6, "paged gather": 0.0, "paged_prefix torch batched": 3e-5},
+        {"batched: paged torch": (2e-6, True), "batched: paged gather": (0.0, True),
+         "batched: paged_prefix torch": (3e-5, True), "batched: stock": (4e-6, False)},
         tolerance=1e-5,
     )  # fmt: skip
     assert lines == [
-        "paged torch batched: max_rel_diff 2.0e-06 from the stock cache (PASS)",
-        "paged gather: max_rel_diff 0.0e+00 from the stock cache (PASS, bit-identical)",
-        "paged_prefix torch batched: max_rel_diff 3.0e-05 from the stock cache (FAIL)",
+        "batched: paged torch: max_rel_diff 2.0e-06, continuations identical, against its stock "
+        "cache (PASS)",
+        "batched: paged gather: max_rel_diff 0.0e+00, continuations identical, against its stock "
+        "cache (PASS, bit-identical)",
+        "batched: paged_prefix torch: max_rel_diff 3.0e-05, continuations identical, against its "
+        "stock cache (FAIL)",
+        "batched: stock: max_rel_diff 4.0e-06, continuations DIFFER, against the one-by-one stock "
+        "cache (FAIL)",
     ]
 
 
@@ -40,18 +52,23 @@ def test_the_tool_times_every_pass_and_each_meets_the_criterion(capsys):
     assert equivalence_speed.main(argv) == 0
     lines = capsys.readouterr().out.splitlines()
     assert "tiny-llama-gqa: 2 prompts x 2 samples x 3 steps, block size 8, 2 rounds" in lines[0]
-    parts = [f"{allocator} {name}" for allocator in ("paged", "paged_prefix")
-             for name in equivalence_speed.PASSES]  # fmt: skip
-    timed = [line.split(": ", 1)[1].rsplit(" ", 2)[0] for line in lines[1:15]]
-    assert timed == (["stock", *parts]) * 2
-    assert lines[15].startswith("paged: torch one by one ")
-    assert lines[17].startswith("the experiment's passes (stock ")
-    criteria = lines[18:]
-    assert [line.split(":")[0] for line in criteria] == parts
+    parts = ["stock"] + [f"{allocator} {backend}" for allocator in ("paged", "paged_prefix")
+                         for backend in equivalence_speed.BACKENDS]  # fmt: skip
+    loop_parts = [f"{loop}: {part}" for loop in ("one by one", "batched") for part in parts]
+    timed = [line.split(": ", 1)[1].rsplit(" ", 2)[0] for line in lines[1:21]]
+    assert timed == loop_parts * 2
+    assert [line.split(":")[0] for line in lines[21:26]] == parts
+    assert lines[26].startswith("the experiment's passes (stock, ")
+    criteria = lines[27:]
+    assert [line.rsplit(": max_rel_diff", 1)[0] for line in criteria] == [
+        *loop_parts[1:5], *loop_parts[6:], "batched: stock"
+    ]
     assert all(line.endswith("(PASS)") or line.endswith("(PASS, bit-identical)")
                for line in criteria)  # fmt: skip
-    # gather reads the same K/V through the stock SDPA: bit-identical on prompts without a hit.
-    assert criteria[2].endswith("(PASS, bit-identical)")
+    # gather reads the same K/V through the stock SDPA as its stock cache: bit-identical, batched
+    # too (the padded batch is the stock cache's own).
+    gathers = [line for line in criteria if " gather:" in line]
+    assert len(gathers) == 4 and all(line.endswith("(PASS, bit-identical)") for line in gathers)
 
 
 @pytest.mark.parametrize("argv", [["--rounds", "0"], ["--steps", "0"], ["--prompts", "0"]])

@@ -31,7 +31,7 @@ def test_triton_paged_decode_matches_the_stock_cache_with_sharing_and_copy_on_wr
         model, "paged_prefix", blocks_needed(cases, NUM_STEPS, BLOCK_SIZE), BLOCK_SIZE, "paged",
         backend="triton",
     )  # fmt: skip
-    scramble_free_blocks(runner, seed=0)
+    scramble_free_blocks(runner.allocator, seed=0)
     paged = paged_trajectories(runner, cases, NUM_STEPS)
     for key, trajectory in paged.items():
         diffs = step_diffs(trajectory, stock[key])

@@ -121,7 +121,7 @@ class BatchRunner:
         last_token = []
         start = 0
         for index, seq in enumerate(packed):
-            context_slots = _slots_of(seq.table, 0, seq.context_len, block_size)  # [context]
+            context_slots = slots_of(seq.table, 0, seq.context_len, block_size)  # [context]
             new_slots = context_slots[seq.first_position :].clone()  # [new tokens]
             new_slots[: seq.num_unwritten] = -1
             slots.append(new_slots)
@@ -149,7 +149,7 @@ class BatchRunner:
         return layout, torch.tensor(last_token, device=device)
 
 
-def _slots_of(
+def slots_of(
     table: Sequence[int], first: int, end: int, block_size: int
 ) -> torch.Tensor:
     """Pool slots of positions ``first..end-1`` of a sequence with block table ``table``:

@@ -94,6 +94,24 @@ class KVMemory:
         return (key.transpose(0, 1).unsqueeze(0).contiguous(),
                 value.transpose(0, 1).unsqueeze(0).contiguous())  # fmt: skip
 
+    def gather_padded(
+        self, layer: int, slots: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Several sequences' K/V of one layer, copied out as one padded batch.
+
+        Args:
+            slots: int64 [num_seqs, width], each row's pool slots in order; -1: a pad position.
+        Returns:
+            key, value: [num_seqs, num_kv_heads, width, head_dim], contiguous, zero at pads.
+        """
+        key, value = self._rows(layer, slots.clamp(min=0).flatten())  # [seqs * width, heads, dim]
+        is_pad = (slots < 0).flatten()[:, None, None]  # [seqs * width, 1, 1]
+        shape = (*slots.shape, *key.shape[1:])  # [seqs, width, heads, dim]
+        return tuple(
+            rows.masked_fill(is_pad, 0).view(shape).transpose(1, 2).contiguous()
+            for rows in (key, value)
+        )  # type: ignore[return-value]
+
     def copy(self, pairs: Sequence[tuple[int, int]]) -> None:
         """Perform an allocator's copy-on-writes, (src, dst) block pairs, in every layer."""
         if not pairs:

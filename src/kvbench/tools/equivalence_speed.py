@@ -1,15 +1,14 @@
 """``python -m kvbench.tools.equivalence_speed``: what batching bought ``logit_equivalence``.
 
 The experiment decodes every sample through transformers' stock cache (the reference), then
-through each allocator's pools with each backend. The kernel backends' pass ran one sequence at a
-time until it went through the real executor's batched forward (``tasks/equivalence/batched.py``);
-``gather`` still runs one at a time, as the stock cache does, since its check is bit-identity and
-a batched matmul rounds differently. This tool times each part in one process, in rounds: the
-stock cache, and per allocator the ``torch`` backend one sequence at a time (``PagedRunner``, the
-loop before) and batched (the loop now), and ``gather``; then prints the medians, the batched
-pass's speed-up and the whole experiment's passes summed both ways (with the backends both loops
-have: ``torch`` and ``gather``). Each pass is compared with the stock cache as the experiment
-compares it (``compare.step_diffs``), so the figures come with the criterion they met.
+through each allocator's pools with each backend. It used to run every part one sequence at a
+time; now every part runs all samples at once: the stock cache and ``gather`` in one padded batch
+(``tasks/equivalence/padded.py``), the kernel backends through the real executor's batched
+forward (``tasks/equivalence/batched.py``). This tool times both loops in one process, in rounds:
+per loop the stock cache, and per allocator the ``torch`` backend and ``gather``; then prints the
+medians, each part's speed-up and the experiment's passes summed both ways. Each pass is compared
+with its own loop's stock cache as the experiment compares it (``compare.step_diffs``), and the
+batched stock cache with the one-by-one one, so the figures come with the criterion they met.
 """
 
 from __future__ import annotations
@@ -24,9 +23,10 @@ from typing import Any
 import torch
 
 from kvbench.tasks.equivalence.cases import PromptCase, Trajectory
-from kvbench.tasks.equivalence.compare import step_diffs
+from kvbench.tasks.equivalence.compare import step_diffs, tokens_equal
 from kvbench.tasks.equivalence.models import load_model
 from kvbench.tasks.equivalence.names import ALLOCATORS, FP32_REL_TOLERANCE, MODEL_NAMES, SMOLLM2
+from kvbench.tasks.equivalence.padded import StockMemory, padded_trajectories
 from kvbench.tasks.equivalence.paged_runner import PagedRunner
 from kvbench.tasks.equivalence.run import backend_trajectories, build_cases
 from kvbench.tasks.equivalence.stock_runner import StockRunner
@@ -40,91 +40,114 @@ from kvbench.tasks.equivalence.trajectories import (
 from kvbench.tasks.profile.profile_file import device_name
 from kvbench.workloads.schema import TokenizerUnavailableError
 
+ONE_BY_ONE, BATCHED = "one by one", "batched"
 STOCK = "stock"
-# Each pass, and the experiment's backend that runs it (None: the loop before batching).
-PASSES = {"torch one by one": None, "torch batched": "torch", "gather": "gather"}
+# The passes of each allocator, by their experiment backend.
+BACKENDS = ("torch", "gather")
+Trajectories = dict[SampleKey, Trajectory]
 
 
-def run_pass(name: str, model: Any, allocator: str, cases: Sequence[PromptCase], steps: int,
-             block_size: int, seed: int, stock: dict[SampleKey, Trajectory],
-             ) -> dict[SampleKey, Trajectory]:  # fmt: skip
-    """One of ``PASSES`` over ``allocator``'s pools, teacher-forced on ``stock``: ``torch one by
-    one`` (``PagedRunner``, the loop before batching), or the experiment's own pass of the
-    ``torch`` (batched) or ``gather`` backend (``run.backend_trajectories``)."""
-    backend = PASSES[name]
-    if backend is not None:
+def stock_pass(loop: str, model: Any, cases: Sequence[PromptCase], steps: int) -> Trajectories:
+    """The stock cache, one sequence at a time (``StockRunner``) or in one padded batch."""
+    if loop == ONE_BY_ONE:
+        return stock_trajectories(StockRunner(model), cases, steps)
+    return padded_trajectories(model, StockMemory(model), cases, steps)
+
+
+def backend_pass(loop: str, backend: str, model: Any, allocator: str,
+                 cases: Sequence[PromptCase], steps: int, block_size: int, seed: int,
+                 stock: Trajectories) -> Trajectories:  # fmt: skip
+    """``backend`` over ``allocator``'s pools, teacher-forced on ``stock``: one sequence at a
+    time (``PagedRunner``, the loop before batching), or the experiment's own pass
+    (``run.backend_trajectories``)."""
+    if loop == BATCHED:
         return backend_trajectories(model, allocator, backend, list(cases), steps, block_size,
                                     seed, stock)  # fmt: skip
+    mode = "gather" if backend == "gather" else "paged"
     runner = PagedRunner(model, allocator, blocks_needed(cases, steps, block_size), block_size,
-                         "paged", "torch")  # fmt: skip
-    scramble_free_blocks(runner, seed)
+                         mode, "torch")  # fmt: skip
+    scramble_free_blocks(runner.allocator, seed)
     return paged_trajectories(runner, cases, steps, stock)
 
 
-def worst_rel_diff(paged: dict[SampleKey, Trajectory], stock: dict[SampleKey, Trajectory]) -> float:
-    """The largest ``max_rel_diff`` of any step of any sample (``compare.step_diffs``)."""
-    return max(diff.max_rel_diff for key in stock for diff in step_diffs(paged[key], stock[key]))
+def agreement(paged: Trajectories, stock: Trajectories) -> tuple[float, bool]:
+    """The largest ``max_rel_diff`` of any step of any sample (``compare.step_diffs``), and
+    whether every sample's continuation equals the stock one's (``compare.tokens_equal``)."""
+    worst = max(diff.max_rel_diff for key in stock for diff in step_diffs(paged[key], stock[key]))
+    return worst, all(tokens_equal(paged[key], stock[key]) for key in stock)
 
 
 def time_passes(model: Any, cases: Sequence[PromptCase], steps: int, block_size: int,
                 allocators: Sequence[str], rounds: int, seed: int = 0,
                 on_pass: Callable[[int, str, float], None] | None = None,
-                ) -> tuple[dict[str, list[float]], dict[str, float]]:  # fmt: skip
-    """Seconds of every part in each of ``rounds`` rounds, keyed ``stock`` and
-    ``"{allocator} {pass}"``; and, keyed alike, each pass's ``worst_rel_diff`` from the stock
-    cache in the first round. ``on_pass(round, key, seconds)`` is called after each part."""
+                ) -> tuple[dict[str, list[float]], dict[str, tuple[float, bool]]]:  # fmt: skip
+    """Seconds of every part in each of ``rounds`` rounds, keyed ``"{loop}: stock"`` and
+    ``"{loop}: {allocator} {backend}"``; and, keyed alike, each part's ``agreement`` in the
+    first round (a backend's from its loop's stock cache, the batched stock cache's from the
+    one-by-one one). ``on_pass(round, key, seconds)`` is called after each part."""
     times_s: dict[str, list[float]] = {}
-    rel_diffs: dict[str, float] = {}
+    agreements: dict[str, tuple[float, bool]] = {}
 
-    def record(round_index: int, key: str, seconds: float) -> None:
+    def timed(round_index: int, key: str, run: Callable[..., Trajectories],
+              *args: Any) -> Trajectories:  # fmt: skip
+        started_s = time.perf_counter()
+        trajectories = run(*args)
+        seconds = time.perf_counter() - started_s
         times_s.setdefault(key, []).append(seconds)
         if on_pass is not None:
             on_pass(round_index, key, seconds)
+        return trajectories
 
     for round_index in range(rounds):
-        started_s = time.perf_counter()
-        stock = stock_trajectories(StockRunner(model), cases, steps)
-        record(round_index, STOCK, time.perf_counter() - started_s)
-        for allocator in allocators:
-            for name in PASSES:
-                started_s = time.perf_counter()
-                trajectories = run_pass(name, model, allocator, cases, steps, block_size, seed,
-                                        stock)  # fmt: skip
-                seconds = time.perf_counter() - started_s
-                record(round_index, f"{allocator} {name}", seconds)
-                if round_index == 0:
-                    rel_diffs[f"{allocator} {name}"] = worst_rel_diff(trajectories, stock)
-    return times_s, rel_diffs
+        stocks = {}
+        for loop in (ONE_BY_ONE, BATCHED):
+            stock = timed(round_index, f"{loop}: {STOCK}", stock_pass, loop, model, cases, steps)
+            stocks[loop] = stock
+            for allocator in allocators:
+                for backend in BACKENDS:
+                    key = f"{loop}: {allocator} {backend}"
+                    paged = timed(round_index, key, backend_pass, loop, backend, model,
+                                  allocator, cases, steps, block_size, seed, stock)  # fmt: skip
+                    if round_index == 0:
+                        agreements[key] = agreement(paged, stock)
+        if round_index == 0:
+            agreements[f"{BATCHED}: {STOCK}"] = agreement(stocks[BATCHED], stocks[ONE_BY_ONE])
+    return times_s, agreements
 
 
 def summary_lines(times_s: dict[str, list[float]], allocators: Sequence[str]) -> list[str]:
-    """The medians over rounds: the batched pass's speed-up per allocator, and the passes
-    of the whole experiment (stock + each allocator's torch and gather) summed both ways."""
+    """The medians over rounds: each part one by one and batched, and the experiment's passes
+    (the stock cache + each allocator's torch and gather) summed both ways."""
     median = {key: statistics.median(values) for key, values in times_s.items()}
+    parts = [STOCK] + [f"{allocator} {backend}" for allocator in allocators
+                       for backend in BACKENDS]  # fmt: skip
     lines = []
-    for allocator in allocators:
-        before = median[f"{allocator} torch one by one"]
-        after, gather = median[f"{allocator} torch batched"], median[f"{allocator} gather"]
-        lines.append(f"{allocator}: torch one by one {before:.1f} s, batched {after:.1f} s "
-                     f"({before / after:.1f}x); gather {gather:.1f} s")  # fmt: skip
-    common = median[STOCK] + sum(median[f"{allocator} gather"] for allocator in allocators)
-    before = common + sum(median[f"{allocator} torch one by one"] for allocator in allocators)
-    after = common + sum(median[f"{allocator} torch batched"] for allocator in allocators)
-    lines.append(f"the experiment's passes (stock {median[STOCK]:.1f} s, torch and gather per "
-                 f"allocator): {before:.1f} s one by one, {after:.1f} s batched "
-                 f"({before / after:.1f}x)")  # fmt: skip
+    for part in parts:
+        before, after = median[f"{ONE_BY_ONE}: {part}"], median[f"{BATCHED}: {part}"]
+        lines.append(f"{part}: one by one {before:.1f} s, batched {after:.1f} s "
+                     f"({before / after:.1f}x)")  # fmt: skip
+    before = sum(median[f"{ONE_BY_ONE}: {part}"] for part in parts)
+    after = sum(median[f"{BATCHED}: {part}"] for part in parts)
+    lines.append(f"the experiment's passes (stock, torch and gather per allocator): "
+                 f"{before:.1f} s one by one, {after:.1f} s batched ({before / after:.1f}x)")
     return lines
 
 
-def criterion_lines(rel_diffs: dict[str, float], tolerance: float) -> list[str]:
-    """Per pass: its largest ``max_rel_diff`` from the stock cache, and whether every step met
-    ``tolerance`` (the experiment's fp32 criterion), or was bit-identical."""
-    def verdict(value: float) -> str:
-        passed = "PASS" if value <= tolerance else "FAIL"
-        return f"{passed}, bit-identical" if value == 0.0 else passed
+def criterion_lines(agreements: dict[str, tuple[float, bool]], tolerance: float) -> list[str]:
+    """Per part, against its reference (``time_passes``): the experiment's criterion, PASS when
+    every step's ``max_rel_diff`` is within ``tolerance`` and every continuation is identical,
+    and whether it was bit-identical."""
+    def verdict(worst: float, same_tokens: bool) -> str:
+        passed = "PASS" if worst <= tolerance and same_tokens else "FAIL"
+        return f"{passed}, bit-identical" if worst == 0.0 else passed
 
-    return [f"{key}: max_rel_diff {value:.1e} from the stock cache ({verdict(value)})"
-            for key, value in rel_diffs.items()]  # fmt: skip
+    def reference(key: str) -> str:
+        return "the one-by-one stock cache" if key == f"{BATCHED}: {STOCK}" else "its stock cache"
+
+    return [f"{key}: max_rel_diff {worst:.1e}, continuations "
+            f"{'identical' if same_tokens else 'DIFFER'}, against {reference(key)} "
+            f"({verdict(worst, same_tokens)})"
+            for key, (worst, same_tokens) in agreements.items()]  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -152,12 +175,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{device_name()}, {args.threads} threads, {args.model}: {args.prompts} prompts x "
           f"{args.samples} samples x {args.steps} steps, block size {args.block_size}, "
           f"{args.rounds} rounds", flush=True)  # fmt: skip
-    times_s, rel_diffs = time_passes(
+    times_s, agreements = time_passes(
         model, cases, args.steps, args.block_size, args.allocators, args.rounds,
         on_pass=lambda index, key, seconds: print(f"round {index}: {key} {seconds:.1f} s",
                                                   flush=True),
     )  # fmt: skip
-    criteria = criterion_lines(rel_diffs, FP32_REL_TOLERANCE)
+    criteria = criterion_lines(agreements, FP32_REL_TOLERANCE)
     print("\n".join(summary_lines(times_s, args.allocators) + criteria))
     return 0
 

@@ -4,25 +4,30 @@ The cases' prompts are prefilled in one forward over one allocator's pools (``pa
 finds the shared system prompt cached from the first prompt's blocks, written in the same layer
 pass before any attention reads them); each case's samples then fork from its sequence and all
 sequences decode one token per forward, in lockstep, through ``executors.forward.BatchRunner``
-(the paged kernel, or SDPA on gathered K/V for the ``gather`` backend). Copy-on-writes the
-allocator records are copied before the forward that writes them.
+(the paged kernel, or SDPA on gathered K/V: the real executor's ``gather`` mode; the
+experiment's ``gather`` backend runs in ``padded.py`` instead, where its check can be
+bit-identity). Copy-on-writes the allocator records are copied before the forward that writes
+them.
 """
 
 from __future__ import annotations
 
-import random
 from collections.abc import Sequence
 from typing import Any
 
-import torch
-
 from kvbench.allocators import make_allocator
 from kvbench.allocators.base import Allocator
-from kvbench.core.request import Request
 from kvbench.executors.forward import BatchRunner, SeqInput, model_kv_shape
 from kvbench.executors.kv_memory import KVMemory
 from kvbench.tasks.equivalence.cases import PromptCase, Trajectory, choose_token
-from kvbench.tasks.equivalence.trajectories import SampleKey, fed_token
+from kvbench.tasks.equivalence.trajectories import (
+    SampleKey,
+    as_trajectories,
+    blocks_needed,
+    fed_token,
+    record_step,
+    scramble_free_blocks,
+)
 
 
 def batched_trajectories(
@@ -39,10 +44,10 @@ def batched_trajectories(
     ``sdpa`` (the paged kernel's backends) or ``gather``. Free blocks are scrambled first
     (``seed``) so tables scatter.
     ``reference``: teacher forcing, as ``trajectories.paged_trajectories``."""
-    num_blocks = sum(_case_blocks(case, num_decode_steps, block_size) for case in cases) + 4
+    num_blocks = blocks_needed(cases, num_decode_steps, block_size, all_at_once=True)
     allocator = make_allocator(allocator_name, num_blocks * block_size, block_size,
                                model.config.max_position_embeddings)  # fmt: skip
-    _scramble(allocator, seed)
+    scramble_free_blocks(allocator, seed)
     num_layers, num_kv_heads, head_dim = model_kv_shape(model)
     memory = KVMemory(num_layers, num_kv_heads, head_dim, allocator.num_slots, block_size,
                       model.dtype)  # fmt: skip
@@ -58,9 +63,9 @@ def batched_trajectories(
     for case, case_logits in zip(cases, prompt_logits, strict=True):
         for sample in range(case.num_samples):
             if sample:
-                allocator.fork(_seq_id(case, 0), _seq_id(case, sample))
+                allocator.fork(case.seq_id(0), case.seq_id(sample))
             keys.append((case.prompt_id, sample))
-            seq_ids.append(_seq_id(case, sample))
+            seq_ids.append(case.seq_id(sample))
             logits.append([case_logits])  # per sequence, each [vocab]
             chosen.append([choose_token(case_logits, sample)])
             tokens.append(list(case.token_ids))
@@ -75,22 +80,13 @@ def batched_trajectories(
             SeqInput([sequence[-1]], len(sequence) - 1, allocator.block_table(seq_id))
             for seq_id, sequence in zip(seq_ids, tokens, strict=True)
         ])  # [num_seqs, vocab]  # fmt: skip
-        for row, sequence_logits in enumerate(step_logits):
-            logits[row].append(sequence_logits)
-            chosen[row].append(choose_token(sequence_logits, 0))
-    return {
-        key: Trajectory(torch.stack(rows), own)
-        for key, rows, own in zip(keys, logits, chosen, strict=True)
-    }
-
-
-def _seq_id(case: PromptCase, sample: int) -> int:
-    return case.prompt_id * case.num_samples + sample
+        record_step(step_logits, logits, chosen)
+    return as_trajectories(keys, logits, chosen)
 
 
 def _prefill_input(allocator: Allocator, case: PromptCase, num_decode_steps: int) -> SeqInput:
     """Admit the case's first sequence; its uncached prompt tokens (at least the last one)."""
-    seq_id = _seq_id(case, 0)
+    seq_id = case.seq_id(0)
     num_tokens = len(case.token_ids)
     if not allocator.admit(seq_id, case.request(num_decode_steps), num_tokens):
         raise RuntimeError(f"pool too small: cannot admit prompt {case.prompt_id}")
@@ -99,20 +95,3 @@ def _prefill_input(allocator: Allocator, case: PromptCase, num_decode_steps: int
     first = min(num_cached, num_tokens - 1)
     return SeqInput(case.token_ids[first:], first, allocator.block_table(seq_id),
                     num_unwritten=num_cached - first)  # fmt: skip
-
-
-def _case_blocks(case: PromptCase, num_decode_steps: int, block_size: int) -> int:
-    """Blocks a case's samples hold at the end, plus a copy-on-write block each."""
-    tokens = len(case.token_ids) + num_decode_steps
-    return case.num_samples * (-(-tokens // block_size) + 1)
-
-
-def _scramble(allocator: Allocator, seed: int) -> None:
-    """Leave the allocator's free queue in a seeded random order (block tables scatter)."""
-    dummy = Request(request_id=-1, arrival_s=0.0, prompt_tokens=1, output_tokens=0)
-    dummy_ids = [-1 - index for index in range(allocator.num_slots // allocator.block_size)]
-    for seq_id in dummy_ids:
-        allocator.admit(seq_id, dummy, 1)
-    random.Random(seed).shuffle(dummy_ids)
-    for seq_id in dummy_ids:
-        allocator.free(seq_id)

@@ -29,6 +29,10 @@ class PromptCase:
     prefix_tokens: int = 0
     num_samples: int = 1
 
+    def seq_id(self, sample: int) -> int:
+        """The allocator's sequence id of sample ``sample`` (unique across the run's cases)."""
+        return self.prompt_id * self.num_samples + sample
+
     def request(self, num_decode_steps: int) -> Request:
         """The request the allocators see (token counts and the prefix group only)."""
         return Request(

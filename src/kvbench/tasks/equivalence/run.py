@@ -15,16 +15,15 @@ from kvbench.tasks.equivalence.batched import batched_trajectories
 from kvbench.tasks.equivalence.cases import PromptCase, shared_prefix_cases
 from kvbench.tasks.equivalence.models import load_model
 from kvbench.tasks.equivalence.names import SMOLLM2
+from kvbench.tasks.equivalence.padded import PoolMemory, StockMemory, padded_trajectories
 from kvbench.tasks.equivalence.paged_runner import PagedRunner
 from kvbench.tasks.equivalence.plot import plot_equivalence
 from kvbench.tasks.equivalence.prompts import chat_prompt_ids, instructions, random_prompt_ids
-from kvbench.tasks.equivalence.stock_runner import StockRunner
 from kvbench.tasks.equivalence.table import EQUIVALENCE_COLUMNS, comparison_rows, verdicts
 from kvbench.tasks.equivalence.trajectories import (
     blocks_needed,
     paged_trajectories,
     scramble_free_blocks,
-    stock_trajectories,
 )
 from kvbench.tasks.simulate.run_outputs import print_files, write_task_report
 
@@ -49,8 +48,8 @@ def build_cases(model_name: str, model: Any, num_prompts: int, num_samples: int,
 def run_logit_equivalence(
     cfg: Any, deployment: Any, raw_cfg: Any, output_dir: Path
 ) -> pd.DataFrame:
-    """Decode the prompts with the stock cache (one sequence at a time), then through every
-    (allocator, backend) pair (the kernel backend batched: ``backend_trajectories``);
+    """Decode the prompts with the stock cache (every sample in one padded batch:
+    ``padded.py``), then through every (allocator, backend) pair (``backend_trajectories``);
     write ``equivalence.parquet`` (after each pair), ``plots/equivalence.png`` and
     ``report.md``, print the verdicts (and, unless ``summary_table=false``, the files).
     ``deployment`` is not used (the model is ``equivalence.model``)."""
@@ -60,7 +59,7 @@ def run_logit_equivalence(
     cases = build_cases(settings.model, model, settings.num_prompts, settings.num_samples,
                         cfg.seed)  # fmt: skip
     steps = settings.num_decode_steps
-    stock = stock_trajectories(StockRunner(model), cases, steps)
+    stock = padded_trajectories(model, StockMemory(model), cases, steps)
     rows: list[dict[str, object]] = []
     table = pd.DataFrame(columns=list(EQUIVALENCE_COLUMNS))
     for allocator in settings.allocators:
@@ -90,14 +89,19 @@ def backend_trajectories(model: Any, allocator: str, backend: str, cases: list[P
                         steps: int, block_size: int, seed: int, stock: dict,
                         kv_dtype: torch.dtype | None = None,
                         calibrate_scales: bool = False) -> dict:  # fmt: skip
-    """The kernel backend batched: every case's samples at once through the real executor's
-    forward (``batched``). ``gather``, and K/V stored in ``kv_dtype`` (fp8; None: the model's),
-    one sequence at a time as the stock cache runs: gather's check is bit-identity, which a
-    batched matmul's rounding would blur (by ~1e-7), and the batched pools hold the model's
-    dtype. Every sample is teacher-forced on the ``stock`` trajectory's tokens, so a step's
-    logits are compared on the same context (one early divergence does not make every later
-    step differ)."""
-    if backend != "gather" and kv_dtype is None:
+    """Every case's samples at once: a kernel backend through the real executor's forward
+    (``batched``); ``gather`` in the stock cache's own padded batch, with the allocator's pools
+    as its cache (``padded``), since its check is bit-identity, which another batch layout's
+    rounding would blur (by ~1e-7). K/V stored in ``kv_dtype`` (fp8; None: the model's) run one
+    sequence at a time (``PagedRunner``): the batched pools hold the model's dtype. Every
+    sample is teacher-forced on the ``stock`` trajectory's tokens, so a step's logits are
+    compared on the same context (one early divergence does not make every later step
+    differ)."""
+    if kv_dtype is None and backend == "gather":
+        memory = PoolMemory(model, allocator, blocks_needed(cases, steps, block_size, True),
+                            block_size, seed)  # fmt: skip
+        return padded_trajectories(model, memory, cases, steps, stock)
+    if kv_dtype is None:
         return batched_trajectories(model, allocator, backend, cases, steps, block_size, seed,
                                     stock)  # fmt: skip
     num_blocks = blocks_needed(cases, steps, block_size)
@@ -105,7 +109,7 @@ def backend_trajectories(model: Any, allocator: str, backend: str, cases: list[P
     runner = PagedRunner(model, allocator, num_blocks, block_size, mode,
                          "torch" if backend == "gather" else backend, kv_dtype,
                          calibrate_scales)  # fmt: skip
-    scramble_free_blocks(runner, seed)
+    scramble_free_blocks(runner.allocator, seed)
     return paged_trajectories(runner, cases, steps, stock)
 
 

@@ -17,9 +17,7 @@ class StockRunner:
         self.model = model
         self._new_cache = lambda: DynamicCache(config=model.config)
         self._caches: dict[int, Any] = {}
-        # transformers 5 renamed past_key_values to cache (the old name warns until 5.40).
-        parameters = inspect.signature(type(model).forward).parameters
-        self._cache_kwarg = "cache" if "cache" in parameters else "past_key_values"
+        self._cache_kwarg = cache_kwarg(model)
 
     def prefill(self, seq_id: int, prompt_ids: list[int]) -> torch.Tensor:
         """Run the prompt into a fresh cache; returns the last position's logits [vocab]."""
@@ -40,3 +38,10 @@ class StockRunner:
             cache = {self._cache_kwarg: self._caches[seq_id]}
             output = self.model(input_ids, use_cache=True, **cache)
         return output.logits[0, -1]  # [vocab]
+
+
+def cache_kwarg(model: Any) -> str:
+    """The name of the model's cache argument: transformers 5 renamed ``past_key_values`` to
+    ``cache`` (the old name warns until 5.40)."""
+    parameters = inspect.signature(type(model).forward).parameters
+    return "cache" if "cache" in parameters else "past_key_values"

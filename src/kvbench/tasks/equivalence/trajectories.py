@@ -7,6 +7,7 @@ from collections.abc import Sequence
 
 import torch
 
+from kvbench.allocators.base import Allocator
 from kvbench.core.request import Request
 from kvbench.tasks.equivalence.cases import PromptCase, Trajectory, choose_token
 from kvbench.tasks.equivalence.paged_runner import PagedRunner
@@ -64,7 +65,7 @@ def _paged_case(
     num_decode_steps: int,
     reference: dict[SampleKey, Trajectory] | None,
 ) -> dict[SampleKey, Trajectory]:
-    seq_ids = [case.prompt_id * case.num_samples + sample for sample in range(case.num_samples)]
+    seq_ids = [case.seq_id(sample) for sample in range(case.num_samples)]
     prompt_logits = runner.prefill(
         seq_ids[0], case.request(num_decode_steps), list(case.token_ids)
     )  # [vocab]
@@ -85,13 +86,32 @@ def _paged_case(
     }
 
 
-def scramble_free_blocks(runner: PagedRunner, seed: int) -> None:
+def record_step(
+    step_logits: torch.Tensor, logits: list[list[torch.Tensor]], chosen: list[list[int]]
+) -> None:
+    """Append a batched step's logits ([rows, vocab], one row per sequence) to each sequence's
+    ``logits``, and its greedy token to its ``chosen``."""
+    for row, row_logits in enumerate(step_logits):
+        logits[row].append(row_logits)
+        chosen[row].append(choose_token(row_logits, 0))
+
+
+def as_trajectories(
+    keys: Sequence[SampleKey], logits: list[list[torch.Tensor]], chosen: list[list[int]]
+) -> dict[SampleKey, Trajectory]:
+    """The sequences' logits and choices, one ``Trajectory`` per key (all in the same order)."""
+    return {
+        key: Trajectory(torch.stack(rows), own)
+        for key, rows, own in zip(keys, logits, chosen, strict=True)
+    }
+
+
+def scramble_free_blocks(allocator: Allocator, seed: int) -> None:
     """Leave the allocator's free queue in a random order, so block tables are scattered.
 
     Every block goes to a one-block dummy sequence; freeing them in a seeded random order
     queues the blocks in that order (the pool hands out the least recently freed first).
     """
-    allocator = runner.allocator
     dummy = Request(request_id=-1, arrival_s=0.0, prompt_tokens=1, output_tokens=0)
     num_blocks = allocator.num_slots // allocator.block_size
     dummy_ids = [-1 - index for index in range(num_blocks)]  # negative: never a case's id
@@ -102,11 +122,13 @@ def scramble_free_blocks(runner: PagedRunner, seed: int) -> None:
         allocator.free(seq_id)
 
 
-def blocks_needed(cases: Sequence[PromptCase], num_decode_steps: int, block_size: int) -> int:
-    """A pool size that holds the largest case with all its samples (cases run one by one),
-    plus a copy-on-write block per sample."""
+def blocks_needed(cases: Sequence[PromptCase], num_decode_steps: int, block_size: int,
+                  all_at_once: bool = False) -> int:  # fmt: skip
+    """A pool size that holds the largest case with all its samples (cases run one by one), or
+    with ``all_at_once`` every case (a batched run), plus a copy-on-write block per sample."""
     def case_blocks(case: PromptCase) -> int:
         tokens = len(case.token_ids) + num_decode_steps
         return case.num_samples * (-(-tokens // block_size) + 1)
 
-    return max(case_blocks(case) for case in cases) + 4
+    per_case = [case_blocks(case) for case in cases]
+    return (sum(per_case) if all_at_once else max(per_case)) + 4
