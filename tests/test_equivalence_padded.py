@@ -6,7 +6,6 @@ import itertools
 import pytest
 import torch
 
-from kvbench.executors.kv_memory import KVMemory
 from kvbench.tasks.equivalence.cases import shared_prefix_cases
 from kvbench.tasks.equivalence.compare import has_nan, step_diffs
 from kvbench.tasks.equivalence.models import load_model
@@ -95,16 +94,3 @@ def test_prefix_blocks_are_shared_scattered_and_forks_copy_on_write(tiny):
     assert any(later != earlier + 1 for earlier, later in itertools.pairwise(table))
     for case in cases:  # the samples really diverge, so the copy mattered
         assert paged[(case.prompt_id, 0)].tokens != paged[(case.prompt_id, 1)].tokens
-
-
-def test_gather_padded_reads_each_rows_slots_and_zeros_its_pads():
-    memory = KVMemory(num_layers=1, num_kv_heads=2, head_dim=3, num_slots=8, block_size=4,
-                      dtype=torch.float32)  # fmt: skip
-    rows = torch.arange(8 * 2 * 3, dtype=torch.float32).view(8, 2, 3) + 1  # [slots, heads, dim]
-    memory.write(0, rows, -rows, torch.arange(8))
-    slots = torch.tensor([[5, 2, -1], [-1, 7, 0]])  # [seqs, width]
-    keys, values = memory.gather_padded(0, slots)
-    assert keys.shape == (2, 2, 3, 3) and keys.is_contiguous()  # [seqs, heads, width, dim]
-    assert torch.equal(keys[0, :, 0], rows[5]) and torch.equal(keys[0, :, 1], rows[2])
-    assert torch.equal(keys[1, :, 1], rows[7]) and torch.equal(values[1, :, 2], -rows[0])
-    assert not keys[0, :, 2].any() and not values[1, :, 0].any()

@@ -110,6 +110,7 @@ def batch_attention(
     num_decode = layout.num_paged_decode
     if num_decode:
         decode_query = query[0, :, :num_decode].transpose(0, 1).contiguous()  # [D, Hq, d]
+        k_scale, v_scale = layout.memory.scales[layer]  # 1 unless the pools hold fp8
         decoded = paged_decode_attention(
             decode_query,
             layout.memory.keys[layer],
@@ -119,6 +120,8 @@ def batch_attention(
             scale=scaling,
             backend=layout.backend,
             max_context_len=layout.max_decode_context,
+            k_scale=k_scale,
+            v_scale=v_scale,
         )  # [D, Hq, d]
         outputs.append(decoded.unsqueeze(0))
     for segment in layout.segments:

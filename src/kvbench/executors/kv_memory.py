@@ -30,8 +30,13 @@ class KVMemory:
         num_layers, num_kv_heads, head_dim: the model's K/V shape.
         num_slots: the allocator's pool in token slots.
         block_size: slots per block-table entry (the allocator's; 1 for contiguous ones).
-        dtype: the storage dtype (the model's).
+        dtype: the model's dtype: K/V come in and go out in it.
         device: where the pools live (the model's device); swap space is host memory.
+        kv_dtype: the storage dtype (None: ``dtype``). ``torch.float8_e4m3fn``: K/V divided by
+            their layer's scale and rounded to fp8 on write, saturating at +-448, as vLLM's
+            ``kv_cache_dtype=fp8``; read back times the scale (the paged kernels take the scales).
+        calibrate_scales: fp8 scales of each layer from its first write (vLLM's
+            ``calculate_kv_scales``: ``calibrated_scales``), fixed from then on; False: 1.0.
     """
 
     def __init__(
@@ -43,13 +48,20 @@ class KVMemory:
         block_size: int,
         dtype: torch.dtype,
         device: torch.device | str = "cpu",
+        kv_dtype: torch.dtype | None = None,
+        calibrate_scales: bool = False,
     ) -> None:
         num_blocks = num_slots // block_size
         shape = (num_blocks, block_size, num_kv_heads, head_dim)
+        storage = kv_dtype or dtype
         # zeros, not empty: the kernels multiply masked rows by probability 0, and 0 * NaN is NaN;
         # and writing every page now makes the pool resident, as a GPU's preallocated pool is.
-        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
-        self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.keys = [torch.zeros(shape, dtype=storage, device=device) for _ in range(num_layers)]
+        self.values = [torch.zeros(shape, dtype=storage, device=device) for _ in range(num_layers)]
+        self.dtype = dtype
+        # Per layer (k_scale, v_scale): a stored element e means e x scale (1 unless fp8).
+        self.scales = [(1.0, 1.0)] * num_layers
+        self._uncalibrated = set(range(num_layers)) if calibrate_scales else set()
         self.device = torch.device(device)
         # On a GPU, Triton's cache kernels: torch's index a boolean mask and read a mapping back
         # to the host, a device sync per layer that stops the host queueing work ahead.
@@ -77,7 +89,13 @@ class KVMemory:
             slots: int64 [num_tokens] on the pools' device, pool slots; -1 leaves a token
                 unwritten (its K/V are in a shared prefix block already).
         """
-        write_kv(key, value, self.keys[layer], self.values[layer], slots, self._cache_backend)
+        if layer in self._uncalibrated:
+            self._uncalibrated.discard(layer)
+            self.scales[layer] = calibrated_scales(key, value)
+        k_scale, v_scale = self.scales[layer]
+        storage = self.keys[layer].dtype
+        write_kv(stored(key, k_scale, storage), stored(value, v_scale, storage), self.keys[layer],
+                 self.values[layer], slots, self._cache_backend)  # fmt: skip
 
     def gather(
         self, layer: int, slots: torch.Tensor
@@ -89,7 +107,7 @@ class KVMemory:
         Returns:
             key, value: [1, num_kv_heads, num_tokens, head_dim], contiguous.
         """
-        key, value = self._rows(layer, slots)  # each [num_tokens, num_kv_heads, head_dim]
+        key, value = self._loaded(layer, slots)  # each [num_tokens, num_kv_heads, head_dim]
         # [num_tokens, heads, dim] -> [1, heads, num_tokens, dim], SDPA's layout.
         return (key.transpose(0, 1).unsqueeze(0).contiguous(),
                 value.transpose(0, 1).unsqueeze(0).contiguous())  # fmt: skip
@@ -104,7 +122,7 @@ class KVMemory:
         Returns:
             key, value: [num_seqs, num_kv_heads, width, head_dim], contiguous, zero at pads.
         """
-        key, value = self._rows(layer, slots.clamp(min=0).flatten())  # [seqs * width, heads, dim]
+        key, value = self._loaded(layer, slots.clamp(min=0).flatten())  # [seqs * width, heads, dim]
         is_pad = (slots < 0).flatten()[:, None, None]  # [seqs * width, 1, 1]
         shape = (*slots.shape, *key.shape[1:])  # [seqs, width, heads, dim]
         return tuple(
@@ -133,15 +151,53 @@ class KVMemory:
         (int64 [num_tokens]) and drop its swap space."""
         keys, values = self._swap_space.pop(seq_id)
         keys, values, slots = keys.to(self.device), values.to(self.device), slots.to(self.device)
-        for layer in range(len(self.keys)):
-            self.write(layer, keys[layer], values[layer], slots)
+        for layer in range(len(self.keys)):  # as stored: no second scaling
+            write_kv(keys[layer], values[layer], self.keys[layer], self.values[layer], slots,
+                     self._cache_backend)  # fmt: skip
 
     def drop_swapped(self, seq_id: int) -> None:
         """Forget a sequence's swap space (it will be recomputed instead), if it has one."""
         self._swap_space.pop(seq_id, None)
+
+    def _loaded(self, layer: int, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``_rows`` in the model's dtype: fp8 K/V times their layer's scales."""
+        key, value = self._rows(layer, slots)
+        k_scale, v_scale = self.scales[layer]
+        return dequantized(key, k_scale, self.dtype), dequantized(value, v_scale, self.dtype)
 
     def _rows(self, layer: int, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Key and value rows [num_tokens, num_kv_heads, head_dim] of ``slots``, copied."""
         rows_shape = (-1, *self.keys[layer].shape[2:])  # [num_slots, num_kv_heads, head_dim]
         return (self.keys[layer].view(rows_shape).index_select(0, slots),
                 self.values[layer].view(rows_shape).index_select(0, slots))  # fmt: skip
+
+
+# vLLM's divisors of the first forward's amax (K_SCALE_CONSTANT, V_SCALE_CONSTANT in vllm/envs.py):
+# the calibration tokens' largest |K| lands at 200 and |V| at 100 of e4m3's 448, headroom for
+# later tokens larger than the first forward's.
+CALIBRATION_DIVISORS = (200.0, 100.0)
+
+
+def calibrated_scales(key: torch.Tensor, value: torch.Tensor) -> tuple[float, float]:
+    """vLLM's ``calculate_kv_scales`` of one layer from the K/V of its first forward
+    (any shape): ``(amax|K| / 200, amax|V| / 100)``; a scale of an all-zero tensor stays 1."""
+    k_amax, v_amax = float(key.abs().amax()), float(value.abs().amax())
+    k_divisor, v_divisor = CALIBRATION_DIVISORS
+    return (k_amax / k_divisor or 1.0, v_amax / v_divisor or 1.0)
+
+
+def stored(tokens: torch.Tensor, scale: float, storage: torch.dtype) -> torch.Tensor:
+    """Tokens' K or V as a pool of ``storage`` dtype holds them: unchanged in a float pool; in an
+    fp8 pool divided by ``scale`` and saturated to the format's largest finite value, as vLLM's
+    conversion saturates (explicit here rather than left to how a torch version casts
+    out-of-range values: e4m3fn has no infinity)."""
+    if storage.itemsize != 1:
+        return tokens.to(storage)
+    largest = torch.finfo(storage).max
+    return (tokens.float() / scale).clamp(-largest, largest).to(storage)
+
+
+def dequantized(rows: torch.Tensor, scale: float, dtype: torch.dtype) -> torch.Tensor:
+    """Pool K or V (any shape) in ``dtype``: times ``scale`` unless it is 1 (a float pool's K/V
+    pass unchanged, which the bit-identity checks rely on)."""
+    return rows.to(dtype) if scale == 1.0 else (rows.float() * scale).to(dtype)

@@ -6,9 +6,10 @@ time; now every part runs all samples at once: the stock cache and ``gather`` in
 (``tasks/equivalence/padded.py``), the kernel backends through the real executor's batched
 forward (``tasks/equivalence/batched.py``). This tool times both loops in one process, in rounds:
 per loop the stock cache, and per allocator the ``torch`` backend and ``gather``; then prints the
-medians, each part's speed-up and the experiment's passes summed both ways. Each pass is compared
-with its own loop's stock cache as the experiment compares it (``compare.step_diffs``), and the
-batched stock cache with the one-by-one one, so the figures come with the criterion they met.
+medians, each part's speed-up and the experiment's passes summed both ways. Each pass is judged
+against its own loop's stock cache as the experiment judges it (every step's ``max_rel_diff``
+within the fp32 tolerance, every continuation identical), and the batched stock cache against the
+one-by-one one, so the figures come with the criterion they met.
 """
 
 from __future__ import annotations

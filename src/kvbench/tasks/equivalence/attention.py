@@ -21,8 +21,9 @@ from typing import Any, cast
 import torch
 
 from kvbench.executors.attention import offset_causal_mask
+from kvbench.executors.forward import slots_of
+from kvbench.executors.kv_memory import KVMemory
 from kvbench.kernels import paged_decode_attention
-from kvbench.tasks.equivalence.kv_pool import KVPool
 
 ATTENTION_NAME = "kvbench_paged"
 MODES = ("paged", "gather")
@@ -41,7 +42,7 @@ class PagedStep:
         backend: the paged kernel's backend (``torch``, or ``triton`` under the interpreter).
     """
 
-    pool: KVPool
+    pool: KVMemory
     block_table: torch.Tensor
     context_len: int
     slots: torch.Tensor
@@ -74,7 +75,9 @@ def paged_attention(
     # transformers' attention modules carry their index as an int; torch types any attribute of a
     # Module as Tensor | Module.
     layer = cast(int, module.layer_idx)
-    step.pool.write(layer, key, value, step.slots)
+    # [1, heads, new, dim] -> [new, heads, dim], the pools' row layout
+    step.pool.write(layer, key[0].transpose(0, 1).contiguous(),
+                    value[0].transpose(0, 1).contiguous(), step.slots)  # fmt: skip
     if query.shape[2] == 1 and step.mode == "paged":
         return _paged_decode(step, layer, query, scaling), None
     return _stock_on_gathered(module, step, layer, query, scaling), None
@@ -108,11 +111,11 @@ def _stock_on_gathered(
 ) -> torch.Tensor:
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    key, value = step.pool.gather(layer, step.block_table[0], step.context_len)
-    # An fp8 pool is dequantized (times its layer's scales) to the query's dtype before SDPA; a
-    # float pool's scales are 1 and its K/V pass unchanged (the bit-identity check needs that).
-    k_scale, v_scale = step.pool.scales[layer]
-    key, value = _dequantized(key, k_scale, query.dtype), _dequantized(value, v_scale, query.dtype)
+    context_slots = slots_of(step.block_table[0].tolist(), 0, step.context_len,
+                             step.pool.block_size)  # [context_len]  # fmt: skip
+    # [1, kv_heads, context_len, head_dim] each: an fp8 pool's K/V times its layer's scales, a
+    # float pool's unchanged (the bit-identity check needs that).
+    key, value = step.pool.gather(layer, context_slots)
     num_new = query.shape[2]
     # [1, 1, num_new, context_len] or None. A prefill after a prefix-cache hit has fewer queries
     # than keys and needs the offset causal mask; otherwise the stock code's own choice (None:
@@ -121,11 +124,6 @@ def _stock_on_gathered(
     mask = offset_causal_mask(num_new, step.context_len, query.device) if needs_offset else None
     output, _ = sdpa_attention_forward(module, query, key, value, mask, scaling=scaling)
     return output  # [1, num_new, num_q_heads, head_dim]
-
-
-def _dequantized(stored: torch.Tensor, scale: float, dtype: torch.dtype) -> torch.Tensor:
-    """Pool K or V (any shape) in ``dtype``: times ``scale`` unless it is 1."""
-    return stored.to(dtype) if scale == 1.0 else (stored.float() * scale).to(dtype)
 
 
 def register_paged_attention() -> None:

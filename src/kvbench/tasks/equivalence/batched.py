@@ -15,6 +15,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import torch
+
 from kvbench.allocators import make_allocator
 from kvbench.allocators.base import Allocator
 from kvbench.executors.forward import BatchRunner, SeqInput, model_kv_shape
@@ -39,18 +41,22 @@ def batched_trajectories(
     block_size: int,
     seed: int,
     reference: dict[SampleKey, Trajectory] | None = None,
+    kv_dtype: torch.dtype | None = None,
+    calibrate_scales: bool = False,
 ) -> dict[SampleKey, Trajectory]:
     """Each case's samples, all decoded in batched forwards; ``backend`` is ``torch`` or
     ``sdpa`` (the paged kernel's backends) or ``gather``. Free blocks are scrambled first
     (``seed``) so tables scatter.
-    ``reference``: teacher forcing, as ``trajectories.paged_trajectories``."""
+    ``reference``: teacher forcing, as ``trajectories.paged_trajectories``. ``kv_dtype``,
+    ``calibrate_scales``: the pools' storage (``KVMemory``)."""
     num_blocks = blocks_needed(cases, num_decode_steps, block_size, all_at_once=True)
     allocator = make_allocator(allocator_name, num_blocks * block_size, block_size,
                                model.config.max_position_embeddings)  # fmt: skip
     scramble_free_blocks(allocator, seed)
     num_layers, num_kv_heads, head_dim = model_kv_shape(model)
     memory = KVMemory(num_layers, num_kv_heads, head_dim, allocator.num_slots, block_size,
-                      model.dtype)  # fmt: skip
+                      model.dtype, kv_dtype=kv_dtype,
+                      calibrate_scales=calibrate_scales)  # fmt: skip
     if backend == "gather":
         runner = BatchRunner(model, memory, "gather")
     else:

@@ -70,11 +70,13 @@ class PoolMemory:
         pool_blocks: blocks in the pool.
         block_size: tokens per block.
         seed: the order the free blocks are scrambled into (block tables scatter).
+        kv_dtype, calibrate_scales: the pools' storage (``KVMemory``; fp8 K/V reach SDPA
+            dequantized).
     """
 
-    def __init__(
-        self, model: Any, allocator_name: str, pool_blocks: int, block_size: int, seed: int
-    ) -> None:
+    def __init__(self, model: Any, allocator_name: str, pool_blocks: int, block_size: int,
+                 seed: int, kv_dtype: torch.dtype | None = None,
+                 calibrate_scales: bool = False) -> None:  # fmt: skip
         self.allocator: Allocator = make_allocator(
             allocator_name, pool_blocks * block_size, block_size,
             model.config.max_position_embeddings,
@@ -82,11 +84,12 @@ class PoolMemory:
         scramble_free_blocks(self.allocator, seed)
         num_layers, num_kv_heads, head_dim = model_kv_shape(model)
         self.memory = KVMemory(num_layers, num_kv_heads, head_dim, self.allocator.num_slots,
-                               block_size, model.dtype)  # fmt: skip
+                               block_size, model.dtype, kv_dtype=kv_dtype,
+                               calibrate_scales=calibrate_scales)  # fmt: skip
         self.cache = Cache(layers=[_PoolLayer(self, layer) for layer in range(num_layers)])
         self.seq_ids: list[int] = []  # per row
         self.prompt_lens: list[int] = []  # per row
-        self.num_pads: list[int] = []  # per row: pad positions after its prompt
+        self.prompt_width = 0  # the padded prompts' width: a row's pads follow its prompt to it
         self.write_slots = torch.empty(0, dtype=torch.int64)  # [rows * new tokens], -1: skip
         self.read_slots = torch.empty(0, 0, dtype=torch.int64)  # [rows, width], -1: a pad
 
@@ -103,7 +106,7 @@ class PoolMemory:
             num_cached.append(prefix_cache.cached_prefix_tokens(seq_id) if prefix_cache else 0)
             self.seq_ids.append(seq_id)
             self.prompt_lens.append(len(case.token_ids))
-            self.num_pads.append(width - len(case.token_ids))
+        self.prompt_width = width
         self.read_slots = self._read_slots()
         write_slots = self.read_slots.clone()  # [cases, width]
         # Every token is computed (as in the stock cache), but a shared block keeps the K/V its
@@ -116,13 +119,11 @@ class PoolMemory:
         """A sample after the first is a fork of its case's sequence: it shares every block."""
         by_id = {case.prompt_id: case for case in cases}
         prompt_lens = dict(zip(by_id, self.prompt_lens, strict=True))
-        num_pads = dict(zip(by_id, self.num_pads, strict=True))
         for prompt_id, sample in rows:
             if sample:
                 self.allocator.fork(by_id[prompt_id].seq_id(0), by_id[prompt_id].seq_id(sample))
         self.seq_ids = [by_id[prompt_id].seq_id(sample) for prompt_id, sample in rows]
         self.prompt_lens = [prompt_lens[prompt_id] for prompt_id, _ in rows]
-        self.num_pads = [num_pads[prompt_id] for prompt_id, _ in rows]
         self.read_slots = self._read_slots()
 
     def grow(self) -> None:
@@ -138,8 +139,8 @@ class PoolMemory:
         """Every row's slots from the allocator's block tables, -1 at its pads (after the
         prompt): int64 [rows, width]."""
         rows = []
-        for seq_id, prompt_len, num_pads in zip(self.seq_ids, self.prompt_lens, self.num_pads,
-                                                strict=True):  # fmt: skip
+        for seq_id, prompt_len in zip(self.seq_ids, self.prompt_lens, strict=True):
+            num_pads = self.prompt_width - prompt_len
             slots = slots_of(self.allocator.block_table(seq_id), 0,
                              self.allocator.num_tokens(seq_id), self.memory.block_size)  # fmt: skip
             rows.append(torch.cat([slots[:prompt_len], torch.full((num_pads,), -1),

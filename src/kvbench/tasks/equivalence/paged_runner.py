@@ -16,9 +16,9 @@ import torch
 from kvbench.allocators import make_allocator
 from kvbench.core.catalog import hf_kv_shape
 from kvbench.core.request import Request
+from kvbench.executors.kv_memory import KVMemory
 from kvbench.kernels import slot_mapping
 from kvbench.tasks.equivalence.attention import ATTENTION_NAME, PagedStep, register_paged_attention
-from kvbench.tasks.equivalence.kv_pool import KVPool
 
 
 class PagedRunner:
@@ -32,7 +32,7 @@ class PagedRunner:
         mode: ``paged`` (paged decode kernel) or ``gather`` (gather-into-contiguous + SDPA).
         backend: the paged kernel's backend.
         kv_dtype: the pools' storage dtype (None: the model's; ``torch.float8_e4m3fn``: fp8 K/V).
-        calibrate_scales: fp8 scales per layer from the first forward (``KVPool``); False: 1.0.
+        calibrate_scales: fp8 scales per layer from the first forward (``KVMemory``); False: 1.0.
     """
 
     def __init__(
@@ -56,10 +56,9 @@ class PagedRunner:
         self.allocator = make_allocator(
             allocator_name, num_blocks * block_size, block_size, config.max_position_embeddings
         )
-        self.pool = KVPool(
-            num_layers, num_blocks, block_size, num_kv_heads, head_dim, kv_dtype or model.dtype,
-            calibrate_scales,
-        )  # fmt: skip
+        self.pool = KVMemory(num_layers, num_kv_heads, head_dim, num_blocks * block_size,
+                             block_size, model.dtype, kv_dtype=kv_dtype,
+                             calibrate_scales=calibrate_scales)  # fmt: skip
 
     def prefill(self, seq_id: int, request: Request, prompt_ids: list[int]) -> torch.Tensor:
         """Admit a sequence and run its prompt; returns the last position's logits [vocab].

@@ -16,15 +16,10 @@ from kvbench.tasks.equivalence.cases import PromptCase, shared_prefix_cases
 from kvbench.tasks.equivalence.models import load_model
 from kvbench.tasks.equivalence.names import SMOLLM2
 from kvbench.tasks.equivalence.padded import PoolMemory, StockMemory, padded_trajectories
-from kvbench.tasks.equivalence.paged_runner import PagedRunner
 from kvbench.tasks.equivalence.plot import plot_equivalence
 from kvbench.tasks.equivalence.prompts import chat_prompt_ids, instructions, random_prompt_ids
 from kvbench.tasks.equivalence.table import EQUIVALENCE_COLUMNS, comparison_rows, verdicts
-from kvbench.tasks.equivalence.trajectories import (
-    blocks_needed,
-    paged_trajectories,
-    scramble_free_blocks,
-)
+from kvbench.tasks.equivalence.trajectories import blocks_needed
 from kvbench.tasks.simulate.run_outputs import print_files, write_task_report
 
 _TORCH_DTYPES = {"fp32": torch.float32}
@@ -92,25 +87,16 @@ def backend_trajectories(model: Any, allocator: str, backend: str, cases: list[P
     """Every case's samples at once: a kernel backend through the real executor's forward
     (``batched``); ``gather`` in the stock cache's own padded batch, with the allocator's pools
     as its cache (``padded``), since its check is bit-identity, which another batch layout's
-    rounding would blur (by ~1e-7). K/V stored in ``kv_dtype`` (fp8; None: the model's) run one
-    sequence at a time (``PagedRunner``): the batched pools hold the model's dtype. Every
-    sample is teacher-forced on the ``stock`` trajectory's tokens, so a step's logits are
-    compared on the same context (one early divergence does not make every later step
-    differ)."""
-    if kv_dtype is None and backend == "gather":
+    rounding would blur (by ~1e-7). The pools store K/V in ``kv_dtype`` (fp8; None: the
+    model's), scaled as ``calibrate_scales`` says. Every sample is teacher-forced on the
+    ``stock`` trajectory's tokens, so a step's logits are compared on the same context (one
+    early divergence does not make every later step differ)."""
+    if backend == "gather":
         memory = PoolMemory(model, allocator, blocks_needed(cases, steps, block_size, True),
-                            block_size, seed)  # fmt: skip
+                            block_size, seed, kv_dtype, calibrate_scales)  # fmt: skip
         return padded_trajectories(model, memory, cases, steps, stock)
-    if kv_dtype is None:
-        return batched_trajectories(model, allocator, backend, cases, steps, block_size, seed,
-                                    stock)  # fmt: skip
-    num_blocks = blocks_needed(cases, steps, block_size)
-    mode = "gather" if backend == "gather" else "paged"
-    runner = PagedRunner(model, allocator, num_blocks, block_size, mode,
-                         "torch" if backend == "gather" else backend, kv_dtype,
-                         calibrate_scales)  # fmt: skip
-    scramble_free_blocks(runner.allocator, seed)
-    return paged_trajectories(runner, cases, steps, stock)
+    return batched_trajectories(model, allocator, backend, cases, steps, block_size, seed, stock,
+                                kv_dtype, calibrate_scales)  # fmt: skip
 
 
 def _print_summary(table: pd.DataFrame, num_prompts: int, settings: Any, elapsed_s: float) -> None:
