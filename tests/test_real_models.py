@@ -10,6 +10,7 @@ import pytest
 import torch
 from conftest import compose_config
 
+from kvbench.config import ConfigError
 from kvbench.core.catalog import model_names
 from kvbench.core.packaged_conf import read_option
 from kvbench.executors.forward import model_kv_shape
@@ -115,22 +116,52 @@ def test_cuda_or_triton_without_a_gpu_is_refused_and_auto_takes_the_cpu(monkeypa
         compose_config(*smollm2)
 
 
+# Three fixed requests served by random SmolLM2 weights on the CPU from a 0.005 GiB pool.
+TINY_SERVE = (
+    "executor=real", "executor.weights=random", "model=smollm2-135m", "model.dtype=fp32",
+    "model.max_model_len=64", "hardware=cpu", "hardware.kv_cache_gib=0.005",
+    "workload=fixed", "workload.num_requests=3", "workload.prompt_tokens=12",
+    "workload.output_tokens=4", "request_rates=[50]", "allocators=[paged]",
+    "progress=false", "plots=false", "summary_table=false",
+)  # fmt: skip
+
+
 @pytest.mark.parametrize("linear_backend", ["aten", "onednn"])
 def test_a_random_weight_model_serves_through_the_app(tmp_path, linear_backend):
     from kvbench.tasks.simulate.experiment import run_experiment
 
-    cfg, deployment, raw = compose_config(
-        "executor=real", "executor.weights=random", "model=smollm2-135m", "model.dtype=fp32",
-        f"executor.linear_backend={linear_backend}",
-        "model.max_model_len=64", "hardware=cpu", "hardware.kv_cache_gib=0.005",
-        "workload=fixed", "workload.num_requests=3", "workload.prompt_tokens=12",
-        "workload.output_tokens=4", "request_rates=[50]", "allocators=[paged]",
-        "progress=false", "plots=false", "summary_table=false",
-    )  # fmt: skip
+    cfg, deployment, raw = compose_config(*TINY_SERVE, f"executor.linear_backend={linear_backend}")
     summary = run_experiment(cfg, deployment, raw, tmp_path)
     assert summary["num_finished"].tolist() == [3]
     assert summary["peak_device_bytes"].isna().all()  # a CPU run: no device memory to report
     assert summary["kv_pool_bytes"].tolist() == [116 // 16 * 16 * 46_080]
+
+
+def test_fp8_kv_holds_four_times_the_tokens_in_the_same_bytes(tmp_path):
+    # model.kv_dtype=fp8 counts 1 byte per K/V element into the allocator's slots; the pools
+    # must really be fp8, not the model's fp32 at four times the budget.
+    from kvbench.tasks.simulate.experiment import run_experiment
+
+    cfg, deployment, raw = compose_config(*TINY_SERVE, "model.kv_dtype=fp8")
+    summary = run_experiment(cfg, deployment, raw, tmp_path)
+    assert summary["num_finished"].tolist() == [3]
+    fp8_bytes_per_slot = 46_080 // 4  # 2 x 30 layers x 3 KV heads x 64 x 1 byte
+    assert summary["kv_pool_bytes"].tolist() == [466 // 16 * 16 * fp8_bytes_per_slot]
+    assert summary["kv_pool_bytes"].iloc[0] <= 0.005 * 2**30
+
+
+@pytest.mark.parametrize(("overrides", "expected"), [
+    (("executor=real", "model.kv_dtype=bf16"),
+     "model.kv_dtype='bf16' with model.dtype='fp32': executor=real stores K/V in the model's "
+     "dtype; set model.kv_dtype=null"),
+    (("task=profile", "model.kv_dtype=fp8"),
+     r"model.kv_dtype='fp8' with model.dtype='fp32': task=profile stores K/V in the model's dtype "
+     r"\(fp8: executor=real only\)"),
+])  # fmt: skip
+def test_kv_dtypes_a_real_model_cannot_store_are_refused(overrides, expected):
+    with pytest.raises(ConfigError, match=expected) as error:
+        compose_config("model=smollm2-135m", "model.dtype=fp32", "hardware=cpu", *overrides)
+    assert "\n" not in str(error.value)
 
 
 def test_the_gpu_session_s_sim_to_real_composes_with_its_186_slot_pool():

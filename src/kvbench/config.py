@@ -1025,12 +1025,34 @@ def _check_real_executor(cfg: KvbenchConfig) -> None:
         cfg.model.dtype in ("fp32", "bf16", "fp16"),
         f"model.dtype={cfg.model.dtype!r}: {what} computes in fp32, bf16 or fp16",
     )
+    _check_real_kv_dtype(cfg, what)
     for label, workload in run_workloads(cfg).items():
         _require(
             workload.num_samples == 1 and workload.beam_width == 1,
             f"workloads.{label}: executor=real runs one sequence per request; set "
             "num_samples=1 and beam_width=1 (forks run in the simulated executors only)",
         )
+
+
+def _check_real_kv_dtype(cfg: KvbenchConfig, what: str) -> None:
+    """The pools of a real model hold K/V in the model's dtype; ``executor=real`` on the CPU
+    also in fp8 (the Triton cache kernels a GPU run writes with are not checked with fp8)."""
+    from kvbench.executors.names import resolve_device
+
+    kv_dtype, dtype = cfg.model.kv_dtype, cfg.model.dtype
+    if kv_dtype in (None, dtype):
+        return
+    fix = "set model.kv_dtype=null (the model's dtype)"
+    _require(
+        kv_dtype == "fp8" and cfg.executor.kind == "real" and cfg.task == "simulate",
+        f"model.kv_dtype={kv_dtype!r} with model.dtype={dtype!r}: {what} stores K/V in the "
+        f"model's dtype{' (fp8: executor=real only)' if kv_dtype == 'fp8' else ''}; {fix}",
+    )
+    _require(
+        resolve_device(cfg.executor.device) == "cpu",
+        f"model.kv_dtype=fp8: executor=real stores fp8 K/V on the CPU only (its GPU cache kernels "
+        f"are not checked with fp8); set executor.device=cpu or {fix}",
+    )
 
 
 def _check_real_weights(cfg: KvbenchConfig, what: str) -> None:

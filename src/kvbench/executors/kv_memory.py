@@ -12,6 +12,10 @@ preallocated pool is.
 The pools live on the model's device. Preempted-by-swap sequences are copied out to host tensors
 (``swap_out``) and back into the new blocks the allocator gives them (``swap_in``): across PCIe
 from a GPU; on a CPU both sides are RAM, the copy is real.
+
+The pools hold the model's dtype, or fp8 (e4m3) K/V under per-layer scales (``kv_dtype``,
+``calibrate_scales``): written divided by the scale, read back times it, as vLLM's
+``kv_cache_dtype=fp8``.
 """
 
 from __future__ import annotations

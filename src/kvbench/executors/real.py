@@ -48,15 +48,21 @@ class RealExecutor:
         allocator: the allocator whose memory the pools are (its slots, its block size).
         backend: the paged decode kernel's backend (``sdpa`` or ``torch`` on a CPU, ``triton``
             on a GPU; ``executor.decode_backend``).
+        kv_dtype: ``model.kv_dtype``: ``fp8`` stores K/V in e4m3 at unit scales (vLLM's
+            ``kv_cache_dtype=fp8`` without calibration), 1 byte per element, as the allocator's
+            slots were counted; anything else the model's dtype.
     """
 
-    def __init__(self, model: Any, allocator: Allocator, backend: str = "sdpa") -> None:
+    def __init__(self, model: Any, allocator: Allocator, backend: str = "sdpa",
+                 kv_dtype: str | None = None) -> None:  # fmt: skip
         problem = triton_on_the_cpu_problem(backend, model.device.type)
         if problem:
             raise ValueError(problem)
         num_layers, num_kv_heads, head_dim = model_kv_shape(model)
+        storage = torch.float8_e4m3fn if kv_dtype == "fp8" else None  # None: the model's dtype
         self.memory = KVMemory(num_layers, num_kv_heads, head_dim, allocator.num_slots,
-                               allocator.block_size, model.dtype, model.device)  # fmt: skip
+                               allocator.block_size, model.dtype, model.device,
+                               kv_dtype=storage)  # fmt: skip
         self.runner = BatchRunner(model, self.memory, "paged", backend)
         self.allocator = allocator
         self.vocab_size = int(model.config.vocab_size)

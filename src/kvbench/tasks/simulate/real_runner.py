@@ -98,7 +98,8 @@ def run_on_real_model(
     from kvbench.executors.real import RealExecutor, run_real
 
     pin_threads(cfg.executor.num_threads)
-    executor = RealExecutor(load_real_model(cfg), allocator, cfg.executor.decode_backend)
+    executor = RealExecutor(load_real_model(cfg), allocator, cfg.executor.decode_backend,
+                            cfg.model.kv_dtype)  # fmt: skip
     executor.warm_up()
     run = run_real(requests, scheduler, allocator, executor, on_finish)
     measured: dict[str, Any] = {
