@@ -4,7 +4,10 @@ time and batched, each with the criterion it met."""
 from __future__ import annotations
 
 import pytest
+import torch
 
+from kvbench.tasks.equivalence.cases import Trajectory
+from kvbench.tasks.equivalence.table import Verdict
 from kvbench.tools import equivalence_speed
 
 
@@ -28,12 +31,23 @@ def test_the_summary_is_the_medians_over_rounds_summed_as_each_loop_runs_the_exp
                         "142.0 s one by one, 23.0 s batched (6.2x)")  # fmt: skip
 
 
+def _verdict(max_abs_diff: float, max_rel_diff: float, same_tokens: bool = True) -> Verdict:
+    stock = Trajectory(torch.tensor([[10.0, 0.0]]), [0])
+    paged = Trajectory(torch.tensor([[10.0 - max_abs_diff, 0.0]]), [0 if same_tokens else 1])
+    verdict = equivalence_speed.judged({(0, 0): paged}, {(0, 0): stock})
+    # fp32 logits: the differences are the requested ones to fp32's rounding of 10 - diff.
+    assert (verdict.max_abs_diff, verdict.max_rel_diff) == pytest.approx(
+        (max_abs_diff, max_rel_diff), rel=0.01)
+    return verdict
+
+
 def test_a_pass_past_the_tolerance_or_with_other_tokens_fails_and_zero_is_bit_identical():
-    lines = equivalence_speed.criterion_lines(
-        {"batched: paged torch": (2e-6, True), "batched: paged gather": (0.0, True),
-         "batched: paged_prefix torch": (3e-5, True), "batched: stock": (4e-6, False)},
-        tolerance=1e-5,
-    )  # fmt: skip
+    lines = equivalence_speed.criterion_lines({
+        "batched: paged torch": _verdict(2e-5, 2e-6),
+        "batched: paged gather": _verdict(0.0, 0.0),
+        "batched: paged_prefix torch": _verdict(3e-4, 3e-5),
+        "batched: stock": _verdict(4e-5, 4e-6, same_tokens=False),
+    })  # fmt: skip
     assert lines == [
         "batched: paged torch: max_rel_diff 2.0e-06, continuations identical, against its stock "
         "cache (PASS)",

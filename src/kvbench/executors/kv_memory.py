@@ -176,6 +176,11 @@ class KVMemory:
                 self.values[layer].view(rows_shape).index_select(0, slots))  # fmt: skip
 
 
+# ``model.kv_dtype`` / ``equivalence.kv_dtype`` names a pool stores in a dtype of its own (other
+# names, and None, store the model's dtype).
+KV_STORAGE_DTYPES = {"fp8": torch.float8_e4m3fn}
+
+
 # vLLM's divisors of the first forward's amax (K_SCALE_CONSTANT, V_SCALE_CONSTANT in vllm/envs.py):
 # the calibration tokens' largest |K| lands at 200 and |V| at 100 of e4m3's 448, headroom for
 # later tokens larger than the first forward's.

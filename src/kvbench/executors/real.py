@@ -33,7 +33,7 @@ from kvbench.engine.samples import SampleGroups
 from kvbench.engine.scheduler import Batch, Scheduler
 from kvbench.engine.sequence import Sequence
 from kvbench.executors.forward import BatchRunner, SeqInput, model_kv_shape
-from kvbench.executors.kv_memory import KVMemory
+from kvbench.executors.kv_memory import KV_STORAGE_DTYPES, KVMemory
 from kvbench.executors.names import triton_on_the_cpu_problem
 from kvbench.executors.token_ids import prompt_ids
 
@@ -59,10 +59,9 @@ class RealExecutor:
         if problem:
             raise ValueError(problem)
         num_layers, num_kv_heads, head_dim = model_kv_shape(model)
-        storage = torch.float8_e4m3fn if kv_dtype == "fp8" else None  # None: the model's dtype
         self.memory = KVMemory(num_layers, num_kv_heads, head_dim, allocator.num_slots,
                                allocator.block_size, model.dtype, model.device,
-                               kv_dtype=storage)  # fmt: skip
+                               kv_dtype=KV_STORAGE_DTYPES.get(kv_dtype or ""))  # fmt: skip
         self.runner = BatchRunner(model, self.memory, "paged", backend)
         self.allocator = allocator
         self.vocab_size = int(model.config.vocab_size)

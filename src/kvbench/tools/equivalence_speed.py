@@ -7,9 +7,9 @@ time; now every part runs all samples at once: the stock cache and ``gather`` in
 forward (``tasks/equivalence/batched.py``). This tool times both loops in one process, in rounds:
 per loop the stock cache, and per allocator the ``torch`` backend and ``gather``; then prints the
 medians, each part's speed-up and the experiment's passes summed both ways. Each pass is judged
-against its own loop's stock cache as the experiment judges it (every step's ``max_rel_diff``
-within the fp32 tolerance, every continuation identical), and the batched stock cache against the
-one-by-one one, so the figures come with the criterion they met.
+against its own loop's stock cache by the experiment's own verdict (``table.verdicts``: every
+step's ``max_rel_diff`` within the fp32 tolerance, every continuation identical), and the
+batched stock cache against the one-by-one one, so the figures come with the criterion they met.
 """
 
 from __future__ import annotations
@@ -21,16 +21,22 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import pandas as pd
 import torch
 
 from kvbench.tasks.equivalence.cases import PromptCase, Trajectory
-from kvbench.tasks.equivalence.compare import step_diffs, tokens_equal
 from kvbench.tasks.equivalence.models import load_model
-from kvbench.tasks.equivalence.names import ALLOCATORS, FP32_REL_TOLERANCE, MODEL_NAMES, SMOLLM2
+from kvbench.tasks.equivalence.names import ALLOCATORS, MODEL_NAMES, SMOLLM2
 from kvbench.tasks.equivalence.padded import StockMemory, padded_trajectories
 from kvbench.tasks.equivalence.paged_runner import PagedRunner
 from kvbench.tasks.equivalence.run import backend_trajectories, build_cases
 from kvbench.tasks.equivalence.stock_runner import StockRunner
+from kvbench.tasks.equivalence.table import (
+    EQUIVALENCE_COLUMNS,
+    Verdict,
+    comparison_rows,
+    verdicts,
+)
 from kvbench.tasks.equivalence.trajectories import (
     SampleKey,
     blocks_needed,
@@ -71,23 +77,26 @@ def backend_pass(loop: str, backend: str, model: Any, allocator: str,
     return paged_trajectories(runner, cases, steps, stock)
 
 
-def agreement(paged: Trajectories, stock: Trajectories) -> tuple[float, bool]:
-    """The largest ``max_rel_diff`` of any step of any sample (``compare.step_diffs``), and
-    whether every sample's continuation equals the stock one's (``compare.tokens_equal``)."""
-    worst = max(diff.max_rel_diff for key in stock for diff in step_diffs(paged[key], stock[key]))
-    return worst, all(tokens_equal(paged[key], stock[key]) for key in stock)
+def judged(paged: Trajectories, stock: Trajectories) -> Verdict:
+    """The experiment's verdict of ``paged`` against ``stock``: its table rows
+    (``table.comparison_rows``) judged by ``table.verdicts`` (every step within the fp32
+    tolerance, every continuation identical)."""
+    labels = {"model": "", "allocator": "", "backend": "", "dtype": "fp32", "kv_dtype": "fp32",
+              "kv_scales": "unit"}  # fmt: skip
+    rows = pd.DataFrame(comparison_rows(labels, paged, stock), columns=list(EQUIVALENCE_COLUMNS))
+    return verdicts(rows)[0]
 
 
 def time_passes(model: Any, cases: Sequence[PromptCase], steps: int, block_size: int,
                 allocators: Sequence[str], rounds: int, seed: int = 0,
                 on_pass: Callable[[int, str, float], None] | None = None,
-                ) -> tuple[dict[str, list[float]], dict[str, tuple[float, bool]]]:  # fmt: skip
+                ) -> tuple[dict[str, list[float]], dict[str, Verdict]]:  # fmt: skip
     """Seconds of every part in each of ``rounds`` rounds, keyed ``"{loop}: stock"`` and
-    ``"{loop}: {allocator} {backend}"``; and, keyed alike, each part's ``agreement`` in the
+    ``"{loop}: {allocator} {backend}"``; and, keyed alike, each part's ``judged`` verdict in the
     first round (a backend's from its loop's stock cache, the batched stock cache's from the
     one-by-one one). ``on_pass(round, key, seconds)`` is called after each part."""
     times_s: dict[str, list[float]] = {}
-    agreements: dict[str, tuple[float, bool]] = {}
+    judgements: dict[str, Verdict] = {}
 
     def timed(round_index: int, key: str, run: Callable[..., Trajectories],
               *args: Any) -> Trajectories:  # fmt: skip
@@ -110,10 +119,10 @@ def time_passes(model: Any, cases: Sequence[PromptCase], steps: int, block_size:
                     paged = timed(round_index, key, backend_pass, loop, backend, model,
                                   allocator, cases, steps, block_size, seed, stock)  # fmt: skip
                     if round_index == 0:
-                        agreements[key] = agreement(paged, stock)
+                        judgements[key] = judged(paged, stock)
         if round_index == 0:
-            agreements[f"{BATCHED}: {STOCK}"] = agreement(stocks[BATCHED], stocks[ONE_BY_ONE])
-    return times_s, agreements
+            judgements[f"{BATCHED}: {STOCK}"] = judged(stocks[BATCHED], stocks[ONE_BY_ONE])
+    return times_s, judgements
 
 
 def summary_lines(times_s: dict[str, list[float]], allocators: Sequence[str]) -> list[str]:
@@ -134,21 +143,19 @@ def summary_lines(times_s: dict[str, list[float]], allocators: Sequence[str]) ->
     return lines
 
 
-def criterion_lines(agreements: dict[str, tuple[float, bool]], tolerance: float) -> list[str]:
-    """Per part, against its reference (``time_passes``): the experiment's criterion, PASS when
-    every step's ``max_rel_diff`` is within ``tolerance`` and every continuation is identical,
-    and whether it was bit-identical."""
-    def verdict(worst: float, same_tokens: bool) -> str:
-        passed = "PASS" if worst <= tolerance and same_tokens else "FAIL"
-        return f"{passed}, bit-identical" if worst == 0.0 else passed
+def criterion_lines(judgements: dict[str, Verdict]) -> list[str]:
+    """Per part, against its reference (``time_passes``): its largest ``max_rel_diff``, whether
+    every continuation is identical, the experiment's PASS or FAIL, and whether it was
+    bit-identical."""
+    def line(key: str, verdict: Verdict) -> str:
+        reference = ("the one-by-one stock cache" if key == f"{BATCHED}: {STOCK}"
+                     else "its stock cache")  # fmt: skip
+        exact = ", bit-identical" if verdict.max_abs_diff == 0 else ""
+        return (f"{key}: max_rel_diff {verdict.max_rel_diff:.1e}, continuations "
+                f"{'identical' if verdict.tokens_equal else 'DIFFER'}, against {reference} "
+                f"({'PASS' if verdict.passed else 'FAIL'}{exact})")
 
-    def reference(key: str) -> str:
-        return "the one-by-one stock cache" if key == f"{BATCHED}: {STOCK}" else "its stock cache"
-
-    return [f"{key}: max_rel_diff {worst:.1e}, continuations "
-            f"{'identical' if same_tokens else 'DIFFER'}, against {reference(key)} "
-            f"({verdict(worst, same_tokens)})"
-            for key, (worst, same_tokens) in agreements.items()]  # fmt: skip
+    return [line(key, verdict) for key, verdict in judgements.items()]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -176,12 +183,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{device_name()}, {args.threads} threads, {args.model}: {args.prompts} prompts x "
           f"{args.samples} samples x {args.steps} steps, block size {args.block_size}, "
           f"{args.rounds} rounds", flush=True)  # fmt: skip
-    times_s, agreements = time_passes(
+    times_s, judgements = time_passes(
         model, cases, args.steps, args.block_size, args.allocators, args.rounds,
         on_pass=lambda index, key, seconds: print(f"round {index}: {key} {seconds:.1f} s",
                                                   flush=True),
     )  # fmt: skip
-    criteria = criterion_lines(agreements, FP32_REL_TOLERANCE)
+    criteria = criterion_lines(judgements)
     print("\n".join(summary_lines(times_s, args.allocators) + criteria))
     return 0
 

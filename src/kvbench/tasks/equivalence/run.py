@@ -9,6 +9,7 @@ from typing import Any
 import pandas as pd
 import torch
 
+from kvbench.executors.kv_memory import KV_STORAGE_DTYPES
 from kvbench.tables.parquet import write_table
 from kvbench.tables.provenance import provenance
 from kvbench.tasks.equivalence.batched import batched_trajectories
@@ -23,8 +24,6 @@ from kvbench.tasks.equivalence.trajectories import blocks_needed
 from kvbench.tasks.simulate.run_outputs import print_files, write_task_report
 
 _TORCH_DTYPES = {"fp32": torch.float32}
-# equivalence.kv_dtype -> the pool's storage dtype (absent: the model's).
-_KV_DTYPES = {"fp8": torch.float8_e4m3fn}
 
 
 def build_cases(model_name: str, model: Any, num_prompts: int, num_samples: int,
@@ -61,7 +60,7 @@ def run_logit_equivalence(
         for backend in settings.backends:
             paged = backend_trajectories(model, allocator, backend, cases, steps,
                                         settings.block_size, cfg.seed, stock,
-                                        _KV_DTYPES.get(settings.kv_dtype),
+                                        KV_STORAGE_DTYPES.get(settings.kv_dtype or ""),
                                         settings.kv_scales == "calibrated")  # fmt: skip
             labels = {"model": settings.model, "allocator": allocator, "backend": backend,
                       "dtype": settings.dtype, "kv_dtype": settings.kv_dtype or settings.dtype,
@@ -92,8 +91,9 @@ def backend_trajectories(model: Any, allocator: str, backend: str, cases: list[P
     ``stock`` trajectory's tokens, so a step's logits are compared on the same context (one
     early divergence does not make every later step differ)."""
     if backend == "gather":
-        memory = PoolMemory(model, allocator, blocks_needed(cases, steps, block_size, True),
-                            block_size, seed, kv_dtype, calibrate_scales)  # fmt: skip
+        num_blocks = blocks_needed(cases, steps, block_size, all_at_once=True)
+        memory = PoolMemory(model, allocator, num_blocks, block_size, seed, kv_dtype,
+                            calibrate_scales)  # fmt: skip
         return padded_trajectories(model, memory, cases, steps, stock)
     return batched_trajectories(model, allocator, backend, cases, steps, block_size, seed, stock,
                                 kv_dtype, calibrate_scales)  # fmt: skip
