@@ -73,3 +73,19 @@ def assert_least_squares_optimum(features, times_s, coefficients, signed=None) -
         positive |= np.asarray(signed, dtype=bool)
     assert np.all(np.abs(slopes[positive]) < 1e-6), f"a positive term's slope: {slopes}"
     assert np.all(slopes[~positive] > -1e-6), f"a term at 0 would lower the error: {slopes}"
+
+
+@pytest.fixture
+def pool_dtypes(monkeypatch) -> list[torch.dtype]:
+    """The storage dtype of every K/V pool (``KVMemory``) made while the test runs, in order."""
+    from kvbench.executors.kv_memory import KVMemory
+
+    made: list[torch.dtype] = []
+    real_init = KVMemory.__init__
+
+    def recording_init(self, *args, **kwargs):
+        real_init(self, *args, **kwargs)
+        made.append(self.keys[0].dtype)
+
+    monkeypatch.setattr(KVMemory, "__init__", recording_init)
+    return made

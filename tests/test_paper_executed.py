@@ -126,9 +126,9 @@ def test_each_real_run_is_preceded_by_the_probes_priced_by_the_profile(tiny_setu
 
     timed = []
 
-    def time_iteration(model, point, repeats, decode_backend):
+    def time_iteration(model, point, repeats, decode_backend, kv_dtype):
         timed.append(point)
-        real_shape, _ = real_time_iteration(model, point, 1, decode_backend)
+        real_shape, _ = real_time_iteration(model, point, 1, decode_backend, kv_dtype)
         # 0.2 s (4 sequences) or 0.3 s (16), 0.1 s more at each call: a machine slowing down.
         seconds = (0.3 if len(point.decode_contexts) > 4 else 0.2) + 0.1 * ((len(timed) - 1) // 2)
         return real_shape, measure.Timing(seconds, 0.0)
@@ -143,6 +143,43 @@ def test_each_real_run_is_preceded_by_the_probes_priced_by_the_profile(tiny_setu
     # the mean of the two around its run.
     assert list(runs[PROBE_COLUMNS[0]]) == pytest.approx([2.5, 3.5])
     assert list(runs[PROBE_COLUMNS[1]]) == pytest.approx([3.5, 4.5])
+
+
+def test_fp8_k_v_are_served_and_probed_in_fp8_pools(tiny_setup, one_thread, pool_dtypes):
+    import torch
+
+    from kvbench.executors.forward import model_kv_shape
+    from kvbench.tasks.equivalence.models import load_model
+    from kvbench.tasks.equivalence.names import TINY_GQA
+
+    deployment = tiny_setup.deployment
+    fp8 = dataclasses.replace(deployment, model=dataclasses.replace(deployment.model,
+                                                                    kv_dtype="fp8"))
+    setup = dataclasses.replace(tiny_setup, deployment=fp8,
+                                probe_cost_model=_fixed_cost(0.1)("paged", 16))  # fmt: skip
+    model = load_model(TINY_GQA)
+    runs = serve_rounds(model, _requests(), ["paged"], 1, setup)
+    assert runs["num_finished"].tolist() == [10]
+    # The probes before and after the run, and the run, each on pools of one byte an element.
+    assert pool_dtypes == [torch.float8_e4m3fn] * 5
+    num_layers, num_kv_heads, head_dim = model_kv_shape(model)
+    assert runs["kv_pool_bytes"].tolist() == [256 * 2 * num_layers * num_kv_heads * head_dim]
+
+
+def test_a_run_of_fp8_k_v_refuses_a_profile_of_fp32_k_v_before_the_model_loads(tmp_path,
+                                                                                monkeypatch):
+    from kvbench.tasks.paper_executed import run
+
+    cfg, deployment, raw = compose_config("experiment=paper_executed", "model.kv_dtype=fp8")
+
+    def never(cfg):
+        raise AssertionError("the model was loaded before the profile was checked")
+
+    monkeypatch.setattr(run, "load_real_model", never)
+    with pytest.raises(ValueError, match=r"profile stored K/V in fp32, this run in fp8; set "
+                                         r"model\.kv_dtype=null or profile it"):  # fmt: skip
+        run.run_paper_executed(cfg, deployment, raw, tmp_path / "run")
+    assert not (tmp_path / "run").exists()
 
 
 def _fixed_cost(seconds):

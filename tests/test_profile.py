@@ -2,10 +2,12 @@
 prices shapes by its terms, the profile file round-trips, and the grid's points time on a real
 (tiny) model."""
 
+import dataclasses
 import json
 
 import numpy as np
 import pytest
+import torch
 from conftest import assert_least_squares_optimum, compose_config
 
 from kvbench.config import ConfigError
@@ -244,6 +246,34 @@ def test_profile_file_round_trips_and_names_its_model(tmp_path):
         load_profiled_cost_model(path, 16, deployment)
 
 
+def test_a_profile_names_and_checks_the_dtype_its_k_v_were_stored_in(tmp_path):
+    versions = {"kvbench": "1.0", "torch": "2.13.0", "transformers": "5.0"}
+    assert profile_file_name("cpu", "smollm2-135m", "fp32", versions, "fp8") == (
+        "profile_cpu_smollm2-135m_fp32_kvfp8_torch2.13.0_kvbench1.0.json")
+    assert profile_file_name("cpu", "smollm2-135m", "fp32", versions, "fp32") == (
+        profile_file_name("cpu", "smollm2-135m", "fp32", versions))
+    path = tmp_path / "profile.json"
+    catalog = get_deployment("smollm2-135m", "cpu")
+    fp32, fp8 = (dataclasses.replace(catalog, model=dataclasses.replace(
+        catalog.model, dtype="fp32", kv_dtype=kv_dtype)) for kv_dtype in (None, "fp8"))
+    # A file from before fp8 pools (no kv_dtype) stored K/V in its dtype.
+    for recorded in ({}, {"kv_dtype": "fp32"}):
+        write_profile(path, {"model": "smollm2-135m", "dtype": "fp32", **recorded,
+                             "coefficients": COEFFICIENTS})  # fmt: skip
+        assert load_profiled_cost_model(path, 16, fp32).coefficients == COEFFICIENTS
+        with pytest.raises(ValueError, match=r"profile stored K/V in fp32, this run in fp8; set "
+                                             r"model\.kv_dtype=null or profile it with `python -m "
+                                             r"kvbench task=profile model=smollm2-135m "
+                                             r"model\.dtype=fp32 model\.kv_dtype=fp8`$"):
+            load_profiled_cost_model(path, 16, fp8)
+    write_profile(path, {"model": "smollm2-135m", "dtype": "fp32", "kv_dtype": "fp8",
+                         "coefficients": COEFFICIENTS})  # fmt: skip
+    assert load_profiled_cost_model(path, 16, fp8).coefficients == COEFFICIENTS
+    with pytest.raises(ValueError, match=r"stored K/V in fp8, this run in fp32; set "
+                                         r"model\.kv_dtype=fp8 or .* model\.kv_dtype=null`$"):
+        load_profiled_cost_model(path, 16, fp32)
+
+
 @pytest.mark.parametrize(("text", "message"), [
     ("{not json", r"not a profile file \(invalid JSON"),
     ("[1, 2]", r"not a profile file \(no mapping of coefficients\)"),
@@ -478,19 +508,24 @@ TINY_GRID = (
 )  # fmt: skip
 
 
-def test_task_profile_times_its_grid_and_writes_a_profile_the_simulator_reads(tmp_path):
+@pytest.mark.parametrize(("kv_dtype", "name"), [("null", "fp32_torch"), ("fp8", "fp32_kvfp8")])
+def test_task_profile_times_its_grid_and_writes_a_profile_the_simulator_reads(
+        tmp_path, pool_dtypes, kv_dtype, name):  # fmt: skip
     from kvbench.tasks.profile.profile_file import read_profile
     from kvbench.tasks.profile.run import run_profile
 
     cfg, deployment, raw = compose_config(
         "task=profile", "model=smollm2-135m", "model.dtype=fp32", "hardware=cpu",
         "executor.weights=random", "executor.num_threads=1", "plots=false",
-        "summary_table=false", *TINY_GRID)  # fmt: skip
+        "summary_table=false", f"model.kv_dtype={kv_dtype}", *TINY_GRID)  # fmt: skip
     table = run_profile(cfg, deployment, raw, tmp_path)
     # 2 x 3 x 2 decode + 2 x 2 prefill + 1 mixed + 2 wake-ups, 2 x 2 swaps.
     assert (table["kind"] == "iteration").sum() == 19 and (table["kind"] == "swap").sum() == 4
-    (path,) = tmp_path.glob("profile_cpu_smollm2-135m_fp32_*.json")
+    stored = torch.float8_e4m3fn if kv_dtype == "fp8" else torch.float32
+    assert pool_dtypes == [stored] * 23
+    (path,) = tmp_path.glob(f"profile_cpu_smollm2-135m_{name}*.json")
     profile = read_profile(path)
+    assert profile["kv_dtype"] == ("fp8" if kv_dtype == "fp8" else "fp32")
     assert profile["grid"]["decode_batches"] == [1, 2, 4] and profile["repeats"] == 1
     assert profile["fit"]["num_iteration_points"] == 19
     model = load_profiled_cost_model(path, 16, deployment)

@@ -6,6 +6,7 @@ from datetime import UTC, datetime
 
 import pandas as pd
 import pytest
+import torch
 from conftest import compose_config
 from scipy.stats import binomtest
 from test_profile import TINY_GRID
@@ -140,6 +141,27 @@ def test_task_profile_check_times_a_profile_s_points_and_finds_a_doctored_one_dr
         10 * tables["fitted"]["predicted_s"].to_numpy(), rel=1e-9)
     assert (f"drifted: this machine runs the profile's steps at {ratios['doctored']:.2f}x"
             in lines["doctored"])  # fmt: skip
+
+
+def test_a_profile_of_fp8_k_v_is_checked_on_fp8_pools_and_only_for_fp8_runs(tmp_path,
+                                                                              pool_dtypes):
+    coefficients = dict.fromkeys((*PROFILE_TERMS, *SWAP_TERMS), 1e-3)
+    path = tmp_path / "profile.json"
+    write_profile(path, {"model": "smollm2-135m", "dtype": "fp32", "kv_dtype": "fp8",
+                         "fit": {"median_abs_pct_error": 3.0}, "coefficients": coefficients,
+                         "grid": {"decode_batches": [2], "decode_mean_contexts": [16],
+                                  "prefill_prompts": [8], "mixed_prompts": [8]}})  # fmt: skip
+    for kv_dtype in ("fp8", "null"):
+        cfg, deployment, raw = compose_config(
+            "task=profile_check", f"executor.profile={path}", "profile_check.points_per_kind=1",
+            f"model.kv_dtype={kv_dtype}", *SMOLLM2)  # fmt: skip
+        if kv_dtype == "null":
+            with pytest.raises(ValueError, match=r"profile stored K/V in fp8, this run in fp32"):
+                run_profile_check(cfg, deployment, raw, tmp_path / "fp32")
+            continue
+        table = run_profile_check(cfg, deployment, raw, tmp_path / "fp8")
+        assert len(table) == 3  # a decode, a prefill and a mixed point
+    assert pool_dtypes == [torch.float8_e4m3fn] * 3
 
 
 def test_the_report_says_a_profile_s_age_and_which_grid_was_timed():

@@ -2,10 +2,12 @@
 run figures' signed errors, computed on runs whose truth is known; and the whole task, served
 for real on random SmolLM2-shaped weights, on a small config."""
 
+import json
 import math
 
 import pandas as pd
 import pytest
+import torch
 from conftest import compose_config
 
 from kvbench.engine.cost_model import IterationShape
@@ -60,8 +62,9 @@ def test_error_summary_names_held_out_slices():
     assert not math.isnan(float(lines[1].split("E2E ")[1].split(" %")[0]))
 
 
+@pytest.mark.parametrize("kv_dtype", ["null", "fp8"])
 def test_the_task_serves_both_passes_and_scores_each_profile_and_the_repeat(
-        tmp_path, monkeypatch, shared_traces):  # fmt: skip
+        tmp_path, monkeypatch, shared_traces, pool_dtypes, kv_dtype):  # fmt: skip
     # A grid of one prefill, one decode and one mixed point under each kernel block size.
     grid = [RealGridPoint(block_size, *shape) for block_size in (1, 16)
             for shape in ((2, 12, 0), (2, 20, 3), (1, 16, 3, (8,)))]  # fmt: skip
@@ -72,8 +75,14 @@ def test_the_task_serves_both_passes_and_scores_each_profile_and_the_repeat(
         "workloads.alpaca.num_requests=3", "workloads.alpaca.max_total_tokens=32",
         "~workloads.sharegpt", "~workloads.azure_conv", "~workload_request_rates.sharegpt",
         "~workload_request_rates.azure_conv", "workload_request_rates.alpaca=[8.0]",
-        "allocators=[naive_oracle,paged]", "plots=false", "summary_table=false")  # fmt: skip
+        "allocators=[naive_oracle,paged]", "plots=false", "summary_table=false",
+        f"model.kv_dtype={kv_dtype}")  # fmt: skip
     table = sim_to_real.run_sim_to_real(cfg, deployment, raw, tmp_path)
+    # The grid's executors (one per block size) and every replay's store K/V as the run says.
+    stored = torch.float8_e4m3fn if kv_dtype == "fp8" else torch.float32
+    assert pool_dtypes == [stored] * (2 + 2 * 2)
+    fitted = json.loads((tmp_path / "profile_real_grid.json").read_text())
+    assert fitted["kv_dtype"] == ("fp8" if kv_dtype == "fp8" else "fp32")
     assert list(table["source"]) == [sim_to_real.INTERLEAVED_GRID_SOURCE] * 2 + [
         sim_to_real.FIT_SOURCE] * 2 + [sim_to_real.LOCAL_GRID_SOURCE] * 2 + [
         sim_to_real.REPEAT_SOURCE] * 2  # fmt: skip

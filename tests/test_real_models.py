@@ -154,14 +154,29 @@ def test_fp8_kv_holds_four_times_the_tokens_in_the_same_bytes(tmp_path):
     (("executor=real", "model.kv_dtype=bf16"),
      "model.kv_dtype='bf16' with model.dtype='fp32': executor=real stores K/V in the model's "
      "dtype; set model.kv_dtype=null"),
-    (("task=profile", "model.kv_dtype=fp8"),
-     r"model.kv_dtype='fp8' with model.dtype='fp32': task=profile stores K/V in the model's dtype "
-     r"\(fp8: executor=real only\)"),
+    (("task=sim_to_vllm", "model.kv_dtype=fp8"),
+     r"model.kv_dtype='fp8' with model.dtype='fp32': task=sim_to_vllm stores K/V in the model's "
+     r"dtype \(fp8: executor=real and task=profile\|profile_check\|sim_to_real\|paper_executed "
+     r"only\)"),
+    (("task=kernel_overhead", "executor=real", "model.kv_dtype=fp8"),
+     r"task=kernel_overhead stores K/V in the model's dtype \(fp8: executor=real and"),
 ])  # fmt: skip
 def test_kv_dtypes_a_real_model_cannot_store_are_refused(overrides, expected):
     with pytest.raises(ConfigError, match=expected) as error:
         compose_config("model=smollm2-135m", "model.dtype=fp32", "hardware=cpu", *overrides)
     assert "\n" not in str(error.value)
+
+
+@pytest.mark.parametrize("task", ["profile", "profile_check", "sim_to_real", "paper_executed"])
+def test_the_tasks_kvbench_s_executor_serves_store_fp8_k_v_on_the_cpu_only(task, monkeypatch):
+    overrides = ("model=smollm2-135m", "model.dtype=fp32", "hardware=cpu", f"task={task}",
+                 "executor.profile=profile.json", "model.kv_dtype=fp8")  # fmt: skip
+    cfg, _, _ = compose_config(*overrides)
+    assert cfg.model.kv_dtype == "fp8"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # as on a GPU machine
+    with pytest.raises(ConfigError, match=r"model.kv_dtype=fp8: task=.* stores fp8 K/V on the "
+                                          r"CPU only .*; set executor.device=cpu or"):  # fmt: skip
+        compose_config(*overrides, "executor.device=cuda")
 
 
 def test_the_gpu_session_s_sim_to_real_composes_with_its_186_slot_pool():

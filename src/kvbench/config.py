@@ -1035,23 +1035,27 @@ def _check_real_executor(cfg: KvbenchConfig) -> None:
 
 
 def _check_real_kv_dtype(cfg: KvbenchConfig, what: str) -> None:
-    """The pools of a real model hold K/V in the model's dtype; ``executor=real`` on the CPU
-    also in fp8 (the Triton cache kernels a GPU run writes with are not checked with fp8)."""
+    """The pools of a real model hold K/V in the model's dtype, or in fp8 on the CPU (the
+    Triton cache kernels a GPU run writes with are not checked with fp8) where kvbench's own
+    executor serves them (not in ``sim_to_vllm``, whose engine keeps the model's dtype)."""
     from kvbench.executors.names import resolve_device
 
     kv_dtype, dtype = cfg.model.kv_dtype, cfg.model.dtype
     if kv_dtype in (None, dtype):
         return
     fix = "set model.kv_dtype=null (the model's dtype)"
+    fp8_tasks = ("profile", "profile_check", "sim_to_real", "paper_executed")
+    fp8_where = f"executor=real and task={'|'.join(fp8_tasks)} only"
+    serves_fp8 = (cfg.executor.kind == "real" and cfg.task == "simulate") or cfg.task in fp8_tasks
     _require(
-        kv_dtype == "fp8" and cfg.executor.kind == "real" and cfg.task == "simulate",
+        kv_dtype == "fp8" and serves_fp8,
         f"model.kv_dtype={kv_dtype!r} with model.dtype={dtype!r}: {what} stores K/V in the "
-        f"model's dtype{' (fp8: executor=real only)' if kv_dtype == 'fp8' else ''}; {fix}",
+        f"model's dtype{f' (fp8: {fp8_where})' if kv_dtype == 'fp8' else ''}; {fix}",
     )
     _require(
         resolve_device(cfg.executor.device) == "cpu",
-        f"model.kv_dtype=fp8: executor=real stores fp8 K/V on the CPU only (its GPU cache kernels "
-        f"are not checked with fp8); set executor.device=cpu or {fix}",
+        f"model.kv_dtype=fp8: {what} stores fp8 K/V on the CPU only (its GPU cache kernels are "
+        f"not checked with fp8); set executor.device=cpu or {fix}",
     )
 
 

@@ -87,9 +87,10 @@ def run_paper_executed(
     comparison; returns ``paper_executed.parquet``'s table."""
     started_s = time.perf_counter()
     pin_threads(cfg.executor.num_threads)
-    model = load_real_model(cfg)
+    # Checked before the model loads: a profile of another model or K/V dtype stops the run.
     _warn_of_another_setup(str(cfg.executor.profile), deployment, cfg.executor.decode_backend,
                            cfg.executor.linear_backend)
+    model = load_real_model(cfg)
     setup = ServingSetup(
         limits=scheduler_limits(cfg, deployment),
         num_slots=pool_slots(deployment, cfg.allocator.block_size, cfg.allocator.num_gpu_blocks),
@@ -157,7 +158,8 @@ def probe_machine(model: Any, setup: ServingSetup) -> dict[str, float]:
         return {}
     ratios = {}
     for column, point in PROBES.items():
-        shape, timing = time_iteration(model, point, PROBE_REPEATS, setup.decode_backend)
+        shape, timing = time_iteration(model, point, PROBE_REPEATS, setup.decode_backend,
+                                       setup.deployment.model.kv_dtype)  # fmt: skip
         ratios[column] = timing.median_s / setup.probe_cost_model.iteration_time_s(shape)
     return ratios
 
@@ -182,7 +184,8 @@ def serve_rounds(
         for name in [*allocators[shift:], *allocators[:shift]]:
             allocator = make_allocator(name, setup.num_slots, setup.block_size,
                                        setup.max_model_len)  # fmt: skip
-            executor = RealExecutor(model, allocator, setup.decode_backend)
+            executor = RealExecutor(model, allocator, setup.decode_backend,
+                                    setup.deployment.model.kv_dtype)  # fmt: skip
             executor.warm_up()
             load_average_1m = os.getloadavg()[0]
             wall_start_s = time.perf_counter()

@@ -146,8 +146,9 @@ def run_profile_check(cfg: Any, deployment: Any, raw_cfg: Any, output_dir: Path)
     pin_threads(cfg.executor.num_threads)
     model = load_real_model(cfg)
     coefficients = {name: float(value) for name, value in document["coefficients"].items()}
-    timings = in_shuffled_order(points, lambda point: time_iteration(model, point, repeats,
-                                                                     backend))  # fmt: skip
+    kv_dtype = cfg.model.kv_dtype
+    timings = in_shuffled_order(
+        points, lambda point: time_iteration(model, point, repeats, backend, kv_dtype))
     table = profile_frame([
         iteration_row(shape, point.block_size, point.wait_s, timing.median_s, timing.spread,
                       ProfiledCostModel(coefficients, point.block_size))

@@ -31,7 +31,7 @@ from kvbench.engine.records import RequestRecord
 from kvbench.engine.scheduler import Batch, Scheduler, SchedulerLimits
 from kvbench.engine.sequence import Sequence
 from kvbench.executors.forward import model_kv_shape
-from kvbench.executors.kv_memory import KVMemory
+from kvbench.executors.kv_memory import KV_STORAGE_DTYPES, KVMemory
 from kvbench.executors.real import RealExecutor
 from kvbench.tasks.profile.grid import OUTPUT_TOKENS, IterationPoint, SwapPoint
 
@@ -96,15 +96,16 @@ def time_iteration(
     point: IterationPoint,
     repeats: int,
     decode_backend: str,
+    kv_dtype: str | None = None,
     sleep: Callable[[float], None] = time.sleep,
 ) -> tuple[IterationShape, Timing]:
     """The point's shape and its measured time (after an idle wait of ``point.wait_s``), the
-    decode kernel on ``decode_backend``."""
+    decode kernel on ``decode_backend``, K/V stored in ``kv_dtype`` (``model.kv_dtype``)."""
     name = "naive_oracle" if point.block_size == 1 else "paged"
     max_model_len = max((*point.decode_contexts, *point.prefill_prompts)) + OUTPUT_TOKENS + 2
     allocator = make_allocator(name, point.num_slots(OUTPUT_TOKENS), point.block_size,
                                max_model_len)  # fmt: skip
-    executor = RealExecutor(model, allocator, decode_backend)
+    executor = RealExecutor(model, allocator, decode_backend, kv_dtype)
     executor.warm_up()
     # A decode sequence of context c holds c - 1 computed tokens and feeds its c-th.
     decode = [_sequence(i, c - 1, 1) for i, c in enumerate(point.decode_contexts)]
@@ -137,12 +138,14 @@ def _readmit(allocator: Allocator, seqs: list[Sequence]) -> None:
             raise RuntimeError(f"profile pool too small for sequence {seq.seq_id}")
 
 
-def time_swap(model: Any, point: SwapPoint, repeats: int) -> Timing:
-    """Seconds of one direction of a swap: (copy out + copy back) / 2."""
+def time_swap(model: Any, point: SwapPoint, repeats: int, kv_dtype: str | None = None) -> Timing:
+    """Seconds of one direction of a swap: (copy out + copy back) / 2, of K/V stored in
+    ``kv_dtype`` (``model.kv_dtype``: fp8 copies its bytes as they are)."""
     num_layers, num_kv_heads, head_dim = model_kv_shape(model)
     num_slots = point.num_slots
     memory = KVMemory(num_layers, num_kv_heads, head_dim, num_slots, point.block_size,
-                      model.dtype, model.device)  # fmt: skip
+                      model.dtype, model.device,
+                      kv_dtype=KV_STORAGE_DTYPES.get(kv_dtype or ""))  # fmt: skip
     # On the pools' device, as the executor's tables are.
     slots = torch.arange(point.num_tokens, device=model.device)  # [num_tokens], first blocks
     back = torch.arange(num_slots - point.num_tokens, num_slots,

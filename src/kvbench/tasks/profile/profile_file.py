@@ -1,6 +1,7 @@
 """The profile file: a fitted cost model, named by device, model and versions.
 
-A small JSON file (``profile_<hardware>_<model>_<dtype>_torch<version>_kvbench<version>.json``)
+A small JSON file (``profile_<hardware>_<model>_<dtype>[_kv<kv_dtype>]_torch<version>_kvbench
+<version>.json``; ``_kv<kv_dtype>`` where the K/V pools stored another dtype than the weights')
 holding the coefficients of ``engine.profiled.ProfiledCostModel`` and what they were measured on
 (device, CPU or GPU name, threads, versions) and how well they fit. ``executor=profiled
 executor.profile=FILE`` reads it here, at the edge; the engine gets the coefficients.
@@ -19,9 +20,12 @@ from kvbench.tables.atomic import write_text_atomic
 FORMAT_VERSION = 1
 
 
-def profile_file_name(hardware: str, model: str, dtype: str, versions: dict[str, str]) -> str:
-    """The file's name: what the coefficients are valid for."""
-    return (f"profile_{hardware}_{model}_{dtype}_torch{versions['torch']}"
+def profile_file_name(hardware: str, model: str, dtype: str, versions: dict[str, str],
+                      kv_dtype: str | None = None) -> str:  # fmt: skip
+    """The file's name: what the coefficients are valid for (``kv_dtype``: the K/V pools'
+    storage dtype, named where it is not ``dtype``)."""
+    kv = f"_kv{kv_dtype}" if kv_dtype not in (None, dtype) else ""
+    return (f"profile_{hardware}_{model}_{dtype}{kv}_torch{versions['torch']}"
             f"_kvbench{versions['kvbench']}.json")  # fmt: skip
 
 
@@ -78,9 +82,11 @@ def load_profiled_cost_model(
 def check_profile_fits(document: dict[str, Any], path: str | Path,
                        deployment: Deployment) -> None:  # fmt: skip
     """ValueError (one line, naming the fix) when the profile ``document`` was measured on
-    another model or at another dtype than ``deployment``'s: its coefficients would price another
-    network (a bf16 step does not take an fp32 step's time). A profile without a dtype (an older
-    file) is checked on its model alone."""
+    another model, at another dtype or with K/V stored in another dtype than ``deployment``'s:
+    its coefficients would price another network (a bf16 step does not take an fp32 step's time;
+    fp8 K/V are quantized on every write and dequantized on every read). A profile without a
+    dtype (an older file) is checked on its model alone; one without a K/V dtype stored K/V in
+    its dtype (fp8 pools came later)."""
     model = document.get("model")
     if model != deployment.model.name:
         raise ValueError(f"{path}: profile measured on model {model}, this run is "
@@ -92,6 +98,18 @@ def check_profile_fits(document: dict[str, Any], path: str | Path,
                          f"model.dtype={deployment.model.dtype}; set model.dtype={dtype} or "
                          f"profile it with `python -m kvbench task=profile "
                          f"model={deployment.model.name} model.dtype={deployment.model.dtype}`")
+    kv_dtype = document.get("kv_dtype", dtype)
+    run_kv_dtype = deployment.model.kv_dtype
+    if dtype is not None and kv_dtype != (run_kv_dtype or dtype):
+        raise ValueError(f"{path}: profile stored K/V in {kv_dtype}, this run in "
+                         f"{run_kv_dtype or dtype}; set {_kv_setting(kv_dtype, dtype)} or profile "
+                         f"it with `python -m kvbench task=profile model={deployment.model.name} "
+                         f"model.dtype={dtype} {_kv_setting(run_kv_dtype, dtype)}`")  # fmt: skip
+
+
+def _kv_setting(kv_dtype: str | None, dtype: str) -> str:
+    """The ``model.kv_dtype`` override that stores K/V in ``kv_dtype`` (null: the model's)."""
+    return f"model.kv_dtype={'null' if kv_dtype in (None, dtype) else kv_dtype}"
 
 
 def device_name() -> str:

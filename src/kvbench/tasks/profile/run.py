@@ -52,10 +52,12 @@ def run_profile(cfg: Any, deployment: Any, raw_cfg: Any, output_dir: Path) -> pd
     grid, token_bytes = cfg.profile_grid, deployment.model.kv_bytes_per_token
     repeats = grid.repeats
     points = iteration_grid(grid, token_bytes)
-    timings = in_shuffled_order(points, lambda point: time_iteration(model, point, repeats,
-                                                                     backend))  # fmt: skip
+    kv_dtype = cfg.model.kv_dtype
+    timings = in_shuffled_order(
+        points, lambda point: time_iteration(model, point, repeats, backend, kv_dtype))
     iterations = [(point, *timed) for point, timed in zip(points, timings, strict=True)]
-    swaps = [(point, time_swap(model, point, repeats)) for point in swap_grid(grid, token_bytes)]
+    swaps = [(point, time_swap(model, point, repeats, kv_dtype))
+             for point in swap_grid(grid, token_bytes)]  # fmt: skip
     coefficients = fit_terms(
         [iteration_features(shape, point.block_size) + wake_features(point.wait_s)
          for point, shape, _ in iterations],
@@ -83,7 +85,8 @@ def run_profile(cfg: Any, deployment: Any, raw_cfg: Any, output_dir: Path) -> pd
     iteration_errors = table.loc[table["kind"] == "iteration", "abs_pct_error"]
     profile = {
         "hardware": deployment.hardware.name, "model": cfg.model.name,
-        "dtype": cfg.model.dtype, "device": device_name(), "num_threads": torch.get_num_threads(),
+        "dtype": cfg.model.dtype, "kv_dtype": kv_dtype or cfg.model.dtype,
+        "device": device_name(), "num_threads": torch.get_num_threads(),
         "decode_backend": backend, "linear_backend": cfg.executor.linear_backend,
         "weights": cfg.executor.weights,
         "versions": versions, "coefficients": coefficients, "repeats": repeats,
@@ -95,7 +98,8 @@ def run_profile(cfg: Any, deployment: Any, raw_cfg: Any, output_dir: Path) -> pd
         "profile_wall_s": time.perf_counter() - started_s,
         "written_utc": datetime.now(UTC).isoformat(timespec="seconds"),
     }  # fmt: skip
-    name = profile_file_name(deployment.hardware.name, cfg.model.name, cfg.model.dtype, versions)
+    name = profile_file_name(deployment.hardware.name, cfg.model.name, cfg.model.dtype, versions,
+                             kv_dtype)  # fmt: skip
     write_profile(output_dir / name, profile)
     write_table(table, output_dir / "profile.parquet", provenance(raw_cfg))
     if cfg.plots:
@@ -119,7 +123,8 @@ def _summary_lines(profile: dict[str, Any], name: str) -> list[str]:
     batches, contexts = grid["decode_batches"], grid["decode_mean_contexts"]
     prompts = sorted(grid["prefill_prompts"])
     return [
-        f"profile: {profile['model']} ({profile['dtype']}) on {profile['device']}, "
+        f"profile: {profile['model']} ({profile['dtype']}, K/V in {profile['kv_dtype']}) on "
+        f"{profile['device']}, "
         f"{profile['num_threads']} threads, decode backend {profile['decode_backend']}, "
         f"matmuls through {profile['linear_backend']}, "
         f"{fit['num_iteration_points']} iterations and "

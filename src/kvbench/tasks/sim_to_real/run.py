@@ -154,6 +154,7 @@ def run_sim_to_real(
                          (FIT_SOURCE, f"profile_fitted_on_{fit_label}.json")):  # fmt: skip
         write_profile(output_dir / name, {
             "model": cfg.model.name, "dtype": cfg.model.dtype,
+            "kv_dtype": cfg.model.kv_dtype or cfg.model.dtype,
             "fit_workload": GRID_WORKLOAD if source == INTERLEAVED_GRID_SOURCE else fit_label,
             "coefficients": profiles[source]})  # fmt: skip
     scales = drift_scales(grid_runs, profiles[INTERLEAVED_GRID_SOURCE], len(runs_jobs(runs)))
@@ -230,7 +231,8 @@ def measure_interleaved(model: Any, jobs: list[ReplayJob], points: list[RealGrid
             if point.block_size not in grid_executors:
                 allocator = make_allocator(point.allocator, GRID_POOL_SLOTS, point.block_size,
                                            max_model_len)  # fmt: skip
-                executor = RealExecutor(model, allocator, cfg.executor.decode_backend)
+                executor = RealExecutor(model, allocator, cfg.executor.decode_backend,
+                                        cfg.model.kv_dtype)  # fmt: skip
                 executor.warm_up()
                 grid_executors[point.block_size] = executor
             record = serve(GRID_WORKLOAD, float("nan"), point.allocator, point.requests(),
@@ -257,7 +259,7 @@ def serve_job(model: Any, job: ReplayJob, index: int, cfg: KvbenchConfig,
     for name in cfg.allocators:
         allocator = make_allocator(name, num_slots, cfg.allocator.block_size,
                                    limits.max_model_len)  # fmt: skip
-        executor = RealExecutor(model, allocator, cfg.executor.decode_backend)
+        executor = RealExecutor(model, allocator, cfg.executor.decode_backend, cfg.model.kv_dtype)
         executor.warm_up()
         served = serve(job.workload, job.rate, name, job.requests, executor, limits)
         runs.append(dataclasses.replace(served, job=index, repeat=repeat))
