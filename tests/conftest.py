@@ -76,16 +76,16 @@ def assert_least_squares_optimum(features, times_s, coefficients, signed=None) -
 
 
 @pytest.fixture
-def pool_dtypes(monkeypatch) -> list[torch.dtype]:
-    """The storage dtype of every K/V pool (``KVMemory``) made while the test runs, in order."""
+def kv_memories(monkeypatch) -> list:
+    """Every K/V pool (``KVMemory``) made while the test runs, in order."""
     from kvbench.executors.kv_memory import KVMemory
 
-    made: list[torch.dtype] = []
+    made: list[KVMemory] = []
     real_init = KVMemory.__init__
 
     def recording_init(self, *args, **kwargs):
         real_init(self, *args, **kwargs)
-        made.append(self.keys[0].dtype)
+        made.append(self)
 
     monkeypatch.setattr(KVMemory, "__init__", recording_init)
     return made

@@ -92,3 +92,20 @@ def test_an_fp8_pool_saturates_values_beyond_its_range():
     memory.write(0, _tokens(0.0) + 1000.0, _tokens(0.0) - 1000.0, torch.arange(4))
     assert float(memory.keys[0].float().max()) == 448.0
     assert float(memory.values[0].float().min()) == -448.0
+
+
+def test_noise_fills_every_slot_with_normal_k_v_stored_as_writes_store_them():
+    fp32, fp8 = _memory(num_layers=2), _memory(FP8, num_layers=2)
+    for memory in (fp32, fp8):
+        memory.fill_noise(seed=3)
+    for layer in range(2):
+        for fp32_pool, fp8_pool in ((fp32.keys[layer], fp8.keys[layer]),
+                                    (fp32.values[layer], fp8.values[layer])):  # fmt: skip
+            assert fp8_pool.dtype == FP8
+            assert torch.equal(fp8_pool, fp32_pool.to(FP8))  # the same noise, stored in fp8
+    every = torch.cat([pool.flatten() for pool in (*fp32.keys, *fp32.values)])  # 96 values
+    assert (every != 0).all() and 0.7 < float(every.std()) < 1.3
+    assert not torch.equal(fp32.keys[0], fp32.keys[1])  # each pool its own draw
+    again = _memory(num_layers=2)
+    again.fill_noise(seed=3)
+    assert all(torch.equal(a, b) for a, b in zip(again.values, fp32.values, strict=True))

@@ -145,7 +145,7 @@ def test_each_real_run_is_preceded_by_the_probes_priced_by_the_profile(tiny_setu
     assert list(runs[PROBE_COLUMNS[1]]) == pytest.approx([3.5, 4.5])
 
 
-def test_fp8_k_v_are_served_and_probed_in_fp8_pools(tiny_setup, one_thread, pool_dtypes):
+def test_fp8_k_v_are_served_and_probed_in_fp8_pools(tiny_setup, one_thread, kv_memories):
     import torch
 
     from kvbench.executors.forward import model_kv_shape
@@ -161,7 +161,7 @@ def test_fp8_k_v_are_served_and_probed_in_fp8_pools(tiny_setup, one_thread, pool
     runs = serve_rounds(model, _requests(), ["paged"], 1, setup)
     assert runs["num_finished"].tolist() == [10]
     # The probes before and after the run, and the run, each on pools of one byte an element.
-    assert pool_dtypes == [torch.float8_e4m3fn] * 5
+    assert [memory.keys[0].dtype for memory in kv_memories] == [torch.float8_e4m3fn] * 5
     num_layers, num_kv_heads, head_dim = model_kv_shape(model)
     assert runs["kv_pool_bytes"].tolist() == [256 * 2 * num_layers * num_kv_heads * head_dim]
 

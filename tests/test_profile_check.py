@@ -144,7 +144,7 @@ def test_task_profile_check_times_a_profile_s_points_and_finds_a_doctored_one_dr
 
 
 def test_a_profile_of_fp8_k_v_is_checked_on_fp8_pools_and_only_for_fp8_runs(tmp_path,
-                                                                              pool_dtypes):
+                                                                              kv_memories):
     coefficients = dict.fromkeys((*PROFILE_TERMS, *SWAP_TERMS), 1e-3)
     path = tmp_path / "profile.json"
     write_profile(path, {"model": "smollm2-135m", "dtype": "fp32", "kv_dtype": "fp8",
@@ -161,7 +161,7 @@ def test_a_profile_of_fp8_k_v_is_checked_on_fp8_pools_and_only_for_fp8_runs(tmp_
             continue
         table = run_profile_check(cfg, deployment, raw, tmp_path / "fp8")
         assert len(table) == 3  # a decode, a prefill and a mixed point
-    assert pool_dtypes == [torch.float8_e4m3fn] * 3
+    assert [memory.keys[0].dtype for memory in kv_memories] == [torch.float8_e4m3fn] * 3
 
 
 def test_the_report_says_a_profile_s_age_and_which_grid_was_timed():

@@ -64,7 +64,7 @@ def test_error_summary_names_held_out_slices():
 
 @pytest.mark.parametrize("kv_dtype", ["null", "fp8"])
 def test_the_task_serves_both_passes_and_scores_each_profile_and_the_repeat(
-        tmp_path, monkeypatch, shared_traces, pool_dtypes, kv_dtype):  # fmt: skip
+        tmp_path, monkeypatch, shared_traces, kv_memories, kv_dtype):  # fmt: skip
     # A grid of one prefill, one decode and one mixed point under each kernel block size.
     grid = [RealGridPoint(block_size, *shape) for block_size in (1, 16)
             for shape in ((2, 12, 0), (2, 20, 3), (1, 16, 3, (8,)))]  # fmt: skip
@@ -80,7 +80,7 @@ def test_the_task_serves_both_passes_and_scores_each_profile_and_the_repeat(
     table = sim_to_real.run_sim_to_real(cfg, deployment, raw, tmp_path)
     # The grid's executors (one per block size) and every replay's store K/V as the run says.
     stored = torch.float8_e4m3fn if kv_dtype == "fp8" else torch.float32
-    assert pool_dtypes == [stored] * (2 + 2 * 2)
+    assert [memory.keys[0].dtype for memory in kv_memories] == [stored] * (2 + 2 * 2)
     fitted = json.loads((tmp_path / "profile_real_grid.json").read_text())
     assert fitted["kv_dtype"] == ("fp8" if kv_dtype == "fp8" else "fp32")
     assert list(table["source"]) == [sim_to_real.INTERLEAVED_GRID_SOURCE] * 2 + [

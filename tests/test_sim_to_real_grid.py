@@ -153,9 +153,9 @@ def _interleaved(monkeypatch, repeat_replays: bool):
         return RealRunRecord(workload, rate, allocator_name, requests, None, [], [], 1)
 
     class FakeExecutor:
-        def __init__(self, model, allocator, backend):
+        def __init__(self, model, allocator, backend, kv_dtype):
             self.allocator = allocator
-            assert backend == "sdpa"
+            assert (backend, kv_dtype) == ("sdpa", None)
 
         def warm_up(self):
             pass
@@ -165,7 +165,8 @@ def _interleaved(monkeypatch, repeat_replays: bool):
     points = real_grid(LIMITS.max_num_seqs, 64)
     cfg = SimpleNamespace(allocators=["naive_max", "paged"],
                           allocator=SimpleNamespace(block_size=16),
-                          executor=SimpleNamespace(decode_backend="sdpa"))  # fmt: skip
+                          executor=SimpleNamespace(decode_backend="sdpa"),
+                          model=SimpleNamespace(kv_dtype=None))  # fmt: skip
     return (*measure_interleaved(None, JOBS, points, cfg, LIMITS, 186, repeat_replays), served)
 
 

@@ -144,6 +144,22 @@ def test_a_later_machines_tables_in_the_docs_are_what_the_report_makes_of_its_ru
 
 
 
+def test_the_fp8_sim_to_real_table_in_the_docs_is_what_the_report_makes_of_its_runs():
+    """docs/sim_to_real_measured.md's fp8 section: the report on the committed fp32 and fp8
+    sim_to_real runs (no sim_to_vllm beside them: it refuses fp8)."""
+    from kvbench.tasks.report.aggregate import load_tables
+    from kvbench.tasks.report.sim_to_real_runs import ENGINE_TABLES, sim_to_real_runs_section
+
+    root = Path(__file__).resolve().parents[1]
+    runs = root / "results" / "reference" / "fp8_kv" / "amd-epyc-2026-12-06"
+    tables = {name: load_tables([runs], name) for name, _, _ in ENGINE_TABLES}
+    assert tables["sim_to_real.parquet"]["run_dir"].nunique() == 2
+    expected = sim_to_real_runs_section(tables).strip().replace("\n### ", "\n#### ")
+    text = (root / "docs" / "sim_to_real_measured.md").read_text()
+    section = text.split("## fp8 K/V on an AMD EPYC (2026-12-06)", 1)[1].split("\n## ", 1)[0]
+    assert "#### " + expected.removeprefix("### ") in section
+
+
 @pytest.mark.parametrize(("run", "row"), [
     ("amd-epyc-2026-12-03", "AMD EPYC, 2026-12-03 (5)"),
     ("intel-xeon-2026-12-04", "Intel Xeon, 2026-12-04 (2)"),
