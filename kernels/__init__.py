@@ -26,6 +26,7 @@ from .decode_attention import (
     contiguous_decode_attention,
     paged_decode_attention,
 )
+from .decode_torch import fp8_dequantized
 from .kv_write import write_kv
 from .layout import PagedLayout, layout_from_allocator, slot_mapping, to_paged_layout
 from .reference import reference_contiguous_decode, reference_paged_decode
@@ -48,6 +49,7 @@ __all__ = [
     "copy_blocks",
     "deal_block_tables",
     "device_copy_gb_per_s",
+    "fp8_dequantized",
     "layout_from_allocator",
     "materialize_batch",
     "paged_decode_attention",

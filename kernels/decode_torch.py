@@ -37,6 +37,26 @@ SDPA_GROUP_BYTES = 4 << 20
 # is some 300 tokens' K/V.
 SDPA_CALL_BYTES = 512 << 10
 
+def fp8_dequantized(rows: torch.Tensor, scale: float, dtype: torch.dtype) -> torch.Tensor:
+    """fp8 ``rows`` (any shape) times ``scale``, in ``dtype``: bit for bit
+    ``(rows.float() * scale).to(dtype)``, looked up per byte in a table of the 256 values.
+
+    Why a table: torch converts fp8 one element at a time on a CPU, and what an element costs
+    depends on its bits (on this project's AMD EPYC, 2 threads: 1.32 ns on normal values, 0.59 ns
+    on zeros); a gather from 256 entries cost 0.61 ns with its int32 indices, whatever the bits,
+    and leaves no fp32 copy to multiply and cast.
+    """
+    table = (_fp8_values(rows.device) * scale).to(dtype)  # [256]: each byte's value
+    indices = rows.contiguous().view(torch.uint8).flatten().int()  # [numel]
+    return table.index_select(0, indices).view(rows.shape)
+
+
+@functools.cache
+def _fp8_values(device: torch.device) -> torch.Tensor:
+    """fp32 [256]: the e4m3 value of every byte (NaN at 0x7F and 0xFF), on ``device``."""
+    return torch.arange(256, dtype=torch.uint8, device=device).view(torch.float8_e4m3fn).float()
+
+
 # (tile_start, tile_end) -> (key, value), each [num_seqs, tile_end - tile_start, num_kv_heads,
 # head_dim] in the storage dtype.
 TileLoader = Callable[[int, int], tuple[torch.Tensor, torch.Tensor]]
@@ -171,8 +191,8 @@ def _sdpa_group(
     # key, value: [num_seqs, context_len, num_kv_heads, head_dim]
     key, value = load_tile(0, context_len)
     if key.element_size() == 1:  # fp8: dequantize on load, to the query's dtype
-        key = (key.float() * kv_scales[0]).to(query.dtype)
-        value = (value.float() * kv_scales[1]).to(query.dtype)
+        key = fp8_dequantized(key, kv_scales[0], query.dtype)
+        value = fp8_dequantized(value, kv_scales[1], query.dtype)
     tokens = torch.arange(context_len, device=query.device)  # [context_len]
     visible = tokens < context_lens.long().view(num_seqs, 1)  # [num_seqs, context_len]
     # Zero K/V past each context: a slot may hold anything, and the fused kernel adds the mask to
@@ -221,8 +241,8 @@ def torch_decode(
         # key, value: [num_seqs, tile, num_kv_heads, head_dim]
         key, value = load_tile(tile_start, tile_end)
         if key.element_size() == 1:  # fp8: dequantize on load, to the query's dtype
-            key = (key.float() * kv_scales[0]).to(storage_dtype)
-            value = (value.float() * kv_scales[1]).to(storage_dtype)
+            key = fp8_dequantized(key, kv_scales[0], storage_dtype)
+            value = fp8_dequantized(value, kv_scales[1], storage_dtype)
         num_kv_heads = key.shape[2]
         # [num_seqs, num_kv_heads, group, head_dim]: query heads grouped by the KV head they read.
         grouped_query = query.float().view(num_seqs, num_kv_heads, -1, head_dim)

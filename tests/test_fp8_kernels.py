@@ -79,3 +79,17 @@ def test_fp8_values_need_the_query_in_a_kernel_dtype() -> None:
     with pytest.raises(ValueError, match=r"or K/V in torch\.float8_e4m3fn"):
         contiguous_decode_attention(query, key.to(FP8), key, torch.tensor([4], dtype=torch.int32),
                                     backend="torch")  # fmt: skip
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("scale", [1.0, 0.0173, 3.7])
+def test_the_byte_table_dequantizes_every_fp8_value_bit_for_bit_as_the_cast(dtype, scale) -> None:
+    from kvbench.kernels import fp8_dequantized
+
+    every_byte = torch.arange(256, dtype=torch.uint8).view(FP8)  # NaN at 0x7F and 0xFF
+    rows = every_byte[torch.randperm(256)].view(4, 8, 8).transpose(1, 2)  # not contiguous
+    table = fp8_dequantized(rows, scale, dtype)
+    cast = (rows.float() * scale).to(dtype)
+    assert table.dtype == dtype and table.shape == rows.shape
+    bits = torch.int32 if dtype == torch.float32 else torch.int16
+    assert torch.equal(table.contiguous().view(bits), cast.contiguous().view(bits))

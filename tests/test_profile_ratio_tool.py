@@ -79,7 +79,8 @@ def test_the_tool_reads_run_folders_and_names_what_it_cannot_compare(tmp_path, c
 
 @pytest.mark.parametrize(("base", "other"), [("noise_fp32", "noise_fp8"),
                                              ("zeros_fp8", "noise_fp8"),
-                                             ("zeros_fp32", "noise_fp32")])  # fmt: skip
+                                             ("zeros_fp32", "noise_fp32"),
+                                             ("table_fp32", "table_fp8")])  # fmt: skip
 def test_the_tables_the_docs_quote_are_the_tool_s_on_the_committed_profiles(base, other):
     root = Path(__file__).resolve().parents[1]
     runs = root / "results" / "reference" / "fp8_kv" / "amd-epyc-2026-12-06"

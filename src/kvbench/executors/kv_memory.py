@@ -24,7 +24,7 @@ from collections.abc import Sequence
 
 import torch
 
-from kvbench.kernels import copy_blocks, write_kv
+from kvbench.kernels import copy_blocks, fp8_dequantized, write_kv
 
 
 class KVMemory:
@@ -219,6 +219,6 @@ def stored(tokens: torch.Tensor, scale: float, storage: torch.dtype) -> torch.Te
 
 
 def dequantized(rows: torch.Tensor, scale: float, dtype: torch.dtype) -> torch.Tensor:
-    """Pool K or V (any shape) in ``dtype``: times ``scale`` unless it is 1 (a float pool's K/V
-    pass unchanged, which the bit-identity checks rely on)."""
-    return rows.to(dtype) if scale == 1.0 else (rows.float() * scale).to(dtype)
+    """Pool K or V (any shape) in ``dtype``: fp8 times ``scale`` (``fp8_dequantized``), a float
+    pool's unchanged (its scale is 1; the bit-identity checks rely on it)."""
+    return fp8_dequantized(rows, scale, dtype) if rows.element_size() == 1 else rows.to(dtype)
