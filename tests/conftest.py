@@ -89,3 +89,13 @@ def kv_memories(monkeypatch) -> list:
 
     monkeypatch.setattr(KVMemory, "__init__", recording_init)
     return made
+
+
+def forbid_model_load(monkeypatch, module) -> None:
+    """Make ``module.load_real_model`` fail the test: a check that must refuse before the model
+    loads (seconds of it) did not."""
+
+    def never(cfg):
+        raise AssertionError("the model was loaded before the profile was checked")
+
+    monkeypatch.setattr(module, "load_real_model", never)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from conftest import compose_config
+from conftest import compose_config, forbid_model_load
 
 from kvbench.config import ConfigError
 from kvbench.core.catalog import get_deployment
@@ -172,10 +172,7 @@ def test_a_run_of_fp8_k_v_refuses_a_profile_of_fp32_k_v_before_the_model_loads(t
 
     cfg, deployment, raw = compose_config("experiment=paper_executed", "model.kv_dtype=fp8")
 
-    def never(cfg):
-        raise AssertionError("the model was loaded before the profile was checked")
-
-    monkeypatch.setattr(run, "load_real_model", never)
+    forbid_model_load(monkeypatch, run)
     with pytest.raises(ValueError, match=r"profile stored K/V in fp32, this run in fp8; set "
                                          r"model\.kv_dtype=null or profile it"):  # fmt: skip
         run.run_paper_executed(cfg, deployment, raw, tmp_path / "run")

@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 import torch
-from conftest import assert_least_squares_optimum, compose_config
+from conftest import assert_least_squares_optimum, compose_config, forbid_model_load
 
 from kvbench.config import ConfigError
 from kvbench.core.catalog import get_deployment
@@ -315,10 +315,7 @@ def test_sim_to_real_refuses_another_model_s_profile_before_serving_anything(tmp
     write_profile(path, {"model": "llama-3-8b", "coefficients": COEFFICIENTS})
     cfg, deployment, raw = compose_config("experiment=sim_to_real", f"executor.profile={path}")
 
-    def never(cfg):
-        raise AssertionError("the model was loaded before the profile was checked")
-
-    monkeypatch.setattr(sim_to_real, "load_real_model", never)
+    forbid_model_load(monkeypatch, sim_to_real)
     with pytest.raises(ValueError, match=r"measured on model llama-3-8b, this run is "
                                          r"model=smollm2-135m"):  # fmt: skip
         sim_to_real.run_sim_to_real(cfg, deployment, raw, tmp_path / "run")

@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 import pandas as pd
 import pytest
 import torch
-from conftest import compose_config
+from conftest import compose_config, forbid_model_load
 from scipy.stats import binomtest
 from test_profile import TINY_GRID
 
@@ -206,10 +206,7 @@ def test_a_profile_it_cannot_check_is_refused_before_the_model_loads(tmp_path, m
     cfg, deployment, raw = compose_config("task=profile_check", f"executor.profile={path}",
                                           *SMOLLM2)  # fmt: skip
 
-    def never(cfg):
-        raise AssertionError("the model was loaded before the profile was checked")
-
-    monkeypatch.setattr(check, "load_real_model", never)
+    forbid_model_load(monkeypatch, check)
     with pytest.raises(ValueError, match=message):
         check.run_profile_check(cfg, deployment, raw, tmp_path / "run")
     assert not (tmp_path / "run").exists()

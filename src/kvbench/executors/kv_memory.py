@@ -103,9 +103,9 @@ class KVMemory:
 
     def fill_noise(self, seed: int = 0) -> None:
         """Fill every slot of every layer with standard-normal K/V (stored as ``write`` stores
-        them), the same for a ``seed``. For timing: reading fp8 K/V costs what their bit patterns
-        are (dequantizing zeros took 0.59 ns an element on this project's AMD EPYC, normal values
-        1.32 ns), so a pool of zeros prices an fp8 read at half of what real K/V cost."""
+        them), the same for a ``seed``. For timing: what reading K/V costs may depend on their
+        bits (torch's fp8 cast took 0.59 ns an element on zeros and 1.32 ns on normal values on
+        this project's AMD EPYC), so a pool of zeros need not time what real K/V cost."""
         generator = torch.Generator(self.device).manual_seed(seed)
         for layer, pools in enumerate(zip(self.keys, self.values, strict=True)):
             for pool, scale in zip(pools, self.scales[layer], strict=True):
