@@ -4,6 +4,7 @@ prices shapes by its terms, the profile file round-trips, and the grid's points 
 
 import dataclasses
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -307,6 +308,46 @@ def test_a_profile_says_what_it_was_measured_on_that_differs_from_here():
     assert setup_differences(document, {**present, "device": "AMD EPYC"}) == []
 
 
+def test_the_code_digest_changes_with_any_kernel_or_executor_file(tmp_path):
+    import kvbench.kernels
+
+    import kvbench.executors
+    from kvbench.tasks.profile.profile_file import code_digest
+
+    folders = [tmp_path / "kernels", tmp_path / "executors"]
+    for folder in folders:
+        folder.mkdir()
+        (folder / "a.py").write_text("x = 1\n")
+    before = code_digest(folders)
+    assert code_digest(folders) == before and len(before) == 12
+    (folders[1] / "a.py").write_text("x = 2\n")
+    edited = code_digest(folders)
+    (folders[0] / "b.py").write_text("")
+    added = code_digest(folders)
+    assert len({before, edited, added}) == 3
+    (folders[0] / "notes.txt").write_text("not code")
+    assert code_digest(folders) == added
+    installed = [Path(kvbench.kernels.__file__).parent, Path(kvbench.executors.__file__).parent]
+    assert (installed[0] / "decode_torch.py").is_file()
+    assert (installed[1] / "kv_memory.py").is_file()
+    assert code_digest() == code_digest(installed)
+
+
+def test_a_profile_of_other_kernel_or_executor_code_is_named_before_its_prices_are_used(
+        tmp_path):  # fmt: skip
+    from kvbench.tasks.profile.profile_file import checked_profile, code_digest
+
+    deployment = get_deployment("smollm2-135m", "cpu")
+    path = tmp_path / "profile.json"
+    for recorded, expected in (("0123456789ab", [f"code_digest 0123456789ab (here "
+                                                 f"{code_digest()})"]),
+                               (code_digest(), [])):  # fmt: skip
+        write_profile(path, {"model": "smollm2-135m", "code_digest": recorded,
+                             "coefficients": COEFFICIENTS})  # fmt: skip
+        _, differences = checked_profile(path, deployment, "sdpa", "aten")
+        assert [d for d in differences if d.startswith("code_digest")] == expected
+
+
 def test_sim_to_real_refuses_another_model_s_profile_before_serving_anything(tmp_path,
                                                                              monkeypatch):
     from kvbench.tasks.sim_to_real import run as sim_to_real
@@ -512,7 +553,7 @@ TINY_GRID = (
 @pytest.mark.parametrize(("kv_dtype", "name"), [("null", "fp32_torch"), ("fp8", "fp32_kvfp8")])
 def test_task_profile_times_its_grid_and_writes_a_profile_the_simulator_reads(
         tmp_path, kv_memories, kv_dtype, name):  # fmt: skip
-    from kvbench.tasks.profile.profile_file import read_profile
+    from kvbench.tasks.profile.profile_file import code_digest, read_profile
     from kvbench.tasks.profile.run import run_profile
 
     cfg, deployment, raw = compose_config(
@@ -527,6 +568,7 @@ def test_task_profile_times_its_grid_and_writes_a_profile_the_simulator_reads(
     (path,) = tmp_path.glob(f"profile_cpu_smollm2-135m_{name}*.json")
     profile = read_profile(path)
     assert profile["kv_dtype"] == ("fp8" if kv_dtype == "fp8" else "fp32")
+    assert profile["code_digest"] == code_digest()
     assert profile["grid"]["decode_batches"] == [1, 2, 4] and profile["repeats"] == 1
     assert profile["fit"]["num_iteration_points"] == 19
     model = load_profiled_cost_model(path, 16, deployment)

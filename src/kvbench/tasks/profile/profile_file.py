@@ -10,6 +10,7 @@ executor.profile=FILE`` reads it here, at the edge; the engine gets the coeffici
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -130,18 +131,42 @@ def device_name() -> str:
     return platform.processor() or platform.machine()
 
 
+# The code whose speed a profile prices: the kernels and the executor that runs the model's
+# forward over the pools. A change there can move every price (fp8's byte table moved an fp8
+# run's by a third) without moving kvbench's version.
+CODE_PACKAGES = ("kvbench.kernels", "kvbench.executors")
+
+
+def code_digest(folders: Sequence[Path] | None = None) -> str:
+    """12 hex digits of SHA-256 over the ``.py`` files of ``folders`` (None: where
+    ``CODE_PACKAGES`` are installed), in order: the same while that code is."""
+    import hashlib
+    import importlib
+
+    if folders is None:  # where installed: an editable install maps kvbench.kernels to kernels/
+        folders = [Path(importlib.import_module(name).__file__ or "").parent
+                   for name in CODE_PACKAGES]  # fmt: skip
+    digest = hashlib.sha256()
+    for folder in folders:
+        for file in sorted(folder.glob("*.py")):
+            digest.update(f"{folder.name}/{file.name}\n".encode())
+            digest.update(file.read_bytes())
+    return digest.hexdigest()[:12]
+
+
 def checked_profile(path: str | Path, deployment: Deployment, decode_backend: str,
                     linear_backend: str) -> tuple[dict[str, Any], list[str]]:  # fmt: skip
     """The profile at ``path`` for runs about to start here, checked against their model and
     dtype (``check_profile_fits``), and what it was measured on that they differ in
     (``setup_differences``: the device, torch's threads as ``executor.num_threads`` pinned them,
-    the decode backend, the matmuls' library)."""
+    the decode backend, the matmuls' library, the kernels' and executor's code)."""
     import torch
 
     document = read_profile(path)
     check_profile_fits(document, path, deployment)
     present = {"device": device_name(), "num_threads": torch.get_num_threads(),
-               "decode_backend": decode_backend, "linear_backend": linear_backend}  # fmt: skip
+               "decode_backend": decode_backend, "linear_backend": linear_backend,
+               "code_digest": code_digest()}  # fmt: skip
     return document, setup_differences(document, present)
 
 

@@ -32,7 +32,12 @@ from kvbench.tables.provenance import provenance
 from kvbench.tasks.profile.fit import fit_terms
 from kvbench.tasks.profile.grid import iteration_grid, swap_grid
 from kvbench.tasks.profile.plot import plot_predicted_vs_measured
-from kvbench.tasks.profile.profile_file import device_name, profile_file_name, write_profile
+from kvbench.tasks.profile.profile_file import (
+    code_digest,
+    device_name,
+    profile_file_name,
+    write_profile,
+)
 from kvbench.tasks.profile.table import iteration_row, profile_frame, swap_row
 from kvbench.tasks.simulate.real_runner import load_real_model, pin_threads
 from kvbench.tasks.simulate.run_outputs import print_files, write_task_report
@@ -88,7 +93,7 @@ def run_profile(cfg: Any, deployment: Any, raw_cfg: Any, output_dir: Path) -> pd
         "dtype": cfg.model.dtype, "kv_dtype": kv_dtype or cfg.model.dtype,
         "device": device_name(), "num_threads": torch.get_num_threads(),
         "decode_backend": backend, "linear_backend": cfg.executor.linear_backend,
-        "weights": cfg.executor.weights,
+        "weights": cfg.executor.weights, "code_digest": code_digest(),
         "versions": versions, "coefficients": coefficients, "repeats": repeats,
         "grid": asdict(grid),
         "fit": {"num_iteration_points": len(iterations), "num_swap_points": len(swaps),
