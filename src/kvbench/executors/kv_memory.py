@@ -197,6 +197,11 @@ class KVMemory:
 KV_STORAGE_DTYPES = {"fp8": torch.float8_e4m3fn}
 
 
+def kv_storage_dtype(name: str | None) -> torch.dtype | None:
+    """The pools' storage dtype a ``kv_dtype`` setting names (None: the model's dtype)."""
+    return KV_STORAGE_DTYPES.get(name or "")
+
+
 # vLLM's divisors of the first forward's amax (K_SCALE_CONSTANT, V_SCALE_CONSTANT in vllm/envs.py):
 # the calibration tokens' largest |K| lands at 200 and |V| at 100 of e4m3's 448, headroom for
 # later tokens larger than the first forward's.

@@ -33,7 +33,7 @@ from kvbench.engine.samples import SampleGroups
 from kvbench.engine.scheduler import Batch, Scheduler
 from kvbench.engine.sequence import Sequence
 from kvbench.executors.forward import BatchRunner, SeqInput, model_kv_shape
-from kvbench.executors.kv_memory import KV_STORAGE_DTYPES, KVMemory
+from kvbench.executors.kv_memory import KVMemory, kv_storage_dtype
 from kvbench.executors.names import triton_on_the_cpu_problem
 from kvbench.executors.token_ids import prompt_ids
 
@@ -61,7 +61,7 @@ class RealExecutor:
         num_layers, num_kv_heads, head_dim = model_kv_shape(model)
         self.memory = KVMemory(num_layers, num_kv_heads, head_dim, allocator.num_slots,
                                allocator.block_size, model.dtype, model.device,
-                               kv_dtype=KV_STORAGE_DTYPES.get(kv_dtype or ""))  # fmt: skip
+                               kv_dtype=kv_storage_dtype(kv_dtype))  # fmt: skip
         self.runner = BatchRunner(model, self.memory, "paged", backend)
         self.allocator = allocator
         self.vocab_size = int(model.config.vocab_size)

@@ -9,7 +9,7 @@ from typing import Any
 import pandas as pd
 import torch
 
-from kvbench.executors.kv_memory import KV_STORAGE_DTYPES
+from kvbench.executors.kv_memory import kv_storage_dtype
 from kvbench.tables.parquet import write_table
 from kvbench.tables.provenance import provenance
 from kvbench.tasks.equivalence.batched import batched_trajectories
@@ -60,7 +60,7 @@ def run_logit_equivalence(
         for backend in settings.backends:
             paged = backend_trajectories(model, allocator, backend, cases, steps,
                                         settings.block_size, cfg.seed, stock,
-                                        KV_STORAGE_DTYPES.get(settings.kv_dtype or ""),
+                                        kv_storage_dtype(settings.kv_dtype),
                                         settings.kv_scales == "calibrated")  # fmt: skip
             labels = {"model": settings.model, "allocator": allocator, "backend": backend,
                       "dtype": settings.dtype, "kv_dtype": settings.kv_dtype or settings.dtype,

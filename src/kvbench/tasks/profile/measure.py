@@ -31,7 +31,7 @@ from kvbench.engine.records import RequestRecord
 from kvbench.engine.scheduler import Batch, Scheduler, SchedulerLimits
 from kvbench.engine.sequence import Sequence
 from kvbench.executors.forward import model_kv_shape
-from kvbench.executors.kv_memory import KV_STORAGE_DTYPES, KVMemory
+from kvbench.executors.kv_memory import KVMemory, kv_storage_dtype
 from kvbench.executors.real import RealExecutor
 from kvbench.tasks.profile.grid import OUTPUT_TOKENS, IterationPoint, SwapPoint
 
@@ -147,7 +147,7 @@ def time_swap(model: Any, point: SwapPoint, repeats: int, kv_dtype: str | None =
     num_slots = point.num_slots
     memory = KVMemory(num_layers, num_kv_heads, head_dim, num_slots, point.block_size,
                       model.dtype, model.device,
-                      kv_dtype=KV_STORAGE_DTYPES.get(kv_dtype or ""))  # fmt: skip
+                      kv_dtype=kv_storage_dtype(kv_dtype))  # fmt: skip
     # On the pools' device, as the executor's tables are.
     slots = torch.arange(point.num_tokens, device=model.device)  # [num_tokens], first blocks
     back = torch.arange(num_slots - point.num_tokens, num_slots,
