@@ -24,13 +24,18 @@ from kvbench.engine.profiled import (
 from kvbench.tasks.profile.fit import abs_pct_errors, fit_relative, free_signed_terms
 from kvbench.tasks.profile.grid import (
     IterationPoint,
+    beyond_grid,
+    grid_shapes,
     iteration_grid,
+    longest_prompt_tokens,
     longest_sequence_tokens,
+    point_shape,
     spread_contexts,
 )
 from kvbench.tasks.profile.profile_file import (
     load_profiled_cost_model,
     profile_file_name,
+    recorded_grid,
     setup_differences,
     write_profile,
 )
@@ -60,14 +65,7 @@ def _cpu_grid() -> tuple[object, int]:
 
 
 def _grid_shapes() -> list[tuple[IterationShape, int]]:
-    shapes = []
-    for point in iteration_grid(*_cpu_grid()):
-        contexts = point.decode_contexts
-        pairs = sum(n * (n + 1) // 2 for n in point.prefill_prompts)
-        shape = IterationShape(sum(point.prefill_prompts), pairs, len(contexts), sum(contexts),
-                               num_prefill_seqs=len(point.prefill_prompts))  # fmt: skip
-        shapes.append((shape, point.block_size))
-    return shapes
+    return [(point_shape(point), point.block_size) for point in iteration_grid(*_cpu_grid())]
 
 
 def test_the_fit_recovers_the_coefficients_that_made_the_times():
@@ -388,6 +386,8 @@ def test_executor_profiled_simulates_with_the_profile(tmp_path):
     )  # fmt: skip
     assert isinstance(cost_model(cfg, deployment), ProfiledCostModel)
     summary = run_experiment(cfg, deployment, raw, tmp_path / "run")
+    # A profile that records no grid: what it spans is not known.
+    assert np.isnan(summary["requests_beyond_profile_pct"].iloc[0])
     # The prompt prefilled (and its first token out), then four decode steps at contexts 21-24.
     prefill = IterationShape(20, 210, 0, 0, num_prefill_seqs=1)
     model = ProfiledCostModel(COEFFICIENTS, cfg.allocator.block_size)
@@ -439,7 +439,7 @@ def test_a_grid_point_times_on_a_real_model(block_size, kv_memories):
     model = load_model("tiny-llama-gqa")
     point = IterationPoint(block_size, decode_contexts=(20, 40), prefill_prompts=(12,))
     shape, timing = time_iteration(model, point, repeats=2, decode_backend="sdpa")
-    assert shape == IterationShape(12, 78, 2, 60, num_prefill_seqs=1)
+    assert shape == IterationShape(12, 78, 2, 60, num_prefill_seqs=1) == point_shape(point)
     assert timing.median_s > 0 and timing.spread >= 0
     # The decode contexts were read from noise, as a served model's K/V, not from zeros (fp8
     # K/V cost more to read the more their bit patterns vary).
@@ -456,6 +456,7 @@ def test_a_wake_up_point_idles_before_every_run_and_the_grid_has_them():
     shape, _ = time_iteration(load_model("tiny-llama-gqa"), point, repeats=2,
                               decode_backend="sdpa", sleep=waits.append)  # fmt: skip
     assert waits == [0.5] * 3 and shape == IterationShape(12, 78, 0, 0, num_prefill_seqs=1)
+    assert shape == point_shape(point)
     grid, token_bytes = _cpu_grid()
     assert [p.wait_s for p in iteration_grid(grid, token_bytes) if p.wait_s] == [
         0.1, 0.25, 0.5, 1.0, 2.0, 4.0]
@@ -481,6 +482,60 @@ def test_the_cpu_grid_spans_what_the_committed_profile_was_fitted_on():
     assert len(points) == 94 and len(decode) == 3 * 8 * 3  # no point left out: no pool cap
     assert {len(p.decode_contexts) for p in decode} == {1, 2, 3, 4, 6, 8, 16, 32}
     assert max(max(p.decode_contexts) for p in decode) == 1152
+
+
+def test_a_request_longer_than_any_sequence_the_grid_timed_is_beyond_it():
+    grid, token_bytes = _cpu_grid()
+    # Prompts of 16-256 tokens alone, 32 and 128 beside decodes; contexts to 3/2 x 768.
+    assert longest_prompt_tokens(grid) == 256 and longest_sequence_tokens(grid) == 1152
+    assert longest_prompt_tokens(dataclasses.replace(grid, mixed_prompts=[300])) == 300
+    prompt_tokens = [256, 257, 100, 100, 1152]
+    output_tokens = [896, 1, 1052, 1053, 0]
+    assert beyond_grid(prompt_tokens, output_tokens, grid).tolist() == [
+        False, True, False, True, True]  # fmt: skip
+    shapes = grid_shapes(grid, token_bytes)
+    assert len(shapes) == 94
+    assert max(shape.num_prefill_tokens for shape in shapes) == 512  # two prompts of 256
+    assert max(shape.num_decode_tokens for shape in shapes) == 32
+
+
+def test_a_profile_records_its_grid_and_an_older_one_none():
+    grid, _ = _cpu_grid()
+    recorded = dataclasses.asdict(grid)
+    assert recorded_grid({"grid": recorded}) == grid
+    assert recorded_grid({}) is None  # a profile fitted on served runs: no grid
+    # A grid of other keys (another version's) spans what this version cannot tell.
+    older = {key: value for key, value in recorded.items() if key != "wake_waits_s"}
+    assert recorded_grid({"grid": older}) is None
+    assert recorded_grid({"grid": recorded | {"new_key": 1}}) is None
+
+
+@pytest.mark.parametrize(("prompt_tokens", "beyond_pct"), [(200, 0.0), (300, 100.0)])
+def test_executor_profiled_names_requests_longer_than_its_profile_timed(
+        tmp_path, capsys, prompt_tokens, beyond_pct):  # fmt: skip
+    from kvbench.tasks.simulate.experiment import run_experiment
+
+    grid, _ = _cpu_grid()
+    path = tmp_path / "profile.json"
+    write_profile(path, {"model": "smollm2-135m", "coefficients": COEFFICIENTS,
+                         "grid": dataclasses.asdict(grid)})  # fmt: skip
+    cfg, deployment, raw = compose_config(
+        "executor=profiled", f"executor.profile={path}", "model=smollm2-135m", "hardware=cpu",
+        "workload=fixed", "workload.num_requests=3", f"workload.prompt_tokens={prompt_tokens}",
+        "workload.output_tokens=5", "allocators=[paged,naive_max]", "progress=false",
+        "plots=false", "summary_table=false",
+    )  # fmt: skip
+    summary = run_experiment(cfg, deployment, raw, tmp_path / "run")
+    assert summary["requests_beyond_profile_pct"].tolist() == [beyond_pct] * 2
+    warnings = [line for line in capsys.readouterr().out.splitlines() if "warning" in line]
+    if beyond_pct:  # once per workload, not per allocator
+        assert warnings == [
+            f"simulate: warning: 3 of 3 requests of fixed are longer than any sequence {path} "
+            "timed (prompts to 256 tokens, sequences to 1,152): their prices extrapolate the "
+            "profile; profile a grid that spans them (profile_grid.prefill_prompts, "
+            "profile_grid.decode_mean_contexts)"]  # fmt: skip
+    else:
+        assert warnings == []
 
 
 def test_the_gpu_grid_spans_a_gpu_s_batches_within_its_pool_cap():
@@ -571,6 +626,13 @@ def test_task_profile_times_its_grid_and_writes_a_profile_the_simulator_reads(
     assert profile["code_digest"] == code_digest()
     assert profile["grid"]["decode_batches"] == [1, 2, 4] and profile["repeats"] == 1
     assert profile["fit"]["num_iteration_points"] == 19
+    # The grid it records gives the shapes it timed, in its table's order.
+    timed = table[table["kind"] == "iteration"]
+    assert [(shape.num_prefill_tokens, shape.num_decode_tokens, shape.decode_context_tokens,
+             shape.prefill_attention_pairs) for shape in
+            grid_shapes(recorded_grid(profile), deployment.model.kv_bytes_per_token)] == list(
+        timed[["num_prefill_tokens", "num_decode_tokens", "decode_context_tokens",
+               "prefill_attention_pairs"]].itertuples(index=False, name=None))  # fmt: skip
     model = load_profiled_cost_model(path, 16, deployment)
     assert model.iteration_time_s(IterationShape(0, 0, 2, 64)) > 0
     assert "decode batches of 1-4 sequences" in (tmp_path / "report.md").read_text()

@@ -2,6 +2,7 @@
 run figures' signed errors, computed on runs whose truth is known; and the whole task, served
 for real on random SmolLM2-shaped weights, on a small config."""
 
+import dataclasses
 import json
 import math
 
@@ -11,6 +12,8 @@ import torch
 from conftest import compose_config
 
 from kvbench.engine.cost_model import IterationShape
+from kvbench.engine.profiled import missing_terms
+from kvbench.tasks.profile.profile_file import write_profile
 from kvbench.tasks.sim_to_real import run as sim_to_real
 from kvbench.tasks.sim_to_real.real_grid import RealGridPoint
 from kvbench.tasks.sim_to_real.run import error_summary
@@ -69,6 +72,15 @@ def test_the_task_serves_both_passes_and_scores_each_profile_and_the_repeat(
     grid = [RealGridPoint(block_size, *shape) for block_size in (1, 16)
             for shape in ((2, 12, 0), (2, 20, 3), (1, 16, 3, (8,)))]  # fmt: skip
     monkeypatch.setattr(sim_to_real, "real_grid", lambda max_num_seqs, max_model_len: grid)
+    # A task=profile file of profile_grid=cpu (prompts to 256 tokens, contexts to 1,152), which
+    # spans these requests of at most 32 tokens.
+    profile_cfg = compose_config("task=profile", "model=smollm2-135m", "hardware=cpu")[0]
+    profile = tmp_path / "profile.json"
+    coefficients = dict.fromkeys(missing_terms({}), 1e-4)  # every term it must price
+    write_profile(profile, {"model": "smollm2-135m", "dtype": "fp32",
+                            "kv_dtype": "fp8" if kv_dtype == "fp8" else "fp32",
+                            "coefficients": coefficients,
+                            "grid": dataclasses.asdict(profile_cfg.profile_grid)})  # fmt: skip
     cfg, deployment, raw = compose_config(
         "experiment=sim_to_real", "executor.weights=random", "executor.num_threads=1",
         f"workloads.alpaca.path={shared_traces}/alpaca/alpaca_5000_gpt2bpe_lengths.csv",
@@ -76,7 +88,7 @@ def test_the_task_serves_both_passes_and_scores_each_profile_and_the_repeat(
         "~workloads.sharegpt", "~workloads.azure_conv", "~workload_request_rates.sharegpt",
         "~workload_request_rates.azure_conv", "workload_request_rates.alpaca=[8.0]",
         "allocators=[naive_oracle,paged]", "plots=false", "summary_table=false",
-        f"model.kv_dtype={kv_dtype}")  # fmt: skip
+        f"model.kv_dtype={kv_dtype}", f"executor.profile={profile}")  # fmt: skip
     table = sim_to_real.run_sim_to_real(cfg, deployment, raw, tmp_path)
     # The grid's executors (one per block size) and every replay's store K/V as the run says.
     stored = torch.float8_e4m3fn if kv_dtype == "fp8" else torch.float32
@@ -85,8 +97,8 @@ def test_the_task_serves_both_passes_and_scores_each_profile_and_the_repeat(
     assert fitted["kv_dtype"] == ("fp8" if kv_dtype == "fp8" else "fp32")
     assert list(table["source"]) == [sim_to_real.INTERLEAVED_GRID_SOURCE] * 2 + [
         sim_to_real.FIT_SOURCE] * 2 + [sim_to_real.LOCAL_GRID_SOURCE] * 2 + [
-        sim_to_real.REPEAT_SOURCE] * 2  # fmt: skip
-    assert list(table["allocator"]) == ["naive_oracle", "paged"] * 4
+        sim_to_real.GRID_SOURCE] * 2 + [sim_to_real.REPEAT_SOURCE] * 2  # fmt: skip
+    assert list(table["allocator"]) == ["naive_oracle", "paged"] * 5
     assert (table["num_compared"] == 3).all()
     assert table["e2e_mape_pct"].notna().all() and (table["e2e_mape_pct"] >= 0).all()
     steps = pd.read_parquet(tmp_path / "real_steps.parquet")
@@ -102,6 +114,7 @@ def test_the_task_serves_both_passes_and_scores_each_profile_and_the_repeat(
     beyond = table.set_index("source")["extrapolated_steps_pct"]
     assert beyond[sim_to_real.FIT_SOURCE].tolist() == [0.0, 0.0]  # fitted on these very runs
     assert beyond[sim_to_real.INTERLEAVED_GRID_SOURCE].between(0, 100).all()
+    assert beyond[sim_to_real.GRID_SOURCE].tolist() == [0.0, 0.0]  # within the file's grid
     assert beyond[sim_to_real.REPEAT_SOURCE].isna().all()
 
 

@@ -11,8 +11,13 @@ GPU's batches and contexts; docs/sim_to_real.md).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
+
+import numpy as np
+
+from kvbench.engine.cost_model import IterationShape
 
 if TYPE_CHECKING:
     from kvbench.config import ProfileGridConfig
@@ -111,6 +116,41 @@ def longest_sequence_tokens(grid: ProfileGridConfig) -> int:
                   for num_seqs in grid.decode_batches),
                 max(spread_contexts(grid.mixed_decodes, grid.mixed_mean_context))]  # fmt: skip
     return max(*contexts, *grid.prefill_prompts, *grid.mixed_prompts, WAKE_PROMPT_TOKENS)
+
+
+def point_shape(point: IterationPoint) -> IterationShape:
+    """The shape ``measure.time_iteration`` times for ``point``: its decode sequences (each
+    context the tokens it holds with its new one) and its prompts, none of them cached."""
+    prompts = point.prefill_prompts
+    return IterationShape(
+        num_prefill_tokens=sum(prompts),
+        prefill_attention_pairs=sum(prompt * (prompt + 1) // 2 for prompt in prompts),
+        num_decode_tokens=len(point.decode_contexts),
+        decode_context_tokens=sum(point.decode_contexts),
+        num_prefill_seqs=len(prompts),
+    )
+
+
+def grid_shapes(grid: ProfileGridConfig, token_bytes: int) -> list[IterationShape]:
+    """The shape of every iteration point of ``grid`` that ``iteration_grid`` keeps."""
+    return [point_shape(point) for point in iteration_grid(grid, token_bytes)]
+
+
+def longest_prompt_tokens(grid: ProfileGridConfig) -> int:
+    """The longest prompt ``grid`` prefills in one piece (alone, beside decodes, or on waking)."""
+    return max(*grid.prefill_prompts, *grid.mixed_prompts, WAKE_PROMPT_TOKENS)
+
+
+def beyond_grid(prompt_tokens: Sequence[int], output_tokens: Sequence[int],
+                grid: ProfileGridConfig) -> np.ndarray:  # fmt: skip
+    """Per request (``prompt_tokens`` and ``output_tokens`` of each): whether it is longer than
+    any sequence ``grid`` timed: a prompt past ``longest_prompt_tokens`` (its prefill's tokens and
+    attention pairs past every timed prefill's) or a context past ``longest_sequence_tokens``
+    (its decode steps read more K/V a sequence than any timed one). A profile of ``grid``
+    prices such a request's steps by extrapolating its fitted terms. bool [num_requests]."""
+    prompts = np.asarray(prompt_tokens, dtype=np.int64)  # [num_requests]
+    contexts = prompts + np.asarray(output_tokens, dtype=np.int64)  # [num_requests]
+    return (prompts > longest_prompt_tokens(grid)) | (contexts > longest_sequence_tokens(grid))
 
 
 def _fits(grid: ProfileGridConfig, pool_bytes: int) -> bool:

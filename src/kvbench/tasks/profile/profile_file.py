@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
+from kvbench.config import ProfileGridConfig
 from kvbench.core.specs import Deployment
 from kvbench.engine.profiled import ProfiledCostModel, missing_terms, unknown_terms
 from kvbench.tables.atomic import write_text_atomic
@@ -78,6 +80,17 @@ def load_profiled_cost_model(
     check_profile_fits(document, path, deployment)
     coefficients = {name: float(value) for name, value in document["coefficients"].items()}
     return ProfiledCostModel(coefficients, block_size)
+
+
+def recorded_grid(document: dict[str, Any]) -> ProfileGridConfig | None:
+    """The grid a profile's points were timed on (``task=profile`` records it); None for a
+    profile fitted on served runs (``experiment=sim_to_real``'s) or a grid of other keys than
+    this version's (its span is not known here)."""
+    grid = document.get("grid")
+    keys = {field.name for field in fields(ProfileGridConfig)}
+    if not isinstance(grid, dict) or set(grid) != keys:
+        return None
+    return ProfileGridConfig(**grid)
 
 
 def check_profile_fits(document: dict[str, Any], path: str | Path,

@@ -49,8 +49,9 @@ from kvbench.engine.scheduler import SchedulerLimits
 from kvbench.tables.parquet import write_table
 from kvbench.tables.provenance import provenance
 from kvbench.tasks.profile.fit import abs_pct_errors, fit_terms
+from kvbench.tasks.profile.grid import grid_shapes
 from kvbench.tasks.profile.plot import plot_predicted_vs_measured
-from kvbench.tasks.profile.profile_file import checked_profile, write_profile
+from kvbench.tasks.profile.profile_file import checked_profile, recorded_grid, write_profile
 from kvbench.tasks.sim_to_real.real_grid import GRID_POOL_SLOTS, RealGridPoint, real_grid
 from kvbench.tasks.sim_to_real.table import (
     drift_lines,
@@ -164,12 +165,16 @@ def run_sim_to_real(
     table, pairs_table = compare_all(runs, profiles, fit_label, limits, num_slots,
                                      max_model_len, deployment,
                                      {LOCAL_GRID_SOURCE: scales})  # fmt: skip
-    grid_shapes = [shape for run in grid_runs for shape in run.shapes]
+    interleaved_shapes = [shape for run in grid_runs for shape in run.shapes]
+    fitted_shapes = {INTERLEAVED_GRID_SOURCE: interleaved_shapes,
+                     LOCAL_GRID_SOURCE: interleaved_shapes,
+                     FIT_SOURCE: [shape for run in fit_runs for shape in run.shapes]}  # fmt: skip
+    given_grid = recorded_grid(given_profile) if given_profile is not None else None
+    if given_grid is not None:  # a task=profile file: the points its grid timed
+        fitted_shapes[GRID_SOURCE] = grid_shapes(given_grid, deployment.model.kv_bytes_per_token)
     table["extrapolated_steps_pct"] = extrapolation_column(
         table, {(run.workload, run.rate, run.allocator): run.shapes for run in runs},
-        {INTERLEAVED_GRID_SOURCE: grid_shapes, LOCAL_GRID_SOURCE: grid_shapes,
-         FIT_SOURCE: [shape for run in fit_runs for shape in run.shapes]},
-        ("workload", "request_rate", "allocator"), "source")  # fmt: skip
+        fitted_shapes, ("workload", "request_rate", "allocator"), "source")  # fmt: skip
     if repeat_runs:
         repeat_table, repeat_pairs = compare_repeats(runs, repeat_runs, deployment)
         table = pd.concat([table, repeat_table], ignore_index=True)
