@@ -346,17 +346,23 @@ def test_a_profile_of_other_kernel_or_executor_code_is_named_before_its_prices_a
         assert [d for d in differences if d.startswith("code_digest")] == expected
 
 
-def test_sim_to_real_refuses_another_model_s_profile_before_serving_anything(tmp_path,
-                                                                             monkeypatch):
+@pytest.mark.parametrize(("profile", "message"), [
+    ({"model": "llama-3-8b"}, r"measured on model llama-3-8b, this run is model=smollm2-135m"),
+    ({"model": "smollm2-135m", "grid": "malformed"}, r"its grid is malformed \(Value 'x'"),
+])  # fmt: skip
+def test_sim_to_real_refuses_a_profile_it_cannot_use_before_serving_anything(
+        tmp_path, monkeypatch, profile, message):  # fmt: skip
     from kvbench.tasks.sim_to_real import run as sim_to_real
 
     path = tmp_path / "profile.json"
-    write_profile(path, {"model": "llama-3-8b", "coefficients": COEFFICIENTS})
+    if profile.get("grid") == "malformed":
+        grid, _ = _cpu_grid()
+        profile = profile | {"grid": dataclasses.asdict(grid) | {"repeats": "x"}}
+    write_profile(path, profile | {"coefficients": COEFFICIENTS})
     cfg, deployment, raw = compose_config("experiment=sim_to_real", f"executor.profile={path}")
 
     forbid_model_load(monkeypatch, sim_to_real)
-    with pytest.raises(ValueError, match=r"measured on model llama-3-8b, this run is "
-                                         r"model=smollm2-135m"):  # fmt: skip
+    with pytest.raises(ValueError, match=message):
         sim_to_real.run_sim_to_real(cfg, deployment, raw, tmp_path / "run")
 
 
@@ -502,18 +508,23 @@ def test_a_request_longer_than_any_sequence_the_grid_timed_is_beyond_it():
 def test_a_profile_records_its_grid_and_an_older_one_none():
     grid, _ = _cpu_grid()
     recorded = dataclasses.asdict(grid)
-    assert recorded_grid({"grid": recorded}) == grid
-    assert recorded_grid({}) is None  # a profile fitted on served runs: no grid
+    assert recorded_grid({"grid": recorded}, "p.json") == grid
+    assert recorded_grid({}, "p.json") is None  # a profile fitted on served runs: no grid
     # A grid of other keys (another version's) spans what this version cannot tell.
     older = {key: value for key, value in recorded.items() if key != "wake_waits_s"}
-    assert recorded_grid({"grid": older}) is None
-    assert recorded_grid({"grid": recorded | {"new_key": 1}}) is None
+    assert recorded_grid({"grid": older}, "p.json") is None
+    assert recorded_grid({"grid": recorded | {"new_key": 1}}, "p.json") is None
+    with pytest.raises(ValueError, match=r"^p\.json: its grid is malformed \(Value 'many' of "
+                       r"type 'str' could not be converted to Integer\); write the profile "
+                       r"again with `python -m kvbench task=profile`$"):  # fmt: skip
+        recorded_grid({"grid": recorded | {"prefill_prompts": [16, "many"]}}, "p.json")
 
 
 @pytest.mark.parametrize(("prompt_tokens", "beyond_pct"), [(200, 0.0), (300, 100.0)])
 def test_executor_profiled_names_requests_longer_than_its_profile_timed(
         tmp_path, capsys, prompt_tokens, beyond_pct):  # fmt: skip
     from kvbench.tasks.simulate.experiment import run_experiment
+    from kvbench.tasks.simulate.run_outputs import deployment_lines
 
     grid, _ = _cpu_grid()
     path = tmp_path / "profile.json"
@@ -527,6 +538,9 @@ def test_executor_profiled_names_requests_longer_than_its_profile_timed(
     )  # fmt: skip
     summary = run_experiment(cfg, deployment, raw, tmp_path / "run")
     assert summary["requests_beyond_profile_pct"].tolist() == [beyond_pct] * 2
+    report_line = ("- requests longer than any sequence the profile timed, whose prices "
+                   "extrapolate it (`requests_beyond_profile_pct`): fixed 100.0 %")  # fmt: skip
+    assert (report_line in deployment_lines(deployment, summary)) == bool(beyond_pct)
     warnings = [line for line in capsys.readouterr().out.splitlines() if "warning" in line]
     if beyond_pct:  # once per workload, not per allocator
         assert warnings == [
@@ -630,7 +644,7 @@ def test_task_profile_times_its_grid_and_writes_a_profile_the_simulator_reads(
     timed = table[table["kind"] == "iteration"]
     assert [(shape.num_prefill_tokens, shape.num_decode_tokens, shape.decode_context_tokens,
              shape.prefill_attention_pairs) for shape in
-            grid_shapes(recorded_grid(profile), deployment.model.kv_bytes_per_token)] == list(
+            grid_shapes(recorded_grid(profile, path), deployment.model.kv_bytes_per_token)] == list(
         timed[["num_prefill_tokens", "num_decode_tokens", "decode_context_tokens",
                "prefill_attention_pairs"]].itertuples(index=False, name=None))  # fmt: skip
     model = load_profiled_cost_model(path, 16, deployment)

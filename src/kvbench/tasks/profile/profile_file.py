@@ -82,15 +82,25 @@ def load_profiled_cost_model(
     return ProfiledCostModel(coefficients, block_size)
 
 
-def recorded_grid(document: dict[str, Any]) -> ProfileGridConfig | None:
-    """The grid a profile's points were timed on (``task=profile`` records it); None for a
-    profile fitted on served runs (``experiment=sim_to_real``'s) or a grid of other keys than
-    this version's (its span is not known here)."""
+def recorded_grid(document: dict[str, Any], path: str | Path) -> ProfileGridConfig | None:
+    """The grid the points of the profile at ``path`` were timed on (``task=profile`` records
+    it); None for a profile fitted on served runs (``experiment=sim_to_real``'s) or a grid of
+    other keys than this version's (its span is not known here). ValueError (one line) for a
+    grid of this version's keys whose values are not its types (a file edited by hand)."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
     grid = document.get("grid")
     keys = {field.name for field in fields(ProfileGridConfig)}
     if not isinstance(grid, dict) or set(grid) != keys:
         return None
-    return ProfileGridConfig(**grid)
+    try:
+        typed = OmegaConf.merge(OmegaConf.structured(ProfileGridConfig), grid)
+    except OmegaConfBaseException as error:
+        reason = str(error).splitlines()[0]
+        raise ValueError(f"{path}: its grid is malformed ({reason}); write the profile again "
+                         "with `python -m kvbench task=profile`") from None  # fmt: skip
+    return OmegaConf.to_object(typed)  # type: ignore[return-value]
 
 
 def check_profile_fits(document: dict[str, Any], path: str | Path,

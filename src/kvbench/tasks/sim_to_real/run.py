@@ -138,8 +138,11 @@ def run_sim_to_real(
     and one on the first slice, predict every run with each; returns the error table."""
     started_s = time.perf_counter()
     pin_threads(cfg.executor.num_threads)
-    # Checked before anything is served: a profile of another model stops the run at once.
+    # Checked before anything is served: a profile of another model, or of a malformed grid,
+    # stops the run at once.
     given_profile = _given_profile(cfg, deployment)
+    given_grid = (recorded_grid(given_profile, str(cfg.executor.profile))
+                  if given_profile is not None else None)  # fmt: skip
     model = load_real_model(cfg)
     limits = scheduler_limits(cfg, deployment)
     max_model_len = deployment.model.max_model_len
@@ -169,7 +172,6 @@ def run_sim_to_real(
     fitted_shapes = {INTERLEAVED_GRID_SOURCE: interleaved_shapes,
                      LOCAL_GRID_SOURCE: interleaved_shapes,
                      FIT_SOURCE: [shape for run in fit_runs for shape in run.shapes]}  # fmt: skip
-    given_grid = recorded_grid(given_profile) if given_profile is not None else None
     if given_grid is not None:  # a task=profile file: the points its grid timed
         fitted_shapes[GRID_SOURCE] = grid_shapes(given_grid, deployment.model.kv_bytes_per_token)
     table["extrapolated_steps_pct"] = extrapolation_column(

@@ -382,7 +382,7 @@ def _profile_grid(cfg: KvbenchConfig) -> ProfileGridConfig | None:
     """The grid ``executor.profile`` was timed on; None, with a line saying so, for a profile
     that records none (what it spans is not known)."""
     assert cfg.executor.profile  # config validation requires it with executor=profiled
-    grid = recorded_grid(read_profile(cfg.executor.profile))
+    grid = recorded_grid(read_profile(cfg.executor.profile), cfg.executor.profile)
     if grid is None:
         print(f"simulate: {cfg.executor.profile} records no profile grid: whether these "
               "requests are longer than any sequence it timed is not known")  # fmt: skip

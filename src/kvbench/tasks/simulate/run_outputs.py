@@ -102,6 +102,13 @@ def deployment_lines(deployment: Deployment, summary: pd.DataFrame) -> list[str]
     rates = ", ".join(rate_text(rate) for rate in summary["request_rate"].unique())
     lines.append(f"- allocators: {', '.join(summary['allocator'].unique())}; request rates: "
                  f"{rates} req/s")  # fmt: skip
+    if "requests_beyond_profile_pct" in summary:
+        beyond = summary.groupby("workload", sort=False)["requests_beyond_profile_pct"].max()
+        flagged = [f"{name} {pct:.1f} %" for name, pct in beyond.items() if pct > 0]
+        if flagged:
+            lines.append("- requests longer than any sequence the profile timed, whose prices "
+                         "extrapolate it (`requests_beyond_profile_pct`): "
+                         + ", ".join(flagged))  # fmt: skip
     return lines
 
 
