@@ -185,3 +185,35 @@ def test_attention_variants_the_kernels_do_not_compute_are_refused(kwarg):
     key = torch.zeros(1, 2, 2, 8)  # [1, num_kv_heads, num_tokens, head_dim]
     with pytest.raises(NotImplementedError, match=f"layer 3 asks for {kwarg}"):
         batch_attention(module, query, key, key, None, kvbench_batch=object(), **{kwarg: 4096})
+
+
+@pytest.mark.parametrize(
+    ("num_slots", "block_size", "prefills", "decode_position", "unlimited_prefills"), [
+        (64, 4, [16, 16, 8], 16, [16]),  # 40 tokens, as sequences of the model's longest (16)
+        (8, 4, [7, 7, 7, 7, 7, 5], 7, [7, 7, 2]),  # a pool of 8 slots: sequences of at most 7
+    ])  # fmt: skip
+def test_warm_up_prefills_the_largest_step_once_per_process_and_writes_nothing(
+        model, monkeypatch, num_slots, block_size, prefills, decode_position,
+        unlimited_prefills):  # fmt: skip
+    from kvbench.executors import real
+
+    monkeypatch.setattr(real, "_warmed_tokens", 0)
+    limits = SchedulerLimits(max_model_len=16, max_num_seqs=4, max_num_batched_tokens=40)
+    forwards = []
+    for _ in range(2):  # a second executor of the process runs the decode alone
+        executor = RealExecutor(model, make_allocator("paged", num_slots, block_size, 16))
+        monkeypatch.setattr(executor.runner, "forward", lambda inputs, run=executor.runner.forward:
+                            forwards.append(inputs) or run(inputs))  # fmt: skip
+        executor.warm_up(limits)
+        assert all((pool == 0).all() for pool in (*executor.memory.keys, *executor.memory.values))
+    first_prefill, first_decode, second_decode = forwards
+    assert [len(seq.token_ids) for seq in first_prefill] == prefills
+    assert all(seq.num_unwritten == len(seq.token_ids) for seq in first_prefill)
+    for decode in (first_decode, second_decode):
+        (seq,) = decode
+        assert (seq.first_position, seq.num_unwritten) == (decode_position, 1)
+    # Without limits: a 16-token prefill.
+    monkeypatch.setattr(real, "_warmed_tokens", 0)
+    forwards.clear()
+    executor.warm_up()
+    assert [len(seq.token_ids) for seq in forwards[0]] == unlimited_prefills

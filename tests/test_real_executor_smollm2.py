@@ -6,6 +6,7 @@ import pandas as pd
 import pytest
 from conftest import compose_config
 
+from kvbench.executors.real import RealExecutor
 from kvbench.tasks.simulate.experiment import run_experiment
 from kvbench.workloads.schema import TokenizerUnavailableError
 
@@ -25,12 +26,20 @@ def real_run(tmp_path_factory):
         "request_rates=[50]", "allocators=[naive_max,paged]", "progress=false", "plots=false",
     )  # fmt: skip
     out = tmp_path_factory.mktemp("real")
-    summary = run_experiment(cfg, deployment, raw, out)
-    return summary, out
+    warmed = []  # the limits each run's executor warmed up to
+    with pytest.MonkeyPatch.context() as patch:
+        warm_up = RealExecutor.warm_up
+        patch.setattr(RealExecutor, "warm_up", lambda self, limits=None: (
+            warmed.append(limits), warm_up(self, limits)))  # fmt: skip
+        summary = run_experiment(cfg, deployment, raw, out)
+    return summary, out, warmed
 
 
 def test_real_runs_write_measured_tables(real_run):
-    summary, out = real_run
+    summary, out, warmed = real_run
+    # Each run's executor warmed up to the largest step its scheduler can run.
+    assert [(limits.max_num_batched_tokens, limits.max_model_len) for limits in warmed] == [
+        (2048, 64)] * 2  # fmt: skip
     assert list(summary["allocator"]) == ["naive_max", "paged"]
     assert (summary["executor"] == "real").all()
     assert (summary["num_finished"] == 3).all()

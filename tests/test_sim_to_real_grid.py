@@ -157,7 +157,7 @@ def _interleaved(monkeypatch, repeat_replays: bool):
             self.allocator = allocator
             assert (backend, kv_dtype) == ("sdpa", None)
 
-        def warm_up(self):
+        def warm_up(self, limits=None):
             pass
 
     monkeypatch.setattr(sim_to_real, "serve", fake_serve)

@@ -74,6 +74,11 @@ class KVMemory:
         self._swap_space: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
     @property
+    def num_slots(self) -> int:
+        """Token slots of each layer's pool (whole blocks)."""
+        return self.keys[0].shape[0] * self.block_size
+
+    @property
     def pool_bytes(self) -> int:
         """Bytes of every layer's key and value pool."""
         return sum(t.numel() * t.element_size() for t in (*self.keys, *self.values))

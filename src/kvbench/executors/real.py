@@ -30,7 +30,7 @@ from kvbench.engine.cost_model import DecodeTimeFn, IterationShape, iteration_sh
 from kvbench.engine.iteration import IdleWait, end_iteration, record_step
 from kvbench.engine.records import EXCEEDS_POOL, SimulationResult, StepRecords
 from kvbench.engine.samples import SampleGroups
-from kvbench.engine.scheduler import Batch, Scheduler
+from kvbench.engine.scheduler import Batch, Scheduler, SchedulerLimits
 from kvbench.engine.sequence import Sequence
 from kvbench.executors.forward import BatchRunner, SeqInput, model_kv_shape
 from kvbench.executors.kv_memory import KVMemory, kv_storage_dtype
@@ -38,6 +38,8 @@ from kvbench.executors.names import triton_on_the_cpu_problem
 from kvbench.executors.token_ids import prompt_ids
 
 Clock = Callable[[], float]
+# The most tokens a warm-up prefill of this process ran (``RealExecutor.warm_up``).
+_warmed_tokens = 0
 
 
 class RealExecutor:
@@ -73,13 +75,30 @@ class RealExecutor:
         self.outputs: dict[int, list[int]] = {}
         self.keep_outputs = False
 
-    def warm_up(self) -> None:
-        """One small prefill and decode that write nothing, so the first timed iteration does
-        not pay torch's first-call costs."""
-        table = tuple(range(-(-17 // self.memory.block_size)))
-        prompt = list(range(16))
-        self.runner.forward([SeqInput(prompt, 0, table, num_unwritten=16)])
-        self.runner.forward([SeqInput([0], 16, table, num_unwritten=1)])
+    def warm_up(self, limits: SchedulerLimits | None = None) -> None:
+        """Forwards that write nothing, so timed iterations do not pay first-time costs: a
+        prefill of the most tokens a step of ``limits`` can compute (16 without), then a decode.
+
+        A process's first forward of a size pays for torch's first calls and for memory its
+        activations touch for the first time (the C allocator maps a large buffer fresh and
+        keeps it once freed): a served run's first long prefills ran up to a third over the
+        price of a profile, whose points are timed warm (docs/sim_to_real_measured.md). vLLM's
+        GPU runner warms its allocator the same way, with a forward of its largest batch. That
+        memory is the process's, so the largest prefill runs once per process
+        (``_warmed_tokens``), split into sequences of at most the model's longest, each
+        reading the same blocks (at most the pool's slots less one)."""
+        global _warmed_tokens
+        num_tokens = 16 if limits is None else min(
+            limits.max_num_batched_tokens, limits.max_num_seqs * limits.max_model_len)
+        seq_tokens = min(num_tokens, limits.max_model_len if limits else num_tokens,
+                         self.memory.num_slots - 1)  # fmt: skip
+        table = tuple(range(-(-(seq_tokens + 1) // self.memory.block_size)))
+        if num_tokens > _warmed_tokens:
+            lengths = [seq_tokens] * (num_tokens // seq_tokens) + [num_tokens % seq_tokens]
+            self.runner.forward([SeqInput(list(range(n)), 0, table, num_unwritten=n)
+                                 for n in lengths if n])  # fmt: skip
+            _warmed_tokens = num_tokens
+        self.runner.forward([SeqInput([0], seq_tokens, table, num_unwritten=1)])
 
     def assume_computed(self, seq_id: int, token_ids: list[int]) -> None:
         """Take ``token_ids`` as the tokens of a sequence the allocator holds, whose K/V are

@@ -186,7 +186,7 @@ def serve_rounds(
                                        setup.max_model_len)  # fmt: skip
             executor = RealExecutor(model, allocator, setup.decode_backend,
                                     setup.deployment.model.kv_dtype)  # fmt: skip
-            executor.warm_up()
+            executor.warm_up(setup.limits)
             load_average_1m = os.getloadavg()[0]
             wall_start_s = time.perf_counter()
             served = run_real(requests, Scheduler(setup.limits), allocator, executor)

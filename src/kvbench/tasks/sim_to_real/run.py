@@ -240,7 +240,7 @@ def measure_interleaved(model: Any, jobs: list[ReplayJob], points: list[RealGrid
                                            max_model_len)  # fmt: skip
                 executor = RealExecutor(model, allocator, cfg.executor.decode_backend,
                                         cfg.model.kv_dtype)  # fmt: skip
-                executor.warm_up()
+                executor.warm_up(limits)
                 grid_executors[point.block_size] = executor
             record = serve(GRID_WORKLOAD, float("nan"), point.allocator, point.requests(),
                            grid_executors[point.block_size], limits)  # fmt: skip
@@ -267,7 +267,7 @@ def serve_job(model: Any, job: ReplayJob, index: int, cfg: KvbenchConfig,
         allocator = make_allocator(name, num_slots, cfg.allocator.block_size,
                                    limits.max_model_len)  # fmt: skip
         executor = RealExecutor(model, allocator, cfg.executor.decode_backend, cfg.model.kv_dtype)
-        executor.warm_up()
+        executor.warm_up(limits)
         served = serve(job.workload, job.rate, name, job.requests, executor, limits)
         runs.append(dataclasses.replace(served, job=index, repeat=repeat))
         print(f"real: {job.workload} @ {job.rate:g} req/s, {name}"

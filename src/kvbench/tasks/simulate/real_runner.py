@@ -100,7 +100,7 @@ def run_on_real_model(
     pin_threads(cfg.executor.num_threads)
     executor = RealExecutor(load_real_model(cfg), allocator, cfg.executor.decode_backend,
                             cfg.model.kv_dtype)  # fmt: skip
-    executor.warm_up()
+    executor.warm_up(scheduler.limits)
     run = run_real(requests, scheduler, allocator, executor, on_finish)
     measured: dict[str, Any] = {
         "executor": "real",
