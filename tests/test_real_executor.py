@@ -12,7 +12,7 @@ from kvbench.executors.attention import batch_attention
 from kvbench.executors.real import RealExecutor, run_real
 from kvbench.executors.token_ids import prompt_ids
 from kvbench.tasks.equivalence.models import load_model
-from kvbench.tasks.equivalence.names import TINY_GQA
+from kvbench.tasks.equivalence.names import TINY_GQA, TINY_MHA
 
 MAX_MODEL_LEN = 128
 
@@ -197,7 +197,7 @@ def test_warm_up_prefills_the_largest_step_once_per_process_and_writes_nothing(
         unlimited_prefills):  # fmt: skip
     from kvbench.executors import real
 
-    monkeypatch.setattr(real, "_warmed_tokens", 0)
+    monkeypatch.setattr(real, "_warmed_tokens", {})
     limits = SchedulerLimits(max_model_len=16, max_num_seqs=4, max_num_batched_tokens=40)
     forwards = []
     for _ in range(2):  # a second executor of the process runs the decode alone
@@ -206,14 +206,20 @@ def test_warm_up_prefills_the_largest_step_once_per_process_and_writes_nothing(
                             forwards.append(inputs) or run(inputs))  # fmt: skip
         executor.warm_up(limits)
         assert all((pool == 0).all() for pool in (*executor.memory.keys, *executor.memory.values))
-    first_prefill, first_decode, second_decode = forwards
+    # Another model of the process warms up its own.
+    other = RealExecutor(load_model(TINY_MHA), make_allocator("paged", num_slots, block_size, 16))
+    monkeypatch.setattr(other.runner, "forward", lambda inputs, run=other.runner.forward:
+                        forwards.append(inputs) or run(inputs))  # fmt: skip
+    other.warm_up(limits)
+    first_prefill, first_decode, second_decode, other_prefill, _ = forwards
     assert [len(seq.token_ids) for seq in first_prefill] == prefills
+    assert [len(seq.token_ids) for seq in other_prefill] == prefills
     assert all(seq.num_unwritten == len(seq.token_ids) for seq in first_prefill)
     for decode in (first_decode, second_decode):
         (seq,) = decode
         assert (seq.first_position, seq.num_unwritten) == (decode_position, 1)
     # Without limits: a 16-token prefill.
-    monkeypatch.setattr(real, "_warmed_tokens", 0)
+    monkeypatch.setattr(real, "_warmed_tokens", {})
     forwards.clear()
     executor.warm_up()
     assert [len(seq.token_ids) for seq in forwards[0]] == unlimited_prefills

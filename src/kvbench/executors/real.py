@@ -38,8 +38,8 @@ from kvbench.executors.names import triton_on_the_cpu_problem
 from kvbench.executors.token_ids import prompt_ids
 
 Clock = Callable[[], float]
-# The most tokens a warm-up prefill of this process ran (``RealExecutor.warm_up``).
-_warmed_tokens = 0
+# id(model) -> the most tokens a warm-up prefill ran on it in this process (``warm_up``).
+_warmed_tokens: dict[int, int] = {}
 
 
 class RealExecutor:
@@ -79,25 +79,28 @@ class RealExecutor:
         """Forwards that write nothing, so timed iterations do not pay first-time costs: a
         prefill of the most tokens a step of ``limits`` can compute (16 without), then a decode.
 
-        A process's first forward of a size pays for torch's first calls and for memory its
-        activations touch for the first time (the C allocator maps a large buffer fresh and
-        keeps it once freed): a served run's first long prefills ran up to a third over the
-        price of a profile, whose points are timed warm (docs/sim_to_real_measured.md). vLLM's
-        GPU runner warms its allocator the same way, with a forward of its largest batch. That
-        memory is the process's, so the largest prefill runs once per process
-        (``_warmed_tokens``), split into sequences of at most the model's longest, each
-        reading the same blocks (at most the pool's slots less one)."""
-        global _warmed_tokens
-        num_tokens = 16 if limits is None else min(
-            limits.max_num_batched_tokens, limits.max_num_seqs * limits.max_model_len)
-        seq_tokens = min(num_tokens, limits.max_model_len if limits else num_tokens,
-                         self.memory.num_slots - 1)  # fmt: skip
+        A process's first forward of a size costs more than the next ones (torch's first calls
+        at those shapes and memory touched for the first time are the likely parts): a served
+        run's first long prefills ran up to a third over the price of a profile, whose points
+        are timed warm (docs/sim_to_real_measured.md). vLLM's GPU runner warms up the same way,
+        with a forward of its largest batch. What it warms is the process's, so the largest
+        prefill runs once per process and model (``_warmed_tokens``), split into sequences of
+        at most the model's longest, each reading the same blocks (at most the pool's slots
+        less one)."""
+        if limits is None:
+            num_tokens = longest_tokens = 16
+        else:
+            num_tokens = min(limits.max_num_batched_tokens,
+                             limits.max_num_seqs * limits.max_model_len)  # fmt: skip
+            longest_tokens = limits.max_model_len
+        seq_tokens = min(num_tokens, longest_tokens, self.memory.num_slots - 1)
         table = tuple(range(-(-(seq_tokens + 1) // self.memory.block_size)))
-        if num_tokens > _warmed_tokens:
+        model_key = id(self.runner.model)
+        if num_tokens > _warmed_tokens.get(model_key, 0):
             lengths = [seq_tokens] * (num_tokens // seq_tokens) + [num_tokens % seq_tokens]
             self.runner.forward([SeqInput(list(range(n)), 0, table, num_unwritten=n)
                                  for n in lengths if n])  # fmt: skip
-            _warmed_tokens = num_tokens
+            _warmed_tokens[model_key] = num_tokens
         self.runner.forward([SeqInput([0], seq_tokens, table, num_unwritten=1)])
 
     def assume_computed(self, seq_id: int, token_ids: list[int]) -> None:
