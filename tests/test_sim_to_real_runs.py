@@ -189,3 +189,21 @@ def test_where_the_figures_stand_spans_each_machines_committed_runs(
     assert cells[:3] == [span(real, "interleaved_grid"), span(real, "interleaved_grid_local"),
                          span(real, "real_repeat")]  # fmt: skip
     assert cells[4:6] == [span(vllm, "vllm_grid"), span(vllm, "vllm_repeat")]
+
+
+def test_the_warm_up_sim_to_real_table_in_the_docs_is_what_the_report_makes_of_its_runs():
+    """docs/sim_to_real_measured.md's first-prefills section: the report on the committed
+    sim_to_real runs served with the larger warm-up (no sim_to_vllm beside them)."""
+    from kvbench.tasks.report.aggregate import load_tables
+    from kvbench.tasks.report.sim_to_real_runs import ENGINE_TABLES, sim_to_real_runs_section
+
+    root = Path(__file__).resolve().parents[1]
+    runs = root / "results" / "reference" / "warm_up" / "amd-epyc-2026-12-06"
+    tables = {name: load_tables([runs], name) for name, _, _ in ENGINE_TABLES}
+    assert tables["sim_to_real.parquet"]["run_dir"].nunique() == 2
+    grid_rows = tables["sim_to_real.parquet"].query("source == 'grid_profile'")
+    assert (grid_rows["extrapolated_steps_pct"] == 0).all()  # counted against the file's grid
+    expected = sim_to_real_runs_section(tables).strip().replace("\n### ", "\n#### ")
+    text = (root / "docs" / "sim_to_real_measured.md").read_text()
+    section = text.split("## A served run's first prefills (2026-12-06)", 1)[1].split("\n## ", 1)[0]
+    assert "#### " + expected.removeprefix("### ") in section
