@@ -81,7 +81,7 @@ class RealExecutor:
 
         A process's first forward of a size costs more than the next ones (torch's first calls
         at those shapes and memory touched for the first time are the likely parts): a served
-        run's first long prefills ran up to a third over the price of a profile, whose points
+        run's first long prefills ran up to 37 % over the price of a profile, whose points
         are timed warm (docs/sim_to_real_measured.md). vLLM's GPU runner warms up the same way,
         with a forward of its largest batch. What it warms is the process's, so the largest
         prefill runs once per process and model (``_warmed_tokens``), split into sequences of

@@ -11,13 +11,16 @@ GPU's batches and contexts; docs/sim_to_real.md).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Sequence as SequenceOf
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from kvbench.engine.cost_model import IterationShape
+from kvbench.core.request import Request
+from kvbench.engine.cost_model import IterationShape, iteration_shape
+from kvbench.engine.records import RequestRecord
+from kvbench.engine.sequence import Sequence
 
 if TYPE_CHECKING:
     from kvbench.config import ProfileGridConfig
@@ -115,20 +118,29 @@ def longest_sequence_tokens(grid: ProfileGridConfig) -> int:
     contexts = [*(max(spread_contexts(num_seqs, mean)) for mean in grid.decode_mean_contexts
                   for num_seqs in grid.decode_batches),
                 max(spread_contexts(grid.mixed_decodes, grid.mixed_mean_context))]  # fmt: skip
-    return max(*contexts, *grid.prefill_prompts, *grid.mixed_prompts, WAKE_PROMPT_TOKENS)
+    return max(*contexts, longest_prompt_tokens(grid))
+
+
+def point_sequences(point: IterationPoint) -> tuple[list[Sequence], list[Sequence]]:
+    """The decode and prefill sequences ``point`` runs, none of them cached: a decode sequence
+    of context c holds c - 1 computed tokens and feeds its c-th."""
+    decode = [_sequence(i, context - 1, 1) for i, context in enumerate(point.decode_contexts)]
+    prefill = [_sequence(len(decode) + i, prompt, 0)
+               for i, prompt in enumerate(point.prefill_prompts)]  # fmt: skip
+    return decode, prefill
 
 
 def point_shape(point: IterationPoint) -> IterationShape:
-    """The shape ``measure.time_iteration`` times for ``point``: its decode sequences (each
-    context the tokens it holds with its new one) and its prompts, none of them cached."""
-    prompts = point.prefill_prompts
-    return IterationShape(
-        num_prefill_tokens=sum(prompts),
-        prefill_attention_pairs=sum(prompt * (prompt + 1) // 2 for prompt in prompts),
-        num_decode_tokens=len(point.decode_contexts),
-        decode_context_tokens=sum(point.decode_contexts),
-        num_prefill_seqs=len(prompts),
-    )
+    """The shape ``measure.time_iteration`` times for ``point`` (of ``point_sequences``)."""
+    decode, prefill = point_sequences(point)
+    return iteration_shape(prefill, len(decode), sum(seq.num_kv_tokens for seq in decode))
+
+
+def _sequence(seq_id: int, prompt_tokens: int, num_generated: int) -> Sequence:
+    request = Request(request_id=seq_id, arrival_s=0.0, prompt_tokens=prompt_tokens,
+                      output_tokens=OUTPUT_TOKENS)  # fmt: skip
+    record = RequestRecord(seq_id, 0.0, prompt_tokens, OUTPUT_TOKENS, OUTPUT_TOKENS)
+    return Sequence(request=request, record=record, seq_id=seq_id, num_generated=num_generated)
 
 
 def grid_shapes(grid: ProfileGridConfig, token_bytes: int) -> list[IterationShape]:
@@ -141,7 +153,7 @@ def longest_prompt_tokens(grid: ProfileGridConfig) -> int:
     return max(*grid.prefill_prompts, *grid.mixed_prompts, WAKE_PROMPT_TOKENS)
 
 
-def beyond_grid(prompt_tokens: Sequence[int], output_tokens: Sequence[int],
+def beyond_grid(prompt_tokens: SequenceOf[int], output_tokens: SequenceOf[int],
                 grid: ProfileGridConfig) -> np.ndarray:  # fmt: skip
     """Per request (``prompt_tokens`` and ``output_tokens`` of each): whether it is longer than
     any sequence ``grid`` timed: a prompt past ``longest_prompt_tokens`` (its prefill's tokens and

@@ -25,15 +25,18 @@ import torch
 
 from kvbench.allocators import make_allocator
 from kvbench.allocators.base import Allocator
-from kvbench.core.request import Request
 from kvbench.engine.cost_model import IterationShape, iteration_shape
-from kvbench.engine.records import RequestRecord
 from kvbench.engine.scheduler import Batch, Scheduler, SchedulerLimits
 from kvbench.engine.sequence import Sequence
 from kvbench.executors.forward import model_kv_shape
 from kvbench.executors.kv_memory import KVMemory, kv_storage_dtype
 from kvbench.executors.real import RealExecutor
-from kvbench.tasks.profile.grid import OUTPUT_TOKENS, IterationPoint, SwapPoint
+from kvbench.tasks.profile.grid import (
+    OUTPUT_TOKENS,
+    IterationPoint,
+    SwapPoint,
+    point_sequences,
+)
 
 Point = TypeVar("Point")
 Measured = TypeVar("Measured")
@@ -84,13 +87,6 @@ def in_shuffled_order(
     return [measured[index] for index in range(len(points))]
 
 
-def _sequence(seq_id: int, prompt_tokens: int, num_generated: int) -> Sequence:
-    request = Request(request_id=seq_id, arrival_s=0.0, prompt_tokens=prompt_tokens,
-                      output_tokens=OUTPUT_TOKENS)  # fmt: skip
-    record = RequestRecord(seq_id, 0.0, prompt_tokens, OUTPUT_TOKENS, OUTPUT_TOKENS)
-    return Sequence(request=request, record=record, seq_id=seq_id, num_generated=num_generated)
-
-
 def time_iteration(
     model: Any,
     point: IterationPoint,
@@ -109,10 +105,7 @@ def time_iteration(
     # The contexts read K/V as a served model's pools hold them, not zeros (fp8 reads cost more).
     executor.memory.fill_noise()
     executor.warm_up()
-    # A decode sequence of context c holds c - 1 computed tokens and feeds its c-th.
-    decode = [_sequence(i, c - 1, 1) for i, c in enumerate(point.decode_contexts)]
-    first_prefill_id = len(decode)
-    prefill = [_sequence(first_prefill_id + i, p, 0) for i, p in enumerate(point.prefill_prompts)]
+    decode, prefill = point_sequences(point)
     scheduler = Scheduler(SchedulerLimits(max_model_len=max_model_len))
 
     def prepare() -> None:
