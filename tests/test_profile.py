@@ -533,16 +533,16 @@ def test_executor_profiled_names_requests_longer_than_its_profile_timed(
     cfg, deployment, raw = compose_config(
         "executor=profiled", f"executor.profile={path}", "model=smollm2-135m", "hardware=cpu",
         "workload=fixed", "workload.num_requests=3", f"workload.prompt_tokens={prompt_tokens}",
-        "workload.output_tokens=5", "allocators=[paged,naive_max]", "progress=false",
-        "plots=false", "summary_table=false",
+        "workload.output_tokens=5", "allocators=[paged,naive_max]", "request_rates=[1,2]",
+        "progress=false", "plots=false", "summary_table=false",
     )  # fmt: skip
     summary = run_experiment(cfg, deployment, raw, tmp_path / "run")
-    assert summary["requests_beyond_profile_pct"].tolist() == [beyond_pct] * 2
+    assert summary["requests_beyond_profile_pct"].tolist() == [beyond_pct] * 4
     report_line = ("- requests longer than any sequence the profile timed, whose prices "
                    "extrapolate it (`requests_beyond_profile_pct`): fixed 100.0 %")  # fmt: skip
     assert (report_line in deployment_lines(deployment, summary)) == bool(beyond_pct)
     warnings = [line for line in capsys.readouterr().out.splitlines() if "warning" in line]
-    if beyond_pct:  # once per workload, not per allocator
+    if beyond_pct:  # once per workload, not per rate or allocator
         assert warnings == [
             f"simulate: warning: 3 of 3 requests of fixed are longer than any sequence {path} "
             "timed (prompts to 256 tokens, sequences to 1,152): their prices extrapolate the "

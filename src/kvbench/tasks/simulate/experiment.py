@@ -282,6 +282,7 @@ def run_experiment(
     workload_attrs: dict[str, dict] = {}
     profiled = cfg.executor.kind == "profiled"
     profile_grid = _profile_grid(cfg) if profiled else None
+    beyond_profile_pct: dict[str, float] = {}  # per workload: its rates share the lengths
     try:
         for workload_label, workload_cfg in _runs(cfg):
             if workload_label not in workload_attrs:  # its rates share the rows: read them once
@@ -293,8 +294,9 @@ def run_experiment(
             beams = load_beam_ancestry() if workload_cfg.beam_width > 1 else None
             ideal_by_design: dict[tuple[bool, int], dict[str, float]] = {}
             v1_pool_slots = num_slots if cfg.scheduler.name == "vllm_v1" else None
-            beyond_profile_pct = (_beyond_profile_pct(cfg, requests, profile_grid, workload_label)
-                                  if profiled else None)  # fmt: skip
+            if profiled and workload_label not in beyond_profile_pct:
+                beyond_profile_pct[workload_label] = _beyond_profile_pct(
+                    cfg, requests, profile_grid, workload_label)  # fmt: skip
             for name in cfg.allocators:
                 # Checkpoint before a run, not after: the last run's tables are written once.
                 if tables is not None and tables.num_runs and checkpoint.is_due():
@@ -345,8 +347,8 @@ def run_experiment(
                 summary = {**labels, **summarize(request_table, result, deployment), **ideal,
                            **measured}  # fmt: skip
                 summary["simulation_wall_s"] = wall_s
-                if beyond_profile_pct is not None:
-                    summary["requests_beyond_profile_pct"] = beyond_profile_pct
+                if profiled:
+                    summary["requests_beyond_profile_pct"] = beyond_profile_pct[workload_label]
                 settings = vattention_settings(cfg, deployment, name)  # None but for vattention
                 summary.update(_virtual_columns(allocator, settings, deployment))
                 summaries.append(summary)
