@@ -351,8 +351,8 @@ def test_step_totals_do_not_depend_on_how_steps_arrive(monkeypatch):
     """Recording decode rows one by one or in stretches of any length folds the same chunks."""
     monkeypatch.setattr(records_module, "CHUNK_ROWS", 5)
     rng = random.Random(11)
-    changing = ("time_s", "duration_s", "num_waiting", "token_states_slots", "reservation_slots",
-                "internal_frag_slots", "free_slots")
+    changing = ("time_s", "duration_s", "decode_context_tokens", "num_waiting",
+                "token_states_slots", "reservation_slots", "internal_frag_slots", "free_slots")
     rows = [{name: rng.random() if name.endswith("_s") else rng.randint(0, 1_000)
              for name in changing} for _ in range(23)]
     constant_slots = {"external_frag_slots": 7, "shared_slots": 3, "saved_slots": 5}
@@ -365,6 +365,8 @@ def test_step_totals_do_not_depend_on_how_steps_arrive(monkeypatch):
                             reservation, frag, 7, row["free_slots"], 3, 5)
         one_by_one.append(time_s=row["time_s"], duration_s=row["duration_s"], batch_size=4,
                           num_prefill_seqs=0, num_prefill_tokens=0, num_decode_tokens=4,
+                          prefill_attention_pairs=0,
+                          decode_context_tokens=row["decode_context_tokens"],
                           num_waiting=row["num_waiting"], num_swapped=0, num_preempted=0,
                           memory_blocked=False, usage=usage)
     for start, stop in ((0, 3), (3, 17), (17, 23)):

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 from conftest import assert_least_squares_optimum, compose_config, forbid_model_load
@@ -379,7 +380,7 @@ def test_sim_to_real_warns_of_a_profile_measured_on_another_device(tmp_path, mon
     assert "measured on device a CPU elsewhere (here " in capsys.readouterr().out
 
 
-def test_executor_profiled_simulates_with_the_profile(tmp_path):
+def test_executor_profiled_simulates_with_the_profile(tmp_path, capsys):
     from kvbench.tasks.simulate.experiment import cost_model, run_experiment
 
     path = tmp_path / "profile.json"
@@ -394,7 +395,14 @@ def test_executor_profiled_simulates_with_the_profile(tmp_path):
     summary = run_experiment(cfg, deployment, raw, tmp_path / "run")
     # A profile that records no grid: what it spans is not known.
     assert np.isnan(summary["requests_beyond_profile_pct"].iloc[0])
-    # The prompt prefilled (and its first token out), then four decode steps at contexts 21-24.
+    assert np.isnan(summary["steps_beyond_profile_pct"].iloc[0])
+    assert (f"simulate: {path} records no profile grid: whether these requests and steps are "
+            "larger than any it timed is not known") in capsys.readouterr().out.splitlines()
+    # The prompt prefilled (and its first token out), then four decode steps at contexts 21-24,
+    # each step's shape in its row.
+    steps = pd.read_parquet(tmp_path / "run" / "steps.parquet")
+    assert steps["prefill_attention_pairs"].tolist() == [210, 0, 0, 0, 0]
+    assert steps["decode_context_tokens"].tolist() == [0, 21, 22, 23, 24]
     prefill = IterationShape(20, 210, 0, 0, num_prefill_seqs=1)
     model = ProfiledCostModel(COEFFICIENTS, cfg.allocator.block_size)
     decode_s = sum(model.iteration_time_s(IterationShape(0, 0, 1, 20 + k)) for k in range(1, 5))
@@ -550,6 +558,64 @@ def test_executor_profiled_names_requests_longer_than_its_profile_timed(
             "profile_grid.decode_mean_contexts)"]  # fmt: skip
     else:
         assert warnings == []
+
+
+@pytest.mark.parametrize("scheduler", ["vllm_v0", "vllm_v1"])
+def test_executor_profiled_counts_steps_larger_than_its_profile_timed(tmp_path, capsys,
+                                                                     monkeypatch, scheduler):
+    from kvbench.engine import records
+    from kvbench.tasks.simulate.experiment import run_experiment
+    from kvbench.tasks.simulate.run_outputs import deployment_lines
+
+    monkeypatch.setattr(records, "CHUNK_ROWS", 7)  # streamed runs hand out several chunks
+    grid, token_bytes = _cpu_grid()
+    path = tmp_path / "profile.json"
+    write_profile(path, {"model": "smollm2-135m", "coefficients": COEFFICIENTS,
+                         "grid": dataclasses.asdict(grid)})  # fmt: skip
+    # 48 requests at once: batches past the grid's 32 sequences; 3 of them apart: none.
+    runs = {label: ("workload=fixed", f"workload.num_requests={num_requests}",
+                    f"request_rates=[{rate}]") for label, num_requests, rate in
+            (("burst", 48, 1000), ("trickle", 3, 0.5))}  # fmt: skip
+    summaries = {}
+    for label, workload in runs.items():
+        for stream in ("false", "true"):
+            cfg, deployment, raw = compose_config(
+                "executor=profiled", f"executor.profile={path}", "model=smollm2-135m",
+                "hardware=cpu", f"scheduler={scheduler}", *workload,
+                "workload.prompt_tokens=40", "workload.output_tokens=30", "allocators=[paged]",
+                f"engine.stream_tables={stream}", "progress=false", "plots=false",
+                "summary_table=false",
+            )  # fmt: skip
+            out = tmp_path / f"{label}-{stream}"
+            summaries[label, stream] = run_experiment(cfg, deployment, raw, out)
+    steps = pd.read_parquet(tmp_path / "burst-false" / "steps.parquet")
+    shapes = grid_shapes(grid, token_bytes)
+    features = ("num_prefill_tokens", "prefill_attention_pairs", "num_decode_tokens",
+                "decode_context_tokens")
+    beyond = np.zeros(len(steps), dtype=bool)
+    for name in features:
+        beyond |= steps[name].to_numpy() > max(getattr(shape, name) for shape in shapes)
+    burst_pct = summaries["burst", "false"]["steps_beyond_profile_pct"].iloc[0]
+    assert 0 < burst_pct < 100
+    assert burst_pct == pytest.approx(100 * beyond.mean())
+    assert summaries["burst", "true"]["steps_beyond_profile_pct"].iloc[0] == burst_pct
+    for stream in ("false", "true"):
+        assert summaries["trickle", stream]["steps_beyond_profile_pct"].iloc[0] == 0
+    # The requests are shorter than the grid's sequences: only their batches are beyond it.
+    assert summaries["burst", "false"]["requests_beyond_profile_pct"].iloc[0] == 0
+    warnings = [line for line in capsys.readouterr().out.splitlines() if "warning" in line]
+    assert warnings == [
+        f"simulate: warning: {burst_pct:.1f} % of the steps of fixed (paged at 1000 req/s, the "
+        f"most of its runs) are larger than every step {path} timed (prefills to 512 tokens and "
+        "65,792 attention pairs, decode batches to 32 sequences and to 24,561 context tokens in "
+        "all): their prices extrapolate the profile; profile a grid that spans them "
+        "(profile_grid.prefill_prompts, profile_grid.prefill_counts, "
+        "profile_grid.decode_batches, profile_grid.decode_mean_contexts)"] * 2  # fmt: skip
+    assert (f"- steps larger than every step the profile timed, priced by extrapolating it "
+            f"(`steps_beyond_profile_pct`): fixed {burst_pct:.1f} %"
+            in deployment_lines(deployment, summaries["burst", "false"]))  # fmt: skip
+    assert not any("steps larger" in line
+                   for line in deployment_lines(deployment, summaries["trickle", "false"]))
 
 
 def test_the_gpu_grid_spans_a_gpu_s_batches_within_its_pool_cap():

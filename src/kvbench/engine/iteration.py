@@ -72,6 +72,8 @@ def record_step(
         num_prefill_seqs=len(batch.prefill),
         num_prefill_tokens=shape.num_prefill_tokens,
         num_decode_tokens=num_decode_tokens,
+        prefill_attention_pairs=shape.prefill_attention_pairs,
+        decode_context_tokens=decode_context_tokens,
         num_waiting=len(scheduler.waiting),
         num_swapped=len(scheduler.swapped),
         num_preempted=batch.num_preempted,

@@ -277,7 +277,7 @@ class LazyBatch:
                 num_rejected += arrivals.admit_until(now_s, scheduler, self._samples)
                 next_arrival_s = arrivals.next_arrival_s()
             duration_s = decode_time_s(context_tokens)
-            if not rows.append(now_s, duration_s, len(waiting)):
+            if not rows.append(now_s, duration_s, context_tokens, len(waiting)):
                 break  # some sequence cannot grow: preemption, step by step
             now_s += duration_s
             context_tokens += num_seqs

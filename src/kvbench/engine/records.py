@@ -24,6 +24,10 @@ STEP_COLUMNS = (
     "num_prefill_seqs",
     "num_prefill_tokens",
     "num_decode_tokens",
+    # The rest of the shape the cost model priced (engine.cost_model.IterationShape): what a
+    # profile's range is checked against (tasks.profile.grid.steps_beyond).
+    "prefill_attention_pairs",
+    "decode_context_tokens",
     "num_waiting",
     "num_swapped",
     "num_preempted",
@@ -62,7 +66,7 @@ StepSink = Callable[[dict[str, npt.NDArray[Any]]], None]
 AppendFloat = Callable[[float], None]
 AppendInt = Callable[[int], None]
 DecodeRowAppenders = tuple[
-    AppendFloat, AppendFloat, AppendInt, AppendInt, AppendInt, AppendInt, AppendInt
+    AppendFloat, AppendFloat, AppendInt, AppendInt, AppendInt, AppendInt, AppendInt, AppendInt
 ]
 
 
@@ -91,6 +95,8 @@ class StepRecords:
         num_prefill_seqs: int,
         num_prefill_tokens: int,
         num_decode_tokens: int,
+        prefill_attention_pairs: int,
+        decode_context_tokens: int,
         num_waiting: int,
         num_swapped: int,
         num_preempted: int,
@@ -109,6 +115,8 @@ class StepRecords:
         columns["num_prefill_seqs"].append(num_prefill_seqs)
         columns["num_prefill_tokens"].append(num_prefill_tokens)
         columns["num_decode_tokens"].append(num_decode_tokens)
+        columns["prefill_attention_pairs"].append(prefill_attention_pairs)
+        columns["decode_context_tokens"].append(decode_context_tokens)
         columns["num_waiting"].append(num_waiting)
         columns["num_swapped"].append(num_swapped)
         columns["num_preempted"].append(num_preempted)
@@ -130,14 +138,15 @@ class StepRecords:
     def decode_row_appenders(self, memory_blocked: bool) -> DecodeRowAppenders:
         """Appenders for the columns that change between the decode-only iterations of a
         stretch of the fast path, which would otherwise pay a call per iteration: ``time_s``,
-        ``duration_s``, ``num_waiting``, ``token_states_slots``, ``reservation_slots``,
-        ``internal_frag_slots``, and ``free_slots`` (``external_frag_slots`` when
-        ``memory_blocked``: ``MemoryUsage.with_free_blocked``). Append one value to each per
-        iteration, then ``complete_decode_rows``."""
+        ``duration_s``, ``decode_context_tokens``, ``num_waiting``, ``token_states_slots``,
+        ``reservation_slots``, ``internal_frag_slots``, and ``free_slots``
+        (``external_frag_slots`` when ``memory_blocked``: ``MemoryUsage.with_free_blocked``).
+        Append one value to each per iteration, then ``complete_decode_rows``."""
         columns = self.columns
         return (
             columns["time_s"].append,
             columns["duration_s"].append,
+            columns["decode_context_tokens"].append,
             columns["num_waiting"].append,
             columns["token_states_slots"].append,
             columns["reservation_slots"].append,
@@ -165,6 +174,7 @@ class StepRecords:
             "num_prefill_seqs": 0,
             "num_prefill_tokens": 0,
             "num_decode_tokens": num_seqs,
+            "prefill_attention_pairs": 0,
             "num_swapped": 0,
             "num_preempted": 0,
             "memory_blocked": memory_blocked,
@@ -266,10 +276,12 @@ class DecodeRows:
         self._num_taken_slots = 0
         self.num_rows = 0  # rows appended so far
 
-    def append(self, time_s: float, duration_s: float, num_waiting: int) -> bool:
-        """Write the next iteration's row (started at ``time_s``, ``num_waiting`` waiting after
-        it); False, writing nothing, when the free slots cannot hold its round's new blocks (a
-        sequence cannot grow: the engine preempts, step by step)."""
+    def append(self, time_s: float, duration_s: float, context_tokens: int,
+               num_waiting: int) -> bool:  # fmt: skip
+        """Write the next iteration's row (started at ``time_s``, decoding sequences of
+        ``context_tokens`` in all, ``num_waiting`` waiting after it); False, writing nothing,
+        when the free slots cannot hold its round's new blocks (a sequence cannot grow: the
+        engine preempts, step by step)."""
         num_rows = self.num_rows
         new_blocks = self._new_blocks
         taken_slots = (self._num_taken_slots
@@ -282,10 +294,12 @@ class DecodeRows:
             internal_frag += self._frag_by_round.get(self._first_round + num_rows, 0)
             self._internal_frag = internal_frag
         token_states = self._token_states = self._token_states + self._num_seqs
-        (append_time_s, append_duration_s, append_num_waiting, append_token_states,
-         append_reservation, append_internal_frag, append_free) = self._appenders  # fmt: skip
+        (append_time_s, append_duration_s, append_context, append_num_waiting,
+         append_token_states, append_reservation, append_internal_frag,
+         append_free) = self._appenders  # fmt: skip
         append_time_s(time_s)
         append_duration_s(duration_s)
+        append_context(context_tokens)
         append_num_waiting(num_waiting)
         append_token_states(token_states)
         append_internal_frag(internal_frag)

@@ -214,7 +214,7 @@ def _run_decode_stretch(
             num_rejected += arrivals.take_until(now_s)  # it waits behind the blocked head
         # No wake-up to charge: the step after an idle wait admits, so no stretch follows one.
         duration_s = decode_time_s(context_tokens)
-        if not rows.append(now_s, duration_s, scheduler.num_waiting):
+        if not rows.append(now_s, duration_s, context_tokens, scheduler.num_waiting):
             break  # some request cannot grow: the step preempts, step by step
         now_s += duration_s
         context_tokens += num_seqs
@@ -249,6 +249,8 @@ def _record_step(
         num_prefill_seqs=num_prefill_seqs,
         num_prefill_tokens=shape.num_prefill_tokens,
         num_decode_tokens=shape.num_decode_tokens,
+        prefill_attention_pairs=shape.prefill_attention_pairs,
+        decode_context_tokens=shape.decode_context_tokens,
         num_waiting=step.num_waiting,
         num_swapped=0,
         num_preempted=len(batch.preempted),

@@ -11,6 +11,7 @@ GPU's batches and contexts; docs/sim_to_real.md).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from collections.abc import Sequence as SequenceOf
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -28,6 +29,10 @@ if TYPE_CHECKING:
 OUTPUT_TOKENS = 8  # every timed sequence's output length (its reservation under naive_oracle)
 WAKE_PROMPT_TOKENS = 64  # the prefill timed after each idle wait
 WAKE_BLOCK_SIZE = 16
+# The shape features a profile prices (engine.profiled), each a step column too: a step above
+# every step a profile was fitted on in one of them is priced by extrapolation.
+RANGE_FEATURES = ("num_prefill_tokens", "prefill_attention_pairs", "num_decode_tokens",
+                  "decode_context_tokens")  # fmt: skip
 GIB = 1 << 30
 
 
@@ -163,6 +168,23 @@ def beyond_grid(prompt_tokens: SequenceOf[int], output_tokens: SequenceOf[int],
     prompts = np.asarray(prompt_tokens, dtype=np.int64)  # [num_requests]
     contexts = prompts + np.asarray(output_tokens, dtype=np.int64)  # [num_requests]
     return (prompts > longest_prompt_tokens(grid)) | (contexts > longest_sequence_tokens(grid))
+
+
+def range_bounds(shapes: SequenceOf[IterationShape]) -> dict[str, int]:
+    """The largest value of each of ``RANGE_FEATURES`` over ``shapes`` (the steps a profile was
+    fitted on: ``grid_shapes`` of its grid, or a served run's)."""
+    return {name: max(getattr(shape, name) for shape in shapes) for name in RANGE_FEATURES}
+
+
+def steps_beyond(columns: Mapping[str, SequenceOf[int] | np.ndarray],
+                 bounds: Mapping[str, int]) -> np.ndarray:  # fmt: skip
+    """Per step (``columns``: the step columns, or a chunk of them): whether it is above
+    ``bounds`` (``range_bounds``) in any of ``RANGE_FEATURES``, so a profile of those bounds
+    prices it by extrapolating its fitted terms. bool [num_steps]."""
+    features = np.array([np.asarray(columns[name], dtype=np.int64)
+                         for name in RANGE_FEATURES])  # [num_features, num_steps]
+    limits = np.array([bounds[name] for name in RANGE_FEATURES], dtype=np.int64)
+    return np.asarray((features > limits[:, None]).any(axis=0))  # [num_steps]
 
 
 def _fits(grid: ProfileGridConfig, pool_bytes: int) -> bool:

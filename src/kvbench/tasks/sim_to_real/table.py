@@ -16,14 +16,11 @@ from scipy.stats import binomtest
 
 from kvbench.engine.cost_model import IterationShape
 from kvbench.engine.records import SimulationResult
+from kvbench.tasks.profile.grid import RANGE_FEATURES, range_bounds, steps_beyond
 
 LATENCIES = (("e2e", "e2e_latency_s"), ("ttft", "ttft_s"), ("tpot", "tpot_s"))
 # What names one run of a table: its slice, rate and allocator.
 RUN_KEYS = ("workload", "request_rate", "allocator")
-# The shape features a profile prices (engine.profiled): a step above every fitted step in one
-# of them is priced by extrapolation.
-RANGE_FEATURES = ("num_prefill_tokens", "prefill_attention_pairs", "num_decode_tokens",
-                  "decode_context_tokens")  # fmt: skip
 
 
 def request_pairs(measured: pd.DataFrame, predicted: pd.DataFrame) -> pd.DataFrame:
@@ -150,12 +147,8 @@ def extrapolated_steps_pct(shapes: list[IterationShape],
     when the fitted steps are unknown (a ``task=profile`` file, a repeat) or the run has none."""
     if fitted_shapes is None or not shapes:
         return float("nan")
-    fitted = np.array([[getattr(shape, name) for name in RANGE_FEATURES]
-                       for shape in fitted_shapes])  # [num_fitted_steps, num_features]
-    steps = np.array([[getattr(shape, name) for name in RANGE_FEATURES]
-                      for shape in shapes])  # [num_steps, num_features]
-    beyond = (steps > fitted.max(axis=0)).any(axis=1)  # [num_steps]
-    return float(beyond.mean() * 100)
+    columns = {name: [getattr(shape, name) for shape in shapes] for name in RANGE_FEATURES}
+    return float(steps_beyond(columns, range_bounds(fitted_shapes)).mean() * 100)
 
 
 def extrapolation_column(table: pd.DataFrame, run_shapes: Mapping[Hashable, list[IterationShape]],

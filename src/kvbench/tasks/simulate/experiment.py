@@ -18,7 +18,7 @@ from tqdm import tqdm
 from kvbench.allocators import Allocator, VAttentionAllocator, VAttentionSettings, make_allocator
 from kvbench.allocators.radix import unbounded_radix_hits
 from kvbench.allocators.vattention import page_bytes_of
-from kvbench.config import KvbenchConfig, ProfileGridConfig, run_workloads
+from kvbench.config import KvbenchConfig, run_workloads
 from kvbench.core.kv_capacity import HybridPool, hybrid_pool, pool_slots
 from kvbench.core.request import Request
 from kvbench.core.specs import GIB, Deployment
@@ -34,15 +34,11 @@ from kvbench.plots.time_series import run_memory_chart_rows
 from kvbench.tables.parquet import write_frames, write_table
 from kvbench.tables.parquet_stream import RunsTable
 from kvbench.tables.provenance import provenance
-from kvbench.tasks.profile.grid import beyond_grid, longest_prompt_tokens, longest_sequence_tokens
-from kvbench.tasks.profile.profile_file import (
-    load_profiled_cost_model,
-    read_profile,
-    recorded_grid,
-)
+from kvbench.tasks.profile.profile_file import load_profiled_cost_model
 from kvbench.tasks.simulate.accounting import workload_accounting
 from kvbench.tasks.simulate.per_run_files import StreamedTables, remove_run_files
 from kvbench.tasks.simulate.plot import plot_run
+from kvbench.tasks.simulate.profile_range import ProfileRange, StepsBeyond
 from kvbench.tasks.simulate.real_runner import run_on_real_model
 from kvbench.tasks.simulate.table import requests_frame, steps_frame, summarize
 from kvbench.workloads import WorkloadConfig, to_requests, with_arrivals, workload_rows
@@ -281,7 +277,7 @@ def run_experiment(
     checkpoint = _Checkpoint()
     workload_attrs: dict[str, dict] = {}
     profiled = cfg.executor.kind == "profiled"
-    profile_grid = _profile_grid(cfg) if profiled else None
+    profile_range = ProfileRange.of(cfg, deployment) if profiled else None
     beyond_profile_pct: dict[str, float] = {}  # per workload: its rates share the lengths
     try:
         for workload_label, workload_cfg in _runs(cfg):
@@ -294,9 +290,9 @@ def run_experiment(
             beams = load_beam_ancestry() if workload_cfg.beam_width > 1 else None
             ideal_by_design: dict[tuple[bool, int], dict[str, float]] = {}
             v1_pool_slots = num_slots if cfg.scheduler.name == "vllm_v1" else None
-            if profiled and workload_label not in beyond_profile_pct:
-                beyond_profile_pct[workload_label] = _beyond_profile_pct(
-                    cfg, requests, profile_grid, workload_label)  # fmt: skip
+            if profile_range is not None and workload_label not in beyond_profile_pct:
+                beyond_profile_pct[workload_label] = profile_range.requests_beyond_pct(
+                    requests, workload_label)  # fmt: skip
             for name in cfg.allocators:
                 # Checkpoint before a run, not after: the last run's tables are written once.
                 if tables is not None and tables.num_runs and checkpoint.is_due():
@@ -316,6 +312,8 @@ def run_experiment(
                 labels["n"] = workload_cfg.num_samples
                 labels["beam_width"] = workload_cfg.beam_width
                 step_sink = streamed.start_run(labels, deployment) if streamed else None
+                steps_beyond = StepsBeyond(profile_range.bounds if profile_range else None)
+                step_sink = steps_beyond.through(step_sink)
                 started_s = time.perf_counter()
                 with tqdm(
                     total=len(requests),
@@ -349,6 +347,7 @@ def run_experiment(
                 summary["simulation_wall_s"] = wall_s
                 if profiled:
                     summary["requests_beyond_profile_pct"] = beyond_profile_pct[workload_label]
+                    summary["steps_beyond_profile_pct"] = steps_beyond.pct(result.steps)
                 settings = vattention_settings(cfg, deployment, name)  # None but for vattention
                 summary.update(_virtual_columns(allocator, settings, deployment))
                 summaries.append(summary)
@@ -363,6 +362,9 @@ def run_experiment(
         if streamed:
             plot_steps = streamed.plot_steps  # thinned as they streamed: the tables are on disk
         summary_table = pd.DataFrame(summaries)
+        if profile_range is not None:
+            for line in profile_range.steps_warnings(summary_table):
+                print(line)
         if cfg.plots:  # first: chart processes draw while this one writes the tables
             plot_run(summary_table, pd.concat(plot_steps, ignore_index=True),
                      output_dir / "plots", deployment, limits.max_num_seqs)  # fmt: skip
@@ -378,37 +380,6 @@ def run_experiment(
         for label, attrs in workload_attrs.items():
             print(workload_accounting(label, summary_table, attrs))
     return summary_table
-
-
-def _profile_grid(cfg: KvbenchConfig) -> ProfileGridConfig | None:
-    """The grid ``executor.profile`` was timed on; None, with a line saying so, for a profile
-    that records none (what it spans is not known)."""
-    assert cfg.executor.profile  # config validation requires it with executor=profiled
-    grid = recorded_grid(read_profile(cfg.executor.profile), cfg.executor.profile)
-    if grid is None:
-        print(f"simulate: {cfg.executor.profile} records no profile grid: whether these "
-              "requests are longer than any sequence it timed is not known")  # fmt: skip
-    return grid
-
-
-def _beyond_profile_pct(cfg: KvbenchConfig, requests: list[Request],
-                        grid: ProfileGridConfig | None, workload_label: str) -> float:  # fmt: skip
-    """Percent of ``requests`` longer than any sequence ``grid`` timed (``beyond_grid``; NaN
-    without a grid), with a warning naming them and the fix where there are any: a profile
-    prices such requests' steps by extrapolating its terms."""
-    if grid is None or not requests:
-        return float("nan")
-    beyond = beyond_grid([request.prompt_tokens for request in requests],
-                         [request.output_tokens for request in requests], grid)  # fmt: skip
-    num_beyond = int(beyond.sum())
-    if num_beyond:
-        print(f"simulate: warning: {num_beyond:,} of {len(requests):,} requests of "
-              f"{workload_label} are longer than any sequence {cfg.executor.profile} timed "
-              f"(prompts to {longest_prompt_tokens(grid):,} tokens, sequences to "
-              f"{longest_sequence_tokens(grid):,}): their prices extrapolate the profile; "
-              "profile a grid that spans them (profile_grid.prefill_prompts, "
-              "profile_grid.decode_mean_contexts)")  # fmt: skip
-    return 100 * num_beyond / len(requests)
 
 
 def _virtual_columns(

@@ -85,6 +85,16 @@ def config_yaml(cfg: KvbenchConfig, raw: DictConfig | None) -> str:
     return yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False)
 
 
+# executor=profiled's counts of what its profile prices by extrapolation, per workload (the
+# most of its runs), as report.md words them.
+BEYOND_PROFILE_LINES = (
+    ("requests_beyond_profile_pct",
+     "requests longer than any sequence the profile timed, whose prices extrapolate it"),
+    ("steps_beyond_profile_pct",
+     "steps larger than every step the profile timed, priced by extrapolating it"),
+)
+
+
 def deployment_lines(deployment: Deployment, summary: pd.DataFrame) -> list[str]:
     """The report's opening lines: the deployment and its KV pool, the workloads, the runs."""
     model = deployment.model
@@ -102,13 +112,12 @@ def deployment_lines(deployment: Deployment, summary: pd.DataFrame) -> list[str]
     rates = ", ".join(rate_text(rate) for rate in summary["request_rate"].unique())
     lines.append(f"- allocators: {', '.join(summary['allocator'].unique())}; request rates: "
                  f"{rates} req/s")  # fmt: skip
-    if "requests_beyond_profile_pct" in summary:
-        beyond = summary.groupby("workload", sort=False)["requests_beyond_profile_pct"].max()
-        flagged = [f"{name} {pct:.1f} %" for name, pct in beyond.items() if pct > 0]
-        if flagged:
-            lines.append("- requests longer than any sequence the profile timed, whose prices "
-                         "extrapolate it (`requests_beyond_profile_pct`): "
-                         + ", ".join(flagged))  # fmt: skip
+    for column, words in BEYOND_PROFILE_LINES:
+        if column in summary:
+            beyond = summary.groupby("workload", sort=False)[column].max()
+            flagged = [f"{name} {pct:.1f} %" for name, pct in beyond.items() if pct > 0]
+            if flagged:
+                lines.append(f"- {words} (`{column}`): " + ", ".join(flagged))
     return lines
 
 
