@@ -489,12 +489,23 @@ def test_the_grid_is_timed_in_a_shuffled_order_and_tabled_in_its_own():
     assert again == called  # the same order every run
 
 
-def test_the_cpu_grid_spans_what_the_committed_profile_was_fitted_on():
+def test_the_cpu_grid_spans_what_the_committed_profile_was_fitted_on_and_larger_batches():
+    from kvbench.tasks.profile.grid import GIB, OUTPUT_TOKENS
+
     grid, token_bytes = _cpu_grid()
     points = iteration_grid(grid, token_bytes)
+    # The committed profile's grid: batches to 32, every point kept (no pool cap).
+    committed = iteration_grid(dataclasses.replace(
+        grid, decode_batches=[1, 2, 3, 4, 6, 8, 16, 32], max_pool_gib=None), token_bytes)
+    assert len(committed) == 94 and all(point in points for point in committed)
+    uncapped = iteration_grid(dataclasses.replace(grid, max_pool_gib=None), token_bytes)
+    larger = [p for p in uncapped if p not in committed]
+    assert len(larger) == 27 and {len(p.decode_contexts) for p in larger} == {64, 128, 256}
+    # Timed where their pool fits 3.2 GiB: 17 of the 27.
+    kept = [p.num_slots(OUTPUT_TOKENS) * token_bytes <= 3.2 * GIB for p in larger]
+    assert [p in points for p in larger] == kept and sum(kept) == 17
+    assert len(points) == 94 + 17
     decode = [p for p in points if p.decode_contexts and not p.prefill_prompts]
-    assert len(points) == 94 and len(decode) == 3 * 8 * 3  # no point left out: no pool cap
-    assert {len(p.decode_contexts) for p in decode} == {1, 2, 3, 4, 6, 8, 16, 32}
     assert max(max(p.decode_contexts) for p in decode) == 1152
 
 
@@ -508,9 +519,9 @@ def test_a_request_longer_than_any_sequence_the_grid_timed_is_beyond_it():
     assert beyond_grid(prompt_tokens, output_tokens, grid).tolist() == [
         False, True, False, True, True]  # fmt: skip
     shapes = grid_shapes(grid, token_bytes)
-    assert len(shapes) == 94
+    assert len(shapes) == 111
     assert max(shape.num_prefill_tokens for shape in shapes) == 512  # two prompts of 256
-    assert max(shape.num_decode_tokens for shape in shapes) == 32
+    assert max(shape.num_decode_tokens for shape in shapes) == 256
 
 
 def test_a_profile_records_its_grid_and_an_older_one_none():
@@ -569,6 +580,7 @@ def test_executor_profiled_counts_steps_larger_than_its_profile_timed(tmp_path, 
 
     monkeypatch.setattr(records, "CHUNK_ROWS", 7)  # streamed runs hand out several chunks
     grid, token_bytes = _cpu_grid()
+    grid = dataclasses.replace(grid, decode_batches=[1, 2, 3, 4, 6, 8, 16, 32])
     path = tmp_path / "profile.json"
     write_profile(path, {"model": "smollm2-135m", "coefficients": COEFFICIENTS,
                          "grid": dataclasses.asdict(grid)})  # fmt: skip

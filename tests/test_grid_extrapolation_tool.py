@@ -1,0 +1,72 @@
+"""python -m kvbench.tools.grid_extrapolation: a profile refitted on a grid's small batches,
+priced on its larger ones."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import compose_config
+
+from kvbench.engine.profiled import PROFILE_TERMS, SWAP_TERMS, WAKE_TERMS, ProfiledCostModel
+from kvbench.tasks.profile.grid import iteration_grid, point_shape
+from kvbench.tasks.profile.table import iteration_row, profile_frame
+from kvbench.tools import grid_extrapolation
+
+# A device whose iterations cost exactly what these linear terms say (every other term 0).
+LINEAR = dict.fromkeys((*PROFILE_TERMS, *WAKE_TERMS, *SWAP_TERMS), 0.0) | {
+    "fixed_s": 0.02, "per_seq_s": 1e-3, "per_token_s": 5e-4, "per_context_token_s": 2e-6,
+    "wake_per_sqrt_idle_s": 0.01}  # fmt: skip
+
+
+def _table(slowdown_past_32: float):
+    """The cpu grid's points timed on that device, batches past 32 ``slowdown_past_32`` x."""
+    cfg, deployment, _ = compose_config("task=profile", "model=smollm2-135m", "hardware=cpu",
+                                        "model.dtype=fp32")  # fmt: skip
+    rows = []
+    for point in iteration_grid(cfg.profile_grid, deployment.model.kv_bytes_per_token):
+        shape = point_shape(point)
+        model = ProfiledCostModel(LINEAR, point.block_size)
+        measured_s = model.iteration_time_s(shape) + model.wake_time_s(point.wait_s)
+        if shape.num_decode_tokens > 32:
+            measured_s *= slowdown_past_32
+        rows.append(iteration_row(shape, point.block_size, point.wait_s, measured_s, 0.0, model))
+    return profile_frame(rows)
+
+
+def test_a_linear_device_is_priced_exactly_within_and_past_the_grid():
+    table = grid_extrapolation.extrapolation_table(_table(1.0), fit_max_batch=32)
+    assert table.index.tolist() == [1, 2, 3, 4, 6, 8, 16, 32, 64, 128, 256]
+    assert table["num_points"].tolist() == [9] * 8 + [8, 5, 4]
+    assert table["small_grid_pct"].max() < 1e-6 and table["full_grid_pct"].max() < 1e-6
+
+
+def test_batches_costlier_than_the_small_grid_s_line_are_mispriced_by_it_alone():
+    table = grid_extrapolation.extrapolation_table(_table(1.25), fit_max_batch=32)
+    small, full = table["small_grid_pct"], table["full_grid_pct"]
+    assert small.loc[:32].max() < 1e-6  # fitted on these: exact
+    # Extrapolated: priced at 1 / 1.25 of what they took.
+    assert small.loc[64:].tolist() == pytest.approx([20.0] * 3)
+    assert (full.loc[64:] < small.loc[64:]).all() and (full.loc[:32] > 0.1).any()
+
+
+def test_a_table_with_no_larger_batch_is_refused_in_one_line(tmp_path, capsys):
+    _table(1.0).to_parquet(tmp_path / "profile.parquet")
+    assert grid_extrapolation.main([str(tmp_path), "--fit-max-batch", "256"]) == 2
+    assert capsys.readouterr().err == (
+        "grid_extrapolation: no decode batch past 256 in the table (its batches: 1, 2, 3, 4, 6, "
+        "8, 16, 32, 64, 128, 256); profile a grid past it (profile_grid.decode_batches) or give "
+        "another --fit-max-batch\n")
+    assert grid_extrapolation.main([str(tmp_path)]) == 0
+    assert "small_grid_pct" in capsys.readouterr().out
+
+
+def test_the_docs_table_is_what_the_tool_makes_of_the_committed_profile():
+    """docs/sim_to_real_measured.md's block = the tool on the committed AMD EPYC profile table."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    run = root / "results/reference/decode_batches/amd-epyc-2026-12-06"
+    table = grid_extrapolation.extrapolation_table(
+        grid_extrapolation.read_profile_table(run), fit_max_batch=32)
+    text = (root / "docs" / "sim_to_real_measured.md").read_text()
+    block = text.split("<!-- grid-extrapolation: begin -->\n```\n")[1].split("```\n")[0]
+    assert block == table.to_string(float_format="{:.1f}".format) + "\n"
