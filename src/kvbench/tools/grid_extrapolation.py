@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("run", help="task=profile run folder (or its profile.parquet)")
     parser.add_argument("--fit-max-batch", type=int, default=32,
                         help="the largest decode batch of the grid to refit on (default 32: "
-                             "the cpu grid's largest before 2026-12-06's)")  # fmt: skip
+                             "the cpu grid's largest until 2026-12-06)")  # fmt: skip
     args = parser.parse_args(argv)
     try:
         table = extrapolation_table(read_profile_table(args.run), args.fit_max_batch)

@@ -79,9 +79,10 @@ class ProfileRange:
         bounds = self.bounds
         lines = []
         for workload, runs in summary.groupby("workload", sort=False):
-            worst = runs.loc[runs["steps_beyond_profile_pct"].idxmax()]
-            if not worst["steps_beyond_profile_pct"] > 0:
+            pcts = runs["steps_beyond_profile_pct"]  # NaN for a run of no steps
+            if not (pcts > 0).any():
                 continue
+            worst = runs.loc[pcts.idxmax()]
             lines.append(
                 f"simulate: warning: {worst['steps_beyond_profile_pct']:.1f} % of the steps of "
                 f"{workload} ({worst['allocator']} at {rate_text(worst['request_rate'])} req/s, "
