@@ -1,13 +1,15 @@
 """``python -m kvbench.tools.grid_extrapolation RUN``: what pricing past a grid costs.
 
-A profile prices a decode batch larger than its grid's largest by extrapolating its fitted terms
-(``steps_beyond_profile_pct`` counts such steps). This measures what that costs on the device
-that timed RUN, a ``task=profile`` run folder (or its ``profile.parquet``) whose grid reaches
-past N sequences: it refits the profile's terms on RUN's iteration points of decode batches of
-at most N (the fit of a grid that stops at N) and prices every point with that fit and with the
-fit on all of them. Per decode batch, the median |error| of each: past N, the first is
-extrapolated and the second fitted. Both fits see the same minutes of the machine, so their
-difference is the extrapolation's, not a drift's.
+A profile prices a decode batch, or a prefill, larger than its grid's largest by extrapolating
+its fitted terms (``steps_beyond_profile_pct`` counts such steps). This measures what that costs
+on the device that timed RUN, a ``task=profile`` run folder (or its ``profile.parquet``) whose
+grid reaches past N in ``--feature`` (decode batch, ``num_decode_tokens``, or prefill tokens,
+``num_prefill_tokens``): it refits the profile's terms on RUN's iteration points of at most N
+(the fit of a grid that stops at N) and prices every point with that fit and with the fit on
+all of them. Per value of the feature over the points that exercise it alone (decode-only or
+prefill-only, no idle wait), the median |error| of each: past N, the first is extrapolated and
+the second fitted. Both fits see the same minutes of the machine, so their difference is the
+extrapolation's, not a drift's.
 """
 
 from __future__ import annotations
@@ -44,25 +46,31 @@ def refit_predictions(points: pd.DataFrame, fitted: pd.DataFrame) -> np.ndarray:
     return features @ values  # [num_points, num_terms] @ [num_terms] -> [num_points]
 
 
-def extrapolation_table(table: pd.DataFrame, fit_max_batch: int) -> pd.DataFrame:
-    """Per decode batch of ``table``'s decode-only points (no prefill, no idle wait): their
-    number, and the median |error| (%) of the fit on the iteration points of batches up to
-    ``fit_max_batch`` (``small_grid_pct``) and of the fit on all (``full_grid_pct``).
-    ValueError (one line) when no point's batch is larger or none is within."""
+# The features a grid is extended in: each with the points that exercise it alone.
+FEATURES = ("num_decode_tokens", "num_prefill_tokens")
+
+
+def extrapolation_table(table: pd.DataFrame, feature: str, fit_max: int) -> pd.DataFrame:
+    """Per value of ``feature`` (one of ``FEATURES``) over ``table``'s points that exercise it
+    alone (decode-only or prefill-only, no idle wait): their number, and the median |error| (%)
+    of the fit on the iteration points of at most ``fit_max`` of it (``small_grid_pct``) and of
+    the fit on all (``full_grid_pct``). ValueError (one line) when no point is larger, or none
+    within."""
     points = table[table["kind"] == "iteration"].reset_index(drop=True)
-    within = points["num_decode_tokens"] <= fit_max_batch
+    within = points[feature] <= fit_max
     if within.all() or not within.any():
-        batches = sorted(batch for batch in points["num_decode_tokens"].unique() if batch)
-        raise ValueError(f"no decode batch {'past' if within.all() else 'up to'} {fit_max_batch} "
-                         f"in the table (its batches: {', '.join(map(str, batches))}); profile a "
-                         "grid past it (profile_grid.decode_batches) or give another "
-                         "--fit-max-batch")  # fmt: skip
+        values = sorted(value for value in points[feature].unique() if value)
+        raise ValueError(f"no {feature} {'past' if within.all() else 'up to'} {fit_max} in the "
+                         f"table (its values: {', '.join(map(str, values))}); profile a grid "
+                         "past it (profile_grid.decode_batches, profile_grid.prefill_prompts) "
+                         "or give another --fit-max")  # fmt: skip
     measured_s = points["measured_s"].to_numpy()  # [num_points]
     for column, fitted in (("small_grid_pct", points[within]), ("full_grid_pct", points)):
         predicted_s = refit_predictions(points, fitted)  # [num_points]
         points[column] = np.abs(predicted_s - measured_s) / measured_s * 100
-    decode = points[(points["num_prefill_tokens"] == 0) & (points["idle_before_s"] == 0)]
-    grouped = decode.groupby("num_decode_tokens")
+    other = "num_prefill_tokens" if feature == "num_decode_tokens" else "num_decode_tokens"
+    alone = points[(points[other] == 0) & (points[feature] > 0) & (points["idle_before_s"] == 0)]
+    grouped = alone.groupby(feature)
     return pd.DataFrame({
         "num_points": grouped.size(),
         "small_grid_pct": grouped["small_grid_pct"].median(),
@@ -73,18 +81,22 @@ def extrapolation_table(table: pd.DataFrame, fit_max_batch: int) -> pd.DataFrame
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("run", help="task=profile run folder (or its profile.parquet)")
-    parser.add_argument("--fit-max-batch", type=int, default=32,
-                        help="the largest decode batch of the grid to refit on (default 32: "
-                             "the cpu grid's largest until 2026-12-06)")  # fmt: skip
+    parser.add_argument("--feature", choices=FEATURES, default="num_decode_tokens",
+                        help="what the grid is extended in: decode batch (default) or prefill "
+                             "tokens")  # fmt: skip
+    parser.add_argument("--fit-max", type=int, default=32,
+                        help="the largest value of it to refit on (default 32: the cpu grid's "
+                             "largest decode batch until 2026-12-06; its largest prefill is "
+                             "512 tokens)")  # fmt: skip
     args = parser.parse_args(argv)
     try:
-        table = extrapolation_table(read_profile_table(args.run), args.fit_max_batch)
+        table = extrapolation_table(read_profile_table(args.run), args.feature, args.fit_max)
     except ValueError as error:
         print(f"grid_extrapolation: {error}", file=sys.stderr)
         return 2
-    print(f"median |error| (%) per decode batch of {args.run}'s decode points: fitted on "
-          f"batches up to {args.fit_max_batch} (small_grid_pct: extrapolated past it) and on "
-          "every point (full_grid_pct)")  # fmt: skip
+    print(f"median |error| (%) per {args.feature} of {args.run}'s points: fitted on points of "
+          f"at most {args.fit_max} (small_grid_pct: extrapolated past it) and on every point "
+          "(full_grid_pct)")  # fmt: skip
     print(table.to_string(float_format="{:.1f}".format))
     return 0
 
