@@ -35,15 +35,14 @@ def row_features(row: pd.Series) -> tuple[float, ...]:
     return iteration_features(shape, int(row["block_size"])) + wake_features(row["idle_before_s"])
 
 
-def refit_predictions(points: pd.DataFrame, fitted: pd.DataFrame) -> np.ndarray:
-    """Seconds the profile's terms, fitted on the iteration rows ``fitted``, price each of the
-    iteration rows ``points`` at. float [num_points]."""
+def refit_predictions(features: np.ndarray, measured_s: np.ndarray,
+                      fitted: np.ndarray) -> np.ndarray:  # fmt: skip
+    """Seconds the profile's terms, fitted on the points ``fitted`` marks, price every point at.
+    features: [num_points, num_terms] (``row_features``); measured_s, fitted: [num_points];
+    returns [num_points]."""
     terms = (*PROFILE_TERMS, *WAKE_TERMS)
-    coefficients = fit_terms([row_features(row) for _, row in fitted.iterrows()],
-                             fitted["measured_s"].tolist(), terms)  # fmt: skip
-    values = np.array([coefficients[term] for term in terms])  # [num_terms]
-    features = np.array([row_features(row) for _, row in points.iterrows()])
-    return features @ values  # [num_points, num_terms] @ [num_terms] -> [num_points]
+    coefficients = fit_terms(features[fitted], measured_s[fitted], terms)
+    return features @ np.array([coefficients[term] for term in terms])
 
 
 # The features a grid is extended in: each with the points that exercise it alone.
@@ -64,9 +63,11 @@ def extrapolation_table(table: pd.DataFrame, feature: str, fit_max: int) -> pd.D
                          f"table (its values: {', '.join(map(str, values))}); profile a grid "
                          "past it (profile_grid.decode_batches, profile_grid.prefill_prompts) "
                          "or give another --fit-max")  # fmt: skip
+    features = np.array([row_features(row) for _, row in points.iterrows()])
     measured_s = points["measured_s"].to_numpy()  # [num_points]
-    for column, fitted in (("small_grid_pct", points[within]), ("full_grid_pct", points)):
-        predicted_s = refit_predictions(points, fitted)  # [num_points]
+    everywhere = np.ones(len(points), dtype=bool)
+    for column, fitted in (("small_grid_pct", within.to_numpy()), ("full_grid_pct", everywhere)):
+        predicted_s = refit_predictions(features, measured_s, fitted)  # [num_points]
         points[column] = np.abs(predicted_s - measured_s) / measured_s * 100
     other = "num_prefill_tokens" if feature == "num_decode_tokens" else "num_decode_tokens"
     alone = points[(points[other] == 0) & (points[feature] > 0) & (points["idle_before_s"] == 0)]
