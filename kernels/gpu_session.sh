@@ -54,7 +54,7 @@ settings() {
          "workload_request_rates.sharegpt=[1.0,16.0]" "workload_request_rates.azure_conv=[1.0,16.0]"
          sim_to_real.repeat_replays=false)
     # Seconds: gpu_check first (it needs only torch and triton; rows stop after its budget),
-    # gpu tests, profile (99 points and 6 swaps, 4 runs each, 10 s of them idle waits),
+    # gpu tests, profile (99 points and 6 swaps in 3 rounds of 2 runs each, 8 s of idle waits),
     # sim_to_real (its runs at 1 req/s wait ~75 s for arrivals): 540 s, with the preamble's
     # wheel install inside the call's 590.
     LIMITS=(80 150 180)

@@ -25,6 +25,7 @@ from kvbench.engine.profiled import (
 from kvbench.tasks.profile.fit import abs_pct_errors, fit_relative, free_signed_terms
 from kvbench.tasks.profile.grid import (
     IterationPoint,
+    SwapPoint,
     beyond_grid,
     grid_shapes,
     iteration_grid,
@@ -461,7 +462,7 @@ def test_a_grid_point_times_on_a_real_model(block_size, kv_memories):
     assert all((pool != 0).float().mean() > 0.99 for pool in (*memory.keys, *memory.values))
 
 
-def test_a_wake_up_point_idles_before_every_run_and_the_grid_has_them():
+def test_a_wake_up_point_idles_before_every_timed_run_and_the_grid_has_them():
     from kvbench.tasks.equivalence.models import load_model
     from kvbench.tasks.profile.measure import time_iteration
 
@@ -469,24 +470,58 @@ def test_a_wake_up_point_idles_before_every_run_and_the_grid_has_them():
     point = IterationPoint(16, prefill_prompts=(12,), wait_s=0.5)
     shape, _ = time_iteration(load_model("tiny-llama-gqa"), point, repeats=2,
                               decode_backend="sdpa", sleep=waits.append)  # fmt: skip
-    assert waits == [0.5] * 3 and shape == IterationShape(12, 78, 0, 0, num_prefill_seqs=1)
+    # Before each of the 2 timed runs, not before the untimed one (it only warms the point).
+    assert waits == [0.5] * 2 and shape == IterationShape(12, 78, 0, 0, num_prefill_seqs=1)
     assert shape == point_shape(point)
     grid, token_bytes = _cpu_grid()
     assert [p.wait_s for p in iteration_grid(grid, token_bytes) if p.wait_s] == [
         0.1, 0.25, 0.5, 1.0, 2.0, 4.0]
 
 
-def test_the_grid_is_timed_in_a_shuffled_order_and_tabled_in_its_own():
-    from kvbench.tasks.profile.measure import in_shuffled_order
+def test_the_grid_is_timed_in_rounds_each_shuffled_and_tabled_in_its_own_order():
+    from kvbench.tasks.profile.measure import in_rounds
 
     points = list(range(20))
     called = []
-    results = in_shuffled_order(points, lambda point: called.append(point) or point * 10)
-    assert results == [point * 10 for point in points]  # in the points' order
-    assert sorted(called) == points and called != points  # each once, not batch after batch
+    results = in_rounds(points, lambda point: called.append(point) or (point, len(called)),
+                        num_rounds=3)  # fmt: skip
+    rounds = [called[:20], called[20:40], called[40:]]
+    assert all(sorted(order) == points for order in rounds)  # every point once a round
+    assert rounds[0] != points and len({tuple(order) for order in rounds}) == 3  # shuffled, anew
+    # Per point, in the points' order, its results round by round (the calls' count rising).
+    assert [[point for point, _ in values] for values in results] == [[p] * 3 for p in points]
+    assert all(values == sorted(values) for values in results)
     again = []
-    in_shuffled_order(points, again.append)
-    assert again == called  # the same order every run
+    in_rounds(points, again.append, num_rounds=3)
+    assert again == called  # the same orders every run
+
+
+def test_a_slow_spell_shorter_than_a_round_is_dropped_by_the_median_over_rounds(monkeypatch):
+    from kvbench.tasks.profile import measure
+
+    # Every run takes 1 s but for 8 points' worth of runs in a row, slowed 1.5x: a spell of the
+    # machine. Back to back, 3 repeats of a point share it; in rounds, it falls in one of them.
+    clock = []
+
+    def swap_runs(model, point, repeats, kv_dtype):
+        clock.append(point)
+        return [1.5 if 10 <= len(clock) < 18 else 1.0] * repeats
+
+    def iteration_runs(model, point, repeats, decode_backend, kv_dtype):
+        return None, swap_runs(model, point, repeats, kv_dtype)
+
+    monkeypatch.setattr(measure, "iteration_runs", iteration_runs)
+    monkeypatch.setattr(measure, "swap_runs", swap_runs)
+    points = [IterationPoint(16, decode_contexts=(8 + i,)) for i in range(30)]
+    swaps = [SwapPoint(16, 256), SwapPoint(16, 2048)]
+    timed, swap_timings = measure.time_grid(None, points, swaps, 3, "sdpa")
+    assert len(clock) == 3 * 32
+    assert [shape for shape, _ in timed] == [point_shape(point) for point in points]
+    assert all(timing.median_s == 1.0 for _, timing in timed)
+    assert all(timing.median_s == 1.0 for timing in swap_timings)
+    # The spell shows as the spread of the points it hit, 8 of them: (1.5 - 1) / 1.
+    spreads = [timing.spread for _, timing in timed] + [timing.spread for timing in swap_timings]
+    assert sorted(spreads)[-8:] == [0.5] * 8 and sorted(spreads)[:-8] == [0.0] * 24
 
 
 def test_the_cpu_grid_spans_what_the_committed_profile_was_fitted_on_and_larger_batches():

@@ -161,7 +161,8 @@ def test_a_profile_of_fp8_k_v_is_checked_on_fp8_pools_and_only_for_fp8_runs(tmp_
             continue
         table = run_profile_check(cfg, deployment, raw, tmp_path / "fp8")
         assert len(table) == 3  # a decode, a prefill and a mixed point
-    assert [memory.keys[0].dtype for memory in kv_memories] == [torch.float8_e4m3fn] * 3
+    # A pool for each point in each of the grid's 3 rounds.
+    assert [memory.keys[0].dtype for memory in kv_memories] == [torch.float8_e4m3fn] * 3 * 3
 
 
 def test_the_report_says_a_profile_s_age_and_which_grid_was_timed():
@@ -174,7 +175,7 @@ def test_the_report_says_a_profile_s_age_and_which_grid_was_timed():
     assert "Intel(R) Xeon(R) Processor, its time not recorded; fit median |error| 8.7 %" in lines[0]
     assert "9 points of this config's profile_grid (the profile does not record its grid) " \
         "(3 decode, 3 prefill, 3 mixed;" in lines[1]
-    assert "3 timed runs each" in lines[1] and "slower than priced at 0 of 9" in lines[1]
+    assert "timed in 3 rounds" in lines[1] and "slower than priced at 0 of 9" in lines[1]
     # Faster at every point (p = 0.004), by 0.92x: within the fit's 8.7 %.
     assert lines[2] == "holds: a systematic shift to 0.92x its prices, within the fit's own " \
         "8.7 % median error"

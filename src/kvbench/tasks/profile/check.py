@@ -128,7 +128,7 @@ def compare(table: pd.DataFrame, fit_median_abs_pct_error: float) -> ProfileChec
 def run_profile_check(cfg: Any, deployment: Any, raw_cfg: Any, output_dir: Path) -> pd.DataFrame:
     """Time ``cfg.profile_check``'s sample of ``cfg.executor.profile``'s grid on this machine;
     returns the table of timed points, priced by the profile."""
-    from kvbench.tasks.profile.measure import in_shuffled_order, time_iteration
+    from kvbench.tasks.profile.measure import time_grid
 
     path = cfg.executor.profile
     backend = cfg.executor.decode_backend
@@ -147,8 +147,7 @@ def run_profile_check(cfg: Any, deployment: Any, raw_cfg: Any, output_dir: Path)
     model = load_real_model(cfg)
     coefficients = {name: float(value) for name, value in document["coefficients"].items()}
     kv_dtype = cfg.model.kv_dtype
-    timings = in_shuffled_order(
-        points, lambda point: time_iteration(model, point, repeats, backend, kv_dtype))
+    timings, _ = time_grid(model, points, [], repeats, backend, kv_dtype, progress=cfg.progress)
     table = profile_frame([
         iteration_row(shape, point.block_size, point.wait_s, timing.median_s, timing.spread,
                       ProfiledCostModel(coefficients, point.block_size))
@@ -185,7 +184,7 @@ def check_lines(path: str, document: dict[str, Any], check: ProfileCheck,
         f"{document.get('device')}, {_age(document, now)}; fit median |error| "
         f"{check.fit_median_abs_pct_error:.1f} % over its grid",
         f"timed now: {check.num_points} points of {grid} ({counts}; wake-ups and swaps left "
-        f"out), {repeats} timed run{'s' if repeats > 1 else ''} each: median |error| "
+        f"out), timed in {repeats} round{'s' if repeats > 1 else ''}: median |error| "
         f"{check.median_abs_pct_error:.1f} %; measured / priced median {check.median_ratio:.2f} "
         f"(quartiles {low:.2f}-{high:.2f}); slower than priced at {check.num_slower} of "
         f"{check.num_points} (sign test p = {check.sign_test_p:.2g})",

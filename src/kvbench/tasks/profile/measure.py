@@ -5,9 +5,11 @@ otherwise) and executor; its sequences are admitted as the scheduler would admit
 ``RealExecutor.run`` is timed on the batch: the forward alone, where ``run_real`` times an
 iteration from the end of the one before, so a replay's steps also hold the engine's scheduling
 and bookkeeping (about 0.4 ms a step on a CPU; ``experiment=sim_to_real``'s interleaved grid is
-served through ``run_real`` for that reason). A point runs once
-untimed, then ``repeats`` times; the median is kept, with the spread (max - min) / median. A
-wake-up point sleeps its ``wait_s`` before each run, as ``run_real`` sleeps for an arrival.
+served through ``run_real`` for that reason). ``task=profile`` times its grid in rounds
+(``in_rounds``): each round runs every point once untimed and once timed, in a shuffled order of
+its own, and a point's time is its median over the rounds, with the spread (max - min) / median.
+A wake-up point sleeps its ``wait_s`` before each timed run, as ``run_real`` sleeps for an
+arrival.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from kvbench.tasks.profile.grid import (
     IterationPoint,
     SwapPoint,
     point_sequences,
+    point_shape,
 )
 
 Point = TypeVar("Point")
@@ -44,26 +47,39 @@ Measured = TypeVar("Measured")
 
 @dataclass(frozen=True)
 class Timing:
-    """A point's median seconds over its repeats and their spread ((max - min) / median)."""
+    """A point's median seconds over its timed runs and their spread ((max - min) / median)."""
 
     median_s: float
     spread: float
 
+    @classmethod
+    def of(cls, durations_s: SequenceOf[float]) -> Timing:
+        """The median and spread of ``durations_s`` (seconds, at least one)."""
+        median_s = statistics.median(durations_s)
+        return cls(median_s, (max(durations_s) - min(durations_s)) / median_s)
 
-def time_repeats(run: Callable[[], None], prepare: Callable[[], None], repeats: int) -> Timing:
-    """``prepare(); run()`` once untimed, then ``repeats`` times with ``run`` timed (to the end
-    of its GPU work, where it queued some: a swap's copies return before they are done)."""
-    durations = []
+
+def timed_runs(
+    run: Callable[[], None],
+    prepare: Callable[[], None],
+    repeats: int,
+    before_timed: Callable[[], None] = lambda: None,
+) -> list[float]:
+    """Seconds of ``repeats`` runs: ``prepare(); run()`` once untimed, then ``repeats`` times
+    with ``before_timed()`` after ``prepare()`` and ``run`` timed (to the end of its GPU work,
+    where it queued some: a swap's copies return before they are done)."""
+    durations_s = []
     for index in range(repeats + 1):
         prepare()
+        if index:
+            before_timed()
         _synchronize()
         started_s = time.perf_counter()
         run()
         _synchronize()
         if index:
-            durations.append(time.perf_counter() - started_s)
-    median_s = statistics.median(durations)
-    return Timing(median_s, (max(durations) - min(durations)) / median_s)
+            durations_s.append(time.perf_counter() - started_s)
+    return durations_s
 
 
 def _synchronize() -> None:
@@ -72,19 +88,38 @@ def _synchronize() -> None:
         torch.cuda.synchronize()
 
 
-def in_shuffled_order(
-    points: SequenceOf[Point], measure: Callable[[Point], Measured], seed: int = 0
-) -> list[Measured]:
-    """``measure`` of every point, called in a shuffled order (``seed``: the same order every
-    run), the results in the points' order. The machine's speed drifts over the minutes a
-    profile takes (on this project's shared CPU, paper_executed's probes of a decode step read
-    0.99-1.38 of a profile's price over one afternoon, and moved 0.2 within ten minutes), and in
-    the grid's order, batch after batch, a drift would be fitted as a cost of the batches timed
-    meanwhile; shuffled, it is noise that every term shares."""
-    order = list(range(len(points)))
-    random.Random(seed).shuffle(order)
-    measured = {index: measure(points[index]) for index in order}
-    return [measured[index] for index in range(len(points))]
+def in_rounds(
+    points: SequenceOf[Point],
+    measure: Callable[[Point], Measured],
+    num_rounds: int,
+    seed: int = 0,
+    progress: bool = False,
+) -> list[list[Measured]]:
+    """``measure`` of every point in each of ``num_rounds`` rounds, each round in a shuffled
+    order of its own (``seed``: the same orders every run); per point (in the points' order), its
+    results round by round.
+
+    Why shuffled: the machine's speed drifts over the minutes a profile takes (on this
+    project's shared CPU, paper_executed's probes of a decode step read 0.99-1.38 of a profile's
+    price over one afternoon, and moved 0.2 within ten minutes), and in the grid's order, batch
+    after batch, a drift would be fitted as a cost of the batches timed meanwhile; shuffled, it
+    is noise that every term shares. Why rounds: a slow spell of the machine lasts longer than
+    a point's runs (on the AMD EPYC of 2026-12-07, four profiles timed back to back had fit
+    residuals correlated by 0.25-0.53 between points timed one after the other), so runs timed
+    back to back share it and their median keeps it; a round later the spell has passed, and the
+    median over rounds drops it (docs/sim_to_real_measured.md, "Profiles timed in rounds")."""
+    from tqdm import tqdm
+
+    measured: list[list[Measured]] = [[] for _ in points]
+    with tqdm(total=num_rounds * len(points), desc="profile", unit="point",
+              disable=not progress) as bar:  # fmt: skip
+        for round_index in range(num_rounds):
+            order = list(range(len(points)))
+            random.Random(seed + round_index).shuffle(order)
+            for index in order:
+                measured[index].append(measure(points[index]))
+                bar.update()
+    return measured
 
 
 def time_iteration(
@@ -95,8 +130,22 @@ def time_iteration(
     kv_dtype: str | None = None,
     sleep: Callable[[float], None] = time.sleep,
 ) -> tuple[IterationShape, Timing]:
-    """The point's shape and its measured time (after an idle wait of ``point.wait_s``), the
-    decode kernel on ``decode_backend``, K/V stored in ``kv_dtype`` (``model.kv_dtype``)."""
+    """The point's shape and its time over ``repeats`` runs back to back (``iteration_runs``)."""
+    shape, durations_s = iteration_runs(model, point, repeats, decode_backend, kv_dtype, sleep)
+    return shape, Timing.of(durations_s)
+
+
+def iteration_runs(
+    model: Any,
+    point: IterationPoint,
+    repeats: int,
+    decode_backend: str,
+    kv_dtype: str | None = None,
+    sleep: Callable[[float], None] = time.sleep,
+) -> tuple[IterationShape, list[float]]:
+    """The point's shape and the seconds of ``repeats`` timed runs (after an untimed one; each
+    timed one after an idle wait of ``point.wait_s``), the decode kernel on ``decode_backend``,
+    K/V stored in ``kv_dtype`` (``model.kv_dtype``)."""
     name = "naive_oracle" if point.block_size == 1 else "paged"
     max_model_len = max((*point.decode_contexts, *point.prefill_prompts)) + OUTPUT_TOKENS + 2
     allocator = make_allocator(name, point.num_slots(OUTPUT_TOKENS), point.block_size,
@@ -114,13 +163,12 @@ def time_iteration(
         _readmit(allocator, decode + prefill)
         for seq in decode:
             executor.assume_computed(seq.seq_id, [0] * seq.num_kv_tokens)
-        if point.wait_s:
-            sleep(point.wait_s)
 
     batch = Batch(decode=decode, prefill=prefill)
-    timing = time_repeats(lambda: executor.run(batch, scheduler), prepare, repeats)
+    durations_s = timed_runs(lambda: executor.run(batch, scheduler), prepare, repeats,
+                             lambda: sleep(point.wait_s) if point.wait_s else None)  # fmt: skip
     context = sum(seq.num_kv_tokens for seq in decode)
-    return iteration_shape(prefill, len(decode), context), timing
+    return iteration_shape(prefill, len(decode), context), durations_s
 
 
 def _readmit(allocator: Allocator, seqs: list[Sequence]) -> None:
@@ -133,9 +181,12 @@ def _readmit(allocator: Allocator, seqs: list[Sequence]) -> None:
             raise RuntimeError(f"profile pool too small for sequence {seq.seq_id}")
 
 
-def time_swap(model: Any, point: SwapPoint, repeats: int, kv_dtype: str | None = None) -> Timing:
-    """Seconds of one direction of a swap: (copy out + copy back) / 2, of K/V stored in
-    ``kv_dtype`` (``model.kv_dtype``: fp8 copies its bytes as they are)."""
+def swap_runs(
+    model: Any, point: SwapPoint, repeats: int, kv_dtype: str | None = None
+) -> list[float]:
+    """Seconds of one direction of a swap, (copy out + copy back) / 2, in each of ``repeats``
+    timed runs (after an untimed one), of K/V stored in ``kv_dtype`` (``model.kv_dtype``: fp8
+    copies its bytes as they are)."""
     num_layers, num_kv_heads, head_dim = model_kv_shape(model)
     num_slots = point.num_slots
     memory = KVMemory(num_layers, num_kv_heads, head_dim, num_slots, point.block_size,
@@ -150,5 +201,29 @@ def time_swap(model: Any, point: SwapPoint, repeats: int, kv_dtype: str | None =
         memory.swap_out(0, slots)
         memory.swap_in(0, back)
 
-    timing = time_repeats(swap_out_and_in, lambda: None, repeats)
-    return Timing(timing.median_s / 2, timing.spread)
+    return [seconds / 2 for seconds in timed_runs(swap_out_and_in, lambda: None, repeats)]
+
+
+def time_grid(
+    model: Any,
+    points: SequenceOf[IterationPoint],
+    swaps: SequenceOf[SwapPoint],
+    num_rounds: int,
+    decode_backend: str,
+    kv_dtype: str | None = None,
+    progress: bool = False,
+) -> tuple[list[tuple[IterationShape, Timing]], list[Timing]]:
+    """Every iteration point and swap timed once (after an untimed run) in each of
+    ``num_rounds`` rounds (``in_rounds``); per point its shape (``point_shape``) and its timing
+    over the rounds, then per swap its timing."""
+
+    def measure_once(point: IterationPoint | SwapPoint) -> list[float]:
+        if isinstance(point, SwapPoint):
+            return swap_runs(model, point, 1, kv_dtype)
+        return iteration_runs(model, point, 1, decode_backend, kv_dtype)[1]
+
+    timed_points: list[IterationPoint | SwapPoint] = [*points, *swaps]
+    measured = in_rounds(timed_points, measure_once, num_rounds, progress=progress)
+    timings = [Timing.of([seconds for runs in rounds for seconds in runs]) for rounds in measured]
+    shapes = [point_shape(point) for point in points]
+    return list(zip(shapes, timings[: len(points)], strict=True)), timings[len(points) :]

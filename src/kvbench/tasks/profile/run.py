@@ -48,7 +48,7 @@ def run_profile(cfg: Any, deployment: Any, raw_cfg: Any, output_dir: Path) -> pd
     import torch
     import transformers
 
-    from kvbench.tasks.profile.measure import in_shuffled_order, time_iteration, time_swap
+    from kvbench.tasks.profile.measure import time_grid
 
     started_s = time.perf_counter()
     pin_threads(cfg.executor.num_threads)
@@ -56,13 +56,12 @@ def run_profile(cfg: Any, deployment: Any, raw_cfg: Any, output_dir: Path) -> pd
     backend = cfg.executor.decode_backend
     grid, token_bytes = cfg.profile_grid, deployment.model.kv_bytes_per_token
     repeats = grid.repeats
-    points = iteration_grid(grid, token_bytes)
+    points, swap_points = iteration_grid(grid, token_bytes), swap_grid(grid, token_bytes)
     kv_dtype = cfg.model.kv_dtype
-    timings = in_shuffled_order(
-        points, lambda point: time_iteration(model, point, repeats, backend, kv_dtype))
-    iterations = [(point, *timed) for point, timed in zip(points, timings, strict=True)]
-    swaps = [(point, time_swap(model, point, repeats, kv_dtype))
-             for point in swap_grid(grid, token_bytes)]  # fmt: skip
+    timed, swap_timings = time_grid(model, points, swap_points, repeats, backend, kv_dtype,
+                                    progress=cfg.progress)  # fmt: skip
+    iterations = [(point, *shape_timing) for point, shape_timing in zip(points, timed, strict=True)]
+    swaps = list(zip(swap_points, swap_timings, strict=True))
     coefficients = fit_terms(
         [iteration_features(shape, point.block_size) + wake_features(point.wait_s)
          for point, shape, _ in iterations],
@@ -135,7 +134,7 @@ def _summary_lines(profile: dict[str, Any], name: str) -> list[str]:
         f"{fit['num_iteration_points']} iterations and "
         f"{fit['num_swap_points']} swaps timed in {profile['profile_wall_s']:.0f} s -> {name}",
         f"fit: median |error| {fit['median_abs_pct_error']:.1f} %, max "
-        f"{fit['max_abs_pct_error']:.1f} % (median spread of repeats "
+        f"{fit['max_abs_pct_error']:.1f} % (median spread over rounds "
         f"{100 * fit['median_spread']:.1f} %)",
         f"grid: decode batches of {min(batches)}-{max(batches)} sequences at mean contexts "
         f"{'-'.join(map(str, sorted(contexts)))}, prefills of {'-'.join(map(str, prompts))} "
