@@ -70,6 +70,9 @@ SKIP: dict[str, str] = {
     "python -m kvbench.tools.prefill_pairs --profile FILE":
         "a timed measurement of this machine (2 min) and a template (FILE); "
         "tests/test_prefill_pairs_tool.py runs it small with a profile",
+    "python -m kvbench.tools.profile_repeatability RUN RUN ...":
+        "a template (RUN, task=profile run folders); tests/test_profile_repeatability_tool.py "
+        "runs it on the committed runs and on tables it writes",
     "python -m kvbench.tools.grid_extrapolation RUN":
         "a template (RUN, a task=profile run folder); tests/test_grid_extrapolation_tool.py "
         "runs it on a profile table it writes",
