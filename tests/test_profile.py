@@ -672,7 +672,7 @@ def test_the_gpu_grid_spans_a_gpu_s_batches_within_its_pool_cap():
     cfg, deployment, _ = compose_config(
         "task=profile", "model=llama-3-8b", "model.dtype=bf16", "hardware=h200-141gb",
         "executor.weights=random", "executor.decode_backend=triton", "executor.num_threads=null",
-        "profile_grid=gpu")  # fmt: skip
+        "profile_grid=gpu", "profile_grid.repeats=2")  # fmt: skip
     grid, token_bytes = cfg.profile_grid, deployment.model.kv_bytes_per_token
     points = iteration_grid(grid, token_bytes)
     pools = [p.num_slots(OUTPUT_TOKENS) * token_bytes for p in points]
