@@ -46,7 +46,7 @@ settings() {
     MODEL=(model=llama-3-8b model.dtype=bf16 hardware=h200-141gb executor.weights=random
            executor.decode_backend=triton executor.num_threads=null)
     # The profile's grid: a GPU's batches (to 256) and contexts (to 3,072 tokens), in 2 rounds,
-    # not 3: each round sets every point up anew and runs it untimed, and 3 rounds might not fit
+    # not 3: each round sets every point up anew, and 3 rounds might not fit
     # the step's 150 s (the grid has not run on a GPU yet); a lent GPU is not shared, so its slow
     # spells are rarer than this project's CPU's.
     GRID=(profile_grid=gpu profile_grid.repeats=2)
@@ -57,7 +57,7 @@ settings() {
          "workload_request_rates.sharegpt=[1.0,16.0]" "workload_request_rates.azure_conv=[1.0,16.0]"
          sim_to_real.repeat_replays=false)
     # Seconds: gpu_check first (it needs only torch and triton; rows stop after its budget),
-    # gpu tests, profile (99 points and 6 swaps in 2 rounds of 2 runs each, 5 s of idle waits),
+    # gpu tests, profile (99 points and 6 swaps in 2 rounds, 3 runs each, 5 s of idle waits),
     # sim_to_real (its runs at 1 req/s wait ~75 s for arrivals): 540 s, with the preamble's
     # wheel install inside the call's 590.
     LIMITS=(80 150 180)

@@ -478,6 +478,19 @@ def test_a_wake_up_point_idles_before_every_timed_run_and_the_grid_has_them():
         0.1, 0.25, 0.5, 1.0, 2.0, 4.0]
 
 
+def test_timed_runs_warm_up_untimed_first_unless_told_not_to():
+    from kvbench.tasks.profile.measure import timed_runs
+
+    calls = []
+    durations_s = timed_runs(lambda: calls.append("run"), lambda: calls.append("prepare"), 2,
+                             lambda: calls.append("idle"))  # fmt: skip
+    assert calls == ["prepare", "run"] + ["prepare", "idle", "run"] * 2 and len(durations_s) == 2
+    calls.clear()
+    durations_s = timed_runs(lambda: calls.append("run"), lambda: calls.append("prepare"), 2,
+                             lambda: calls.append("idle"), untimed_first=False)  # fmt: skip
+    assert calls == ["prepare", "idle", "run"] * 2 and len(durations_s) == 2
+
+
 def test_the_grid_is_timed_in_rounds_each_shuffled_and_tabled_in_its_own_order():
     from kvbench.tasks.profile.measure import in_rounds
 
@@ -503,12 +516,12 @@ def test_a_slow_spell_shorter_than_a_round_is_dropped_by_the_median_over_rounds(
     # machine. Back to back, 3 repeats of a point share it; in rounds, it falls in one of them.
     clock = []
 
-    def swap_runs(model, point, repeats, kv_dtype):
-        clock.append(point)
+    def swap_runs(model, point, repeats, kv_dtype, untimed_first):
+        clock.append((point, untimed_first))
         return [1.5 if 10 <= len(clock) < 18 else 1.0] * repeats
 
-    def iteration_runs(model, point, repeats, decode_backend, kv_dtype):
-        return None, swap_runs(model, point, repeats, kv_dtype)
+    def iteration_runs(model, point, repeats, decode_backend, kv_dtype, untimed_first):
+        return None, swap_runs(model, point, repeats, kv_dtype, untimed_first)
 
     monkeypatch.setattr(measure, "iteration_runs", iteration_runs)
     monkeypatch.setattr(measure, "swap_runs", swap_runs)
@@ -516,6 +529,9 @@ def test_a_slow_spell_shorter_than_a_round_is_dropped_by_the_median_over_rounds(
     swaps = [SwapPoint(16, 256), SwapPoint(16, 2048)]
     timed, swap_timings = measure.time_grid(None, points, swaps, 3, "sdpa")
     assert len(clock) == 3 * 32
+    # An untimed run first in the first round only: its executor's warm-up covers the others.
+    assert [untimed for _, untimed in clock] == [True] * 32 + [False] * 64
+    assert {point for point, _ in clock[:32]} == {*points, *swaps}
     assert [shape for shape, _ in timed] == [point_shape(point) for point in points]
     assert all(timing.median_s == 1.0 for _, timing in timed)
     assert all(timing.median_s == 1.0 for timing in swap_timings)

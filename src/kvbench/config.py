@@ -333,8 +333,8 @@ class ProfileGridConfig:
     swap_tokens: list[int] = MISSING
     # Points whose K/V pool would exceed this many GiB are left out (None: none is).
     max_pool_gib: float | None = MISSING
-    # Rounds over the grid: each times every point once (after one untimed run), in a shuffled
-    # order of its own; a point's median over the rounds is kept.
+    # Rounds over the grid: each times every point once (the first round after an untimed run),
+    # in a shuffled order of its own; a point's median over the rounds is kept.
     repeats: int = MISSING
 
 

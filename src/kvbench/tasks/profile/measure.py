@@ -6,8 +6,9 @@ otherwise) and executor; its sequences are admitted as the scheduler would admit
 iteration from the end of the one before, so a replay's steps also hold the engine's scheduling
 and bookkeeping (about 0.4 ms a step on a CPU; ``experiment=sim_to_real``'s interleaved grid is
 served through ``run_real`` for that reason). ``task=profile`` times its grid in rounds
-(``in_rounds``): each round runs every point once untimed and once timed, in a shuffled order of
-its own, and a point's time is its median over the rounds, with the spread (max - min) / median.
+(``time_grid``): each round times every point once (the first round after an untimed run), in a
+shuffled order of its own, and a point's time is its median over the rounds, with the spread
+(max - min) / median.
 A wake-up point sleeps its ``wait_s`` before each timed run, as ``run_real`` sleeps for an
 arrival.
 """
@@ -64,12 +65,13 @@ def timed_runs(
     prepare: Callable[[], None],
     repeats: int,
     before_timed: Callable[[], None] = lambda: None,
+    untimed_first: bool = True,
 ) -> list[float]:
-    """Seconds of ``repeats`` runs: ``prepare(); run()`` once untimed, then ``repeats`` times
-    with ``before_timed()`` after ``prepare()`` and ``run`` timed (to the end of its GPU work,
-    where it queued some: a swap's copies return before they are done)."""
+    """Seconds of ``repeats`` runs: ``prepare(); run()`` once untimed (if ``untimed_first``),
+    then ``repeats`` times with ``before_timed()`` after ``prepare()`` and ``run`` timed (to the
+    end of its GPU work, where it queued some: a swap's copies return before they are done)."""
     durations_s = []
-    for index in range(repeats + 1):
+    for index in range(0 if untimed_first else 1, repeats + 1):
         prepare()
         if index:
             before_timed()
@@ -142,10 +144,11 @@ def iteration_runs(
     decode_backend: str,
     kv_dtype: str | None = None,
     sleep: Callable[[float], None] = time.sleep,
+    untimed_first: bool = True,
 ) -> tuple[IterationShape, list[float]]:
-    """The point's shape and the seconds of ``repeats`` timed runs (after an untimed one; each
-    timed one after an idle wait of ``point.wait_s``), the decode kernel on ``decode_backend``,
-    K/V stored in ``kv_dtype`` (``model.kv_dtype``)."""
+    """The point's shape and the seconds of ``repeats`` timed runs (after an untimed one, if
+    ``untimed_first``; each timed one after an idle wait of ``point.wait_s``), the decode kernel
+    on ``decode_backend``, K/V stored in ``kv_dtype`` (``model.kv_dtype``)."""
     name = "naive_oracle" if point.block_size == 1 else "paged"
     max_model_len = max((*point.decode_contexts, *point.prefill_prompts)) + OUTPUT_TOKENS + 2
     allocator = make_allocator(name, point.num_slots(OUTPUT_TOKENS), point.block_size,
@@ -166,7 +169,8 @@ def iteration_runs(
 
     batch = Batch(decode=decode, prefill=prefill)
     durations_s = timed_runs(lambda: executor.run(batch, scheduler), prepare, repeats,
-                             lambda: sleep(point.wait_s) if point.wait_s else None)  # fmt: skip
+                             lambda: sleep(point.wait_s) if point.wait_s else None,
+                             untimed_first)  # fmt: skip
     context = sum(seq.num_kv_tokens for seq in decode)
     return iteration_shape(prefill, len(decode), context), durations_s
 
@@ -182,11 +186,15 @@ def _readmit(allocator: Allocator, seqs: list[Sequence]) -> None:
 
 
 def swap_runs(
-    model: Any, point: SwapPoint, repeats: int, kv_dtype: str | None = None
+    model: Any,
+    point: SwapPoint,
+    repeats: int,
+    kv_dtype: str | None = None,
+    untimed_first: bool = True,
 ) -> list[float]:
     """Seconds of one direction of a swap, (copy out + copy back) / 2, in each of ``repeats``
-    timed runs (after an untimed one), of K/V stored in ``kv_dtype`` (``model.kv_dtype``: fp8
-    copies its bytes as they are)."""
+    timed runs (after an untimed one, if ``untimed_first``), of K/V stored in ``kv_dtype``
+    (``model.kv_dtype``: fp8 copies its bytes as they are)."""
     num_layers, num_kv_heads, head_dim = model_kv_shape(model)
     num_slots = point.num_slots
     memory = KVMemory(num_layers, num_kv_heads, head_dim, num_slots, point.block_size,
@@ -201,7 +209,8 @@ def swap_runs(
         memory.swap_out(0, slots)
         memory.swap_in(0, back)
 
-    return [seconds / 2 for seconds in timed_runs(swap_out_and_in, lambda: None, repeats)]
+    durations_s = timed_runs(swap_out_and_in, lambda: None, repeats, untimed_first=untimed_first)
+    return [seconds / 2 for seconds in durations_s]
 
 
 def time_grid(
@@ -213,14 +222,23 @@ def time_grid(
     kv_dtype: str | None = None,
     progress: bool = False,
 ) -> tuple[list[tuple[IterationShape, Timing]], list[Timing]]:
-    """Every iteration point and swap timed once (after an untimed run) in each of
-    ``num_rounds`` rounds (``in_rounds``); per point its shape (``point_shape``) and its timing
-    over the rounds, then per swap its timing."""
+    """Every iteration point and swap timed once in each of ``num_rounds`` rounds
+    (``in_rounds``), after an untimed run in the first; per point its shape (``point_shape``) and
+    its timing over the rounds, then per swap its timing.
+
+    Why no untimed run after the first round: a point is set up anew each round, but its
+    executor's ``warm_up`` already pays what a first run costs more. Timed too, the untimed run
+    of each of the cpu grid's 111 points took 1.004x, 1.004x and 1.003x the timed run after it
+    (median) in rounds 1, 2 and 3, slower in 58, 58 and 59 of them (the AMD EPYC, 2026-12-07)."""
+    warmed: set[IterationPoint | SwapPoint] = set()
 
     def measure_once(point: IterationPoint | SwapPoint) -> list[float]:
+        untimed_first = point not in warmed
+        warmed.add(point)
         if isinstance(point, SwapPoint):
-            return swap_runs(model, point, 1, kv_dtype)
-        return iteration_runs(model, point, 1, decode_backend, kv_dtype)[1]
+            return swap_runs(model, point, 1, kv_dtype, untimed_first)
+        return iteration_runs(model, point, 1, decode_backend, kv_dtype,
+                              untimed_first=untimed_first)[1]  # fmt: skip
 
     timed_points: list[IterationPoint | SwapPoint] = [*points, *swaps]
     measured = in_rounds(timed_points, measure_once, num_rounds, progress=progress)
