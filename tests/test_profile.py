@@ -521,7 +521,7 @@ def test_a_slow_spell_shorter_than_a_round_is_dropped_by_the_median_over_rounds(
         return [1.5 if 10 <= len(clock) < 18 else 1.0] * repeats
 
     def iteration_runs(model, point, repeats, decode_backend, kv_dtype, untimed_first):
-        return None, swap_runs(model, point, repeats, kv_dtype, untimed_first)
+        return swap_runs(model, point, repeats, kv_dtype, untimed_first)
 
     monkeypatch.setattr(measure, "iteration_runs", iteration_runs)
     monkeypatch.setattr(measure, "swap_runs", swap_runs)

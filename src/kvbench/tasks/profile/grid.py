@@ -136,7 +136,7 @@ def point_sequences(point: IterationPoint) -> tuple[list[Sequence], list[Sequenc
 
 
 def point_shape(point: IterationPoint) -> IterationShape:
-    """The shape ``measure.time_iteration`` times for ``point`` (of ``point_sequences``)."""
+    """The shape ``measure.iteration_runs`` times for ``point`` (of ``point_sequences``)."""
     decode, prefill = point_sequences(point)
     return iteration_shape(prefill, len(decode), sum(seq.num_kv_tokens for seq in decode))
 

@@ -28,7 +28,7 @@ import torch
 
 from kvbench.allocators import make_allocator
 from kvbench.allocators.base import Allocator
-from kvbench.engine.cost_model import IterationShape, iteration_shape
+from kvbench.engine.cost_model import IterationShape
 from kvbench.engine.scheduler import Batch, Scheduler, SchedulerLimits
 from kvbench.engine.sequence import Sequence
 from kvbench.executors.forward import model_kv_shape
@@ -133,8 +133,8 @@ def time_iteration(
     sleep: Callable[[float], None] = time.sleep,
 ) -> tuple[IterationShape, Timing]:
     """The point's shape and its time over ``repeats`` runs back to back (``iteration_runs``)."""
-    shape, durations_s = iteration_runs(model, point, repeats, decode_backend, kv_dtype, sleep)
-    return shape, Timing.of(durations_s)
+    durations_s = iteration_runs(model, point, repeats, decode_backend, kv_dtype, sleep)
+    return point_shape(point), Timing.of(durations_s)
 
 
 def iteration_runs(
@@ -145,8 +145,8 @@ def iteration_runs(
     kv_dtype: str | None = None,
     sleep: Callable[[float], None] = time.sleep,
     untimed_first: bool = True,
-) -> tuple[IterationShape, list[float]]:
-    """The point's shape and the seconds of ``repeats`` timed runs (after an untimed one, if
+) -> list[float]:
+    """The seconds of the point's ``repeats`` timed runs (after an untimed one, if
     ``untimed_first``; each timed one after an idle wait of ``point.wait_s``), the decode kernel
     on ``decode_backend``, K/V stored in ``kv_dtype`` (``model.kv_dtype``)."""
     name = "naive_oracle" if point.block_size == 1 else "paged"
@@ -168,11 +168,9 @@ def iteration_runs(
             executor.assume_computed(seq.seq_id, [0] * seq.num_kv_tokens)
 
     batch = Batch(decode=decode, prefill=prefill)
-    durations_s = timed_runs(lambda: executor.run(batch, scheduler), prepare, repeats,
-                             lambda: sleep(point.wait_s) if point.wait_s else None,
-                             untimed_first)  # fmt: skip
-    context = sum(seq.num_kv_tokens for seq in decode)
-    return iteration_shape(prefill, len(decode), context), durations_s
+    return timed_runs(lambda: executor.run(batch, scheduler), prepare, repeats,
+                      lambda: sleep(point.wait_s) if point.wait_s else None,
+                      untimed_first)  # fmt: skip
 
 
 def _readmit(allocator: Allocator, seqs: list[Sequence]) -> None:
@@ -238,7 +236,7 @@ def time_grid(
         if isinstance(point, SwapPoint):
             return swap_runs(model, point, 1, kv_dtype, untimed_first)
         return iteration_runs(model, point, 1, decode_backend, kv_dtype,
-                              untimed_first=untimed_first)[1]  # fmt: skip
+                              untimed_first=untimed_first)  # fmt: skip
 
     timed_points: list[IterationPoint | SwapPoint] = [*points, *swaps]
     measured = in_rounds(timed_points, measure_once, num_rounds, progress=progress)
