@@ -756,7 +756,8 @@ def test_task_profile_times_its_grid_and_writes_a_profile_the_simulator_reads(
 
     cfg, deployment, raw = compose_config(
         "task=profile", "model=smollm2-135m", "model.dtype=fp32", "hardware=cpu",
-        "executor.weights=random", "executor.num_threads=1", "plots=false",
+        # 2 of SmolLM2's 30 layers: what the task times and writes does not need all of them.
+        "model.num_layers=2", "executor.weights=random", "executor.num_threads=1", "plots=false",
         "summary_table=false", f"model.kv_dtype={kv_dtype}", *TINY_GRID)  # fmt: skip
     table = run_profile(cfg, deployment, raw, tmp_path)
     # 2 x 3 x 2 decode + 2 x 2 prefill + 1 mixed + 2 wake-ups, 2 x 2 swaps.
