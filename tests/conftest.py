@@ -48,6 +48,26 @@ def compose_config(*overrides: str):
     return typed, deployment, raw
 
 
+def priced_grid_table(costs, *overrides: str, scale=lambda shape: 1.0):
+    """A ``profile.parquet`` table of the cpu grid's points (``task=profile`` of SmolLM2 in fp32,
+    with ``overrides``) timed on a device that costs exactly what ``costs`` (a profile's
+    coefficients) price, times ``scale(shape)``."""
+    from kvbench.engine.profiled import ProfiledCostModel
+    from kvbench.tasks.profile.grid import iteration_grid, point_shape
+    from kvbench.tasks.profile.table import iteration_row, profile_frame
+
+    cfg, deployment, _ = compose_config("task=profile", "model=smollm2-135m", "hardware=cpu",
+                                        "model.dtype=fp32", *overrides)  # fmt: skip
+    rows = []
+    for point in iteration_grid(cfg.profile_grid, deployment.model.kv_bytes_per_token):
+        shape = point_shape(point)
+        model = ProfiledCostModel(costs, point.block_size)
+        priced_s = model.iteration_time_s(shape) + model.wake_time_s(point.wait_s)
+        measured_s = priced_s * scale(shape)
+        rows.append(iteration_row(shape, point.block_size, point.wait_s, measured_s, 0.0, model))
+    return profile_frame(rows)
+
+
 @pytest.fixture
 def shared_traces() -> Path:
     """The real traces beside the checkout; skips the test where they are absent."""

@@ -4,11 +4,9 @@ priced on its larger ones."""
 from __future__ import annotations
 
 import pytest
-from conftest import compose_config
+from conftest import priced_grid_table
 
-from kvbench.engine.profiled import PROFILE_TERMS, SWAP_TERMS, WAKE_TERMS, ProfiledCostModel
-from kvbench.tasks.profile.grid import iteration_grid, point_shape
-from kvbench.tasks.profile.table import iteration_row, profile_frame
+from kvbench.engine.profiled import PROFILE_TERMS, SWAP_TERMS, WAKE_TERMS
 from kvbench.tools import grid_extrapolation
 
 # A device whose iterations cost exactly what these linear terms say (every other term 0).
@@ -20,24 +18,15 @@ LINEAR = dict.fromkeys((*PROFILE_TERMS, *WAKE_TERMS, *SWAP_TERMS), 0.0) | {
 def _table(slowdown: float, feature: str = "num_decode_tokens", past: int = 32):
     """The cpu grid's points (with prompts of 1,024 tokens too) timed on that device, those of
     more than ``past`` ``feature`` ``slowdown`` x."""
-    cfg, deployment, _ = compose_config(
-        "task=profile", "model=smollm2-135m", "hardware=cpu", "model.dtype=fp32",
-        "profile_grid.prefill_prompts=[16,64,256,1024]")  # fmt: skip
-    rows = []
-    for point in iteration_grid(cfg.profile_grid, deployment.model.kv_bytes_per_token):
-        shape = point_shape(point)
-        model = ProfiledCostModel(LINEAR, point.block_size)
-        measured_s = model.iteration_time_s(shape) + model.wake_time_s(point.wait_s)
-        if getattr(shape, feature) > past:
-            measured_s *= slowdown
-        rows.append(iteration_row(shape, point.block_size, point.wait_s, measured_s, 0.0, model))
-    return profile_frame(rows)
+    return priced_grid_table(LINEAR, "profile_grid.prefill_prompts=[16,64,256,1024]",
+                             scale=lambda shape: slowdown if getattr(shape, feature) > past
+                             else 1.0)  # fmt: skip
 
 
 def test_a_linear_device_is_priced_exactly_within_and_past_the_grid():
     table = grid_extrapolation.extrapolation_table(_table(1.0), "num_decode_tokens", 32)
-    assert table.index.tolist() == [1, 2, 3, 4, 6, 8, 16, 32, 64, 128, 256]
-    assert table["num_points"].tolist() == [9] * 8 + [8, 5, 4]
+    assert table.index.tolist() == [*range(1, 17), 32, 64, 128, 256]
+    assert table["num_points"].tolist() == [9] * 17 + [8, 5, 4]
     assert table["small_grid_pct"].max() < 1e-6 and table["full_grid_pct"].max() < 1e-6
 
 
@@ -64,7 +53,8 @@ def test_a_table_with_nothing_larger_is_refused_in_one_line(tmp_path, capsys):
     assert grid_extrapolation.main([str(tmp_path), "--fit-max", "256"]) == 2
     assert capsys.readouterr().err == (
         "grid_extrapolation: no num_decode_tokens past 256 in the table (its values: 1, 2, 3, 4, "
-        "6, 8, 16, 32, 64, 128, 256); profile a grid past it (profile_grid.decode_batches, "
+        "5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 32, 64, 128, 256); profile a grid past it "
+        "(profile_grid.decode_batches, "
         "profile_grid.prefill_prompts) or give another --fit-max\n")
     assert grid_extrapolation.main([str(tmp_path), "--feature", "num_prefill_tokens",
                                     "--fit-max", "512"]) == 0  # fmt: skip

@@ -48,11 +48,14 @@ COEFFICIENTS = {
     "per_mixed_step_s": 4e-3, "swap_per_token_s": 1e-6, "swap_per_block_s": 3e-6,
 }  # fmt: skip
 # A matmul library's stairs, not monotone (as MKL's on this project's AMD EPYC): 25 ms more
-# from 2 rows, 15 more from 3, 22 less from 4, 9 more from 6, 8 less from 8, 3 more from 16
-# (the cpu grid has no step of 5 or 7 tokens: it cannot tell those stairs).
+# from 2 rows, 15 more from 3, 22 less from 4, 9 more from 6, a bump at 7 and at 11, 3 more
+# from 16 (the level of the line past the table of counts).
 STAIRS = {"stair_2_tokens_s": 0.025, "stair_3_tokens_s": 0.015, "stair_4_tokens_s": -0.022,
-          "stair_5_tokens_s": 0.0, "stair_6_tokens_s": 9e-3, "stair_7_tokens_s": 0.0,
-          "stair_8_tokens_s": -8e-3, "stair_16_tokens_s": 3e-3}  # fmt: skip
+          "stair_5_tokens_s": -2e-3, "stair_6_tokens_s": 9e-3, "stair_7_tokens_s": 0.02,
+          "stair_8_tokens_s": -0.028, "stair_9_tokens_s": 6e-3, "stair_10_tokens_s": 0.0,
+          "stair_11_tokens_s": 0.018, "stair_12_tokens_s": -0.02, "stair_13_tokens_s": 1e-3,
+          "stair_14_tokens_s": 8e-3, "stair_15_tokens_s": -7e-3,
+          "stair_16_tokens_s": 3e-3}  # fmt: skip
 # A per-token slope that steepens past 64 and 256 tokens (the cpu grid's steps stop at 512, so
 # it cannot tell a slope past 1,024: its fit gives that 0).
 HINGES = {"per_token_past_64_s": 5e-4, "per_token_past_256_s": 2e-4,
@@ -123,16 +126,18 @@ def test_stairs_price_a_step_from_its_token_count():
     def stairs_s(shape: IterationShape) -> float:
         return with_stairs.iteration_time_s(shape) - without.iteration_time_s(shape)
 
-    decode_stairs = [stairs_s(IterationShape(0, 0, n, 40 * n)) for n in (1, 2, 3, 4, 7, 8, 16, 32)]
-    assert decode_stairs == pytest.approx([0, 0.025, 0.04, 0.018, 0.027, 0.019, 0.022, 0.022])
-    # A prefill's tokens count as rows too: a 5-token prompt is past the 4-token stair.
-    assert stairs_s(IterationShape(5, 15, 0, 0, num_prefill_seqs=1)) == pytest.approx(0.018)
+    decode_stairs = [stairs_s(IterationShape(0, 0, n, 40 * n))
+                     for n in (1, 2, 3, 4, 7, 8, 11, 15, 16, 32)]  # fmt: skip
+    assert decode_stairs == pytest.approx([0, 0.025, 0.04, 0.018, 0.045, 0.017, 0.041, 0.023,
+                                           0.026, 0.026])  # fmt: skip
+    # A prefill's tokens count as rows too: a 5-token prompt is past the 5-token stair.
+    assert stairs_s(IterationShape(5, 15, 0, 0, num_prefill_seqs=1)) == pytest.approx(0.016)
     assert stairs_s(IterationShape(2, 3, 1, 30, num_prefill_seqs=1)) == pytest.approx(0.04)
 
 
 def test_the_fit_prices_stairs_with_either_sign_and_only_those_its_points_tell_apart():
-    # Decode steps of 1-4, 6-8, 16 and 32 sequences (none of 5), priced by falling and rising
-    # stairs.
+    # Decode steps of 1-4, 6-8, 16 and 32 sequences (none of 5 or of 9-15), priced by falling
+    # and rising stairs.
     costs = COEFFICIENTS | STAIRS | {"stair_6_tokens_s": -4e-3, "stair_7_tokens_s": 9e-3}
     shapes = [IterationShape(0, 0, n, n * context) for n in (1, 2, 3, 4, 6, 7, 8, 16, 32)
               for context in (20, 200)]  # fmt: skip
@@ -141,11 +146,17 @@ def test_the_fit_prices_stairs_with_either_sign_and_only_those_its_points_tell_a
     fitted = dict(zip(PROFILE_TERMS, fit_relative(features, times, signed_terms(PROFILE_TERMS)),
                       strict=True))  # fmt: skip
     for term in ("stair_2_tokens_s", "stair_3_tokens_s", "stair_4_tokens_s",
-                 "stair_7_tokens_s", "stair_8_tokens_s", "stair_16_tokens_s"):  # fmt: skip
+                 "stair_7_tokens_s", "stair_8_tokens_s"):  # fmt: skip
         assert fitted[term] == pytest.approx(costs[term], rel=1e-6), term
-    # No step computes 5 tokens: the 5 and 6 stairs are one column, fitted once, on the later.
+    # No step computes 5 tokens: the 5 and 6 stairs are one column, fitted once, on the later,
+    # at their sum; so are the stairs of 9-16 tokens, on the 16 one.
     assert fitted["stair_5_tokens_s"] == 0.0
-    assert fitted["stair_6_tokens_s"] == pytest.approx(costs["stair_6_tokens_s"], rel=1e-6)
+    assert fitted["stair_6_tokens_s"] == pytest.approx(
+        costs["stair_5_tokens_s"] + costs["stair_6_tokens_s"], rel=1e-6)
+    unseen = [f"stair_{tokens}_tokens_s" for tokens in range(9, 16)]
+    assert [fitted[term] for term in unseen] == [0.0] * 7
+    assert fitted["stair_16_tokens_s"] == pytest.approx(
+        sum(costs[term] for term in unseen) + costs["stair_16_tokens_s"], rel=1e-6)
     # Without signed terms the fit keeps every stair >= 0, and misses the falling ones.
     non_negative = fit_relative(features, times)
     assert (non_negative >= 0).all()
@@ -540,7 +551,7 @@ def test_a_slow_spell_shorter_than_a_round_is_dropped_by_the_median_over_rounds(
     assert sorted(spreads)[-8:] == [0.5] * 8 and sorted(spreads)[:-8] == [0.0] * 24
 
 
-def test_the_cpu_grid_spans_what_the_committed_profile_was_fitted_on_and_larger_batches():
+def test_the_cpu_grid_spans_what_the_committed_profile_was_fitted_on_every_stair_and_larger():
     from kvbench.tasks.profile.grid import GIB, OUTPUT_TOKENS
 
     grid, token_bytes = _cpu_grid()
@@ -550,12 +561,19 @@ def test_the_cpu_grid_spans_what_the_committed_profile_was_fitted_on_and_larger_
         grid, decode_batches=[1, 2, 3, 4, 6, 8, 16, 32], max_pool_gib=None), token_bytes)
     assert len(committed) == 94 and all(point in points for point in committed)
     uncapped = iteration_grid(dataclasses.replace(grid, max_pool_gib=None), token_bytes)
-    larger = [p for p in uncapped if p not in committed]
+    added = [p for p in uncapped if p not in committed]
+    # Every batch of 1-16 sequences, so that each stair's count is timed: 5, 7 and 9-15 added,
+    # under each of 3 block sizes at 3 contexts, all within the cap.
+    stairs = [p for p in added if len(p.decode_contexts) <= 16]
+    assert sorted({len(p.decode_contexts) for p in stairs}) == [5, 7, *range(9, 16)]
+    assert len(stairs) == 9 * 9 and all(p in points for p in stairs)
+    assert {len(p.decode_contexts) for p in points if not p.prefill_prompts} >= set(range(1, 17))
+    larger = [p for p in added if p not in stairs]
     assert len(larger) == 27 and {len(p.decode_contexts) for p in larger} == {64, 128, 256}
     # Timed where their pool fits 3.2 GiB: 17 of the 27.
     kept = [p.num_slots(OUTPUT_TOKENS) * token_bytes <= 3.2 * GIB for p in larger]
     assert [p in points for p in larger] == kept and sum(kept) == 17
-    assert len(points) == 94 + 17
+    assert len(points) == 94 + 81 + 17
     decode = [p for p in points if p.decode_contexts and not p.prefill_prompts]
     assert max(max(p.decode_contexts) for p in decode) == 1152
 
@@ -570,7 +588,7 @@ def test_a_request_longer_than_any_sequence_the_grid_timed_is_beyond_it():
     assert beyond_grid(prompt_tokens, output_tokens, grid).tolist() == [
         False, True, False, True, True]  # fmt: skip
     shapes = grid_shapes(grid, token_bytes)
-    assert len(shapes) == 111
+    assert len(shapes) == 192
     assert max(shape.num_prefill_tokens for shape in shapes) == 512  # two prompts of 256
     assert max(shape.num_decode_tokens for shape in shapes) == 256
 

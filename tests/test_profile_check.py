@@ -41,7 +41,7 @@ def test_points_are_drawn_per_kind_in_the_grid_s_order_the_same_every_check():
     points = _cpu_grid()
     sample = sample_points(points, 6)
     kinds = [point_kind(point) for point in sample]
-    # The cpu grid has 89 decode, 12 prefill and 4 mixed points (and 6 wake-ups, never drawn).
+    # The cpu grid has 170 decode, 12 prefill and 4 mixed points (and 6 wake-ups, never drawn).
     assert (kinds.count("decode"), kinds.count("prefill"), kinds.count("mixed")) == (6, 6, 4)
     assert sample == sample_points(points, 6)
     positions = [points.index(point) for point in sample]
@@ -56,7 +56,7 @@ def test_points_are_drawn_per_kind_in_the_grid_s_order_the_same_every_check():
 def test_more_points_per_kind_than_the_grid_has_takes_every_one_but_the_wake_ups():
     points = _cpu_grid()
     sample = sample_points(points, 1000)
-    assert len(sample) == sum(point.wait_s == 0 for point in points) == 105
+    assert len(sample) == sum(point.wait_s == 0 for point in points) == 186
     assert {point_kind(point) for point in sample} == {"decode", "prefill", "mixed"}
 
 

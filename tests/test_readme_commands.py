@@ -76,6 +76,9 @@ SKIP: dict[str, str] = {
     "python -m kvbench.tools.grid_extrapolation RUN":
         "a template (RUN, a task=profile run folder); tests/test_grid_extrapolation_tool.py "
         "runs it on a profile table it writes",
+    "python -m kvbench.tools.stair_refit RUN RUN ...":
+        "a template (RUN, task=profile run folders); tests/test_stair_refit_tool.py runs it on "
+        "the committed runs and on tables it writes",
     "python -m kvbench task=profile_check hardware=cpu model=smollm2-135m model.dtype=fp32 "
     "executor.num_threads=2 executor.profile=FILE":
         "a timed measurement of this machine (about a minute) and a template (FILE); "

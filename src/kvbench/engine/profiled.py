@@ -29,9 +29,11 @@ number of rows (the step's tokens), which follows no line and need not even rise
 project's Intel Xeon, MKL ran SmolLM2's linear layers in the same 20 ms for 1-3 rows and in 30 ms
 from 4; on its AMD EPYC (2026-12-06) in 34, 53, 65, 51, 47, 46, 56 and 47 ms for 1-8 rows, and
 a decode step of ``experiment=sim_to_real`` took 44, 72, 87-90, 66-68 and 65 ms for 1-5
-sequences. So every count of 2-8 tokens, and 16, has a stair (the level from that count on
-against the count below), fitted with either sign; a stair whose band of counts no fitted point
-computes is not fitted (0: its counts cost what the count below does; ``tasks.profile.fit``).
+sequences; on 2026-12-07 the linears took 1.3-1.5x their neighbours' time on 7 and on 11 rows
+(``docs/sim_to_real_measured.md``). So every count of 2-16 tokens has a stair (the level from
+that count on against the count below): a level per count to 15, the line from 16 on. Each is
+fitted with either sign; a stair whose band of counts no fitted point computes is not fitted (0:
+its counts cost what the count below does; ``tasks.profile.fit``).
 The hinges bend the per-token line up past ``HINGE_TOKENS`` tokens: the dense layers cost
 little per token while reading the weights bounds them and a full token's FLOPs once compute
 does (a GPU's roofline knee, some hundreds of rows for a 7-8B model; on an AMD EPYC, MKL's 211
@@ -56,7 +58,7 @@ from kvbench.engine.cost_model import DecodeTimeFn, IterationShape
 
 # Tokens a step computes from which a stair term prices it (the rows of its matmuls); a stair
 # is signed: the level may fall from one count to the next.
-STAIR_TOKENS = (2, 3, 4, 5, 6, 7, 8, 16)
+STAIR_TOKENS = tuple(range(2, 17))
 STAIR_TERMS = tuple(f"stair_{tokens}_tokens_s" for tokens in STAIR_TOKENS)
 # Tokens a step computes past which a hinge term adds to the per-token slope.
 HINGE_TOKENS = (64, 256, 1024)

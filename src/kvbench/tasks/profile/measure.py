@@ -226,8 +226,9 @@ def time_grid(
 
     Why no untimed run after the first round: a point is set up anew each round, but its
     executor's ``warm_up`` already pays what a first run costs more. Timed too, the untimed run
-    of each of the cpu grid's 111 points took 1.004x, 1.004x and 1.003x the timed run after it
-    (median) in rounds 1, 2 and 3, slower in 58, 58 and 59 of them (the AMD EPYC, 2026-12-07)."""
+    of each of the cpu grid's 111 points of then took 1.004x, 1.004x and 1.003x the timed run
+    after it (median) in rounds 1, 2 and 3, slower in 58, 58 and 59 of them (the AMD EPYC,
+    2026-12-07)."""
     warmed: set[IterationPoint | SwapPoint] = set()
 
     def measure_once(point: IterationPoint | SwapPoint) -> list[float]:
