@@ -235,7 +235,8 @@ def test_paper_executed_serves_one_workload_at_the_rates_given_for_it():
         validate_config(two)
 
 
-@pytest.mark.parametrize("run", ["amd-epyc-2026-12-03", "intel-xeon-2026-12-04"])
+@pytest.mark.parametrize("run", ["amd-epyc-2026-12-03", "intel-xeon-2026-12-04",
+                                 "amd-epyc-2026-12-07"])  # fmt: skip
 def test_the_figures_the_docs_quote_are_the_committed_run_s(run):
     root = Path(__file__).resolve().parents[1]
     table = pd.read_parquet(root / "results/reference/paper_executed" / run
