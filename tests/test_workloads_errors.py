@@ -173,3 +173,18 @@ def test_partially_missing_arrivals(tmp_path):
 
 def test_trace_error_is_a_value_error():
     assert issubclass(TraceError, ValueError)
+
+
+def test_a_parquet_string_column_of_bytes_that_are_not_utf8_names_its_row(tmp_path):
+    # A parquet file may declare a string column and hold other bytes; pyarrow refuses them only
+    # when they are converted (found by tests/test_trace_fuzz.py's ten thousand traces).
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    instructions = pa.array([b"fine", b"\xff\xfe"], type=pa.binary()).view(pa.string())
+    path = tmp_path / "alpaca.parquet"
+    pq.write_table(pa.table({"instruction": instructions, "output": ["a", "b"]}), path)
+    with pytest.raises(TraceError) as error:
+        load_trace(path, format="alpaca")
+    assert str(error.value) == (f"{path}: row 2: instruction holds bytes that are not UTF-8 text; "
+                                "expected a string")

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 
 from kvbench.workloads.frame import (
     block_hash_lists,
@@ -124,6 +126,24 @@ def _lengths_frame(raw: pd.DataFrame, locator: RowLocator, hash_block_tokens: in
 # --- Raw-text formats (tokenized) ---
 
 
+def _column_values(raw: pd.DataFrame, column: str, locator: RowLocator) -> list[Any]:
+    """``raw[column]`` as Python values; a TraceError naming the first row whose bytes are not
+    UTF-8 text (a parquet file may declare a string column and hold other bytes: pyarrow refuses
+    them only when they are converted)."""
+    values = raw[column]
+    try:
+        return values.tolist()
+    except pa.ArrowException:
+        for index in range(len(values)):
+            try:
+                values.iloc[index : index + 1].tolist()
+            except pa.ArrowException:
+                raise TraceError(locator.path, locator.row(index),
+                                 f"{column} holds bytes that are not UTF-8 text",
+                                 "a string") from None  # fmt: skip
+        raise
+
+
 def _texts(
     raw: pd.DataFrame, column: str, locator: RowLocator, missing_is_empty: bool = False
 ) -> list[str]:
@@ -131,7 +151,7 @@ def _texts(
     cannot tell it from a missing one) and a cell its reader took for a number is that number's
     text. Elsewhere a value that is not a string is an error, and so is a missing one unless
     ``missing_is_empty`` (Alpaca's optional ``input``)."""
-    texts = raw[column].tolist()
+    texts = _column_values(raw, column, locator)
     is_csv = locator.container == CSV
     for index, text in enumerate(texts):
         if isinstance(text, str):
