@@ -32,8 +32,8 @@ import pandas as pd
 from kvbench.engine.profiled import PROFILE_TERMS, STAIR_TERMS, WAKE_TERMS
 from kvbench.tasks.profile.fit import fit_terms
 from kvbench.tools.grid_extrapolation import row_features
-from kvbench.tools.profile_ratio import SHAPE_COLUMNS, read_profile_table
-from kvbench.tools.profile_repeatability import run_name
+from kvbench.tools.profile_ratio import read_profile_table
+from kvbench.tools.profile_repeatability import iteration_times, run_name
 
 TERMS = (*PROFILE_TERMS, *WAKE_TERMS)
 # The model and cpu grid before every count to 16 had a stair and a decode batch.
@@ -41,14 +41,6 @@ OLDER_STAIRS = (2, 3, 4, 5, 6, 7, 8, 16)
 OLDER_BATCHES = (1, 2, 3, 4, 6, 8, 16, 32, 64, 128, 256)
 # The decode batches the table shows: those the stairs price one by one.
 LARGEST_TABLED_BATCH = 16
-
-
-def iteration_points(table: pd.DataFrame) -> pd.DataFrame:
-    """``table``'s iteration points, indexed by shape; ValueError (one line) for a shape twice."""
-    points = table[table["kind"] == "iteration"].set_index(SHAPE_COLUMNS)
-    if points.index.has_duplicates:
-        raise ValueError("a profile table with a point twice: not one grid's")
-    return points
 
 
 def refit_prices(points: pd.DataFrame, stairs: tuple[int, ...] | None,
@@ -76,7 +68,7 @@ def stair_tables(tables: dict[str, pd.DataFrame], stairs: tuple[int, ...],
     than two runs, or runs with no point in common."""
     if len(tables) < 2:
         raise ValueError("give two or more task=profile runs of the same grid")
-    points = {name: iteration_points(table) for name, table in tables.items()}
+    points = {name: iteration_times(table) for name, table in tables.items()}
     measured = pd.DataFrame({name: run["measured_s"] for name, run in points.items()}).dropna()
     if measured.empty:
         raise ValueError("the runs time no iteration point in common: not the same grid")
