@@ -23,8 +23,11 @@ from .deal import block_stream, deal_block_tables
 from .decode_attention import (
     BACKENDS,
     DECODE_BACKENDS,
+    FP8_KV_DTYPE,
     contiguous_decode_attention,
+    fp8_as_bytes,
     paged_decode_attention,
+    triton_fp8_problem,
 )
 from .decode_torch import fp8_dequantized
 from .kv_write import write_kv
@@ -36,6 +39,7 @@ from .timing import PairTiming, batch_calls, device_copy_gb_per_s, time_pair
 __all__ = [
     "BACKENDS",
     "DECODE_BACKENDS",
+    "FP8_KV_DTYPE",
     "TILE_TOKENS",
     "CsrPageTable",
     "DecodeBatch",
@@ -49,6 +53,7 @@ __all__ = [
     "copy_blocks",
     "deal_block_tables",
     "device_copy_gb_per_s",
+    "fp8_as_bytes",
     "fp8_dequantized",
     "layout_from_allocator",
     "materialize_batch",
@@ -61,6 +66,7 @@ __all__ = [
     "time_pair",
     "to_csr_page_table",
     "to_paged_layout",
+    "triton_fp8_problem",
     "virtual_spans",
     "write_kv",
 ]

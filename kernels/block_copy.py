@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import torch
 
-from .decode_attention import BACKENDS
+from .decode_attention import BACKENDS, fp8_as_bytes
 
 
 def _host_pairs(block_mapping: torch.Tensor | Sequence[tuple[int, int]]) -> list[list[int]]:
@@ -55,7 +55,7 @@ def copy_blocks(
     if backend == "triton":
         from .block_copy_triton import triton_copy_blocks  # triton imported lazily
 
-        triton_copy_blocks(key_cache, value_cache, mapping)
+        triton_copy_blocks(fp8_as_bytes(key_cache), fp8_as_bytes(value_cache), mapping)
         return
     key_cache[mapping[:, 1]] = key_cache[mapping[:, 0]]
     value_cache[mapping[:, 1]] = value_cache[mapping[:, 0]]

@@ -32,6 +32,29 @@ STORAGE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 # fp8 K/V (e4m3, vLLM's kv_cache_dtype=fp8): stored in one byte, dequantized on load, times the
 # per-tensor scales k_scale/v_scale, to the query's dtype.
 FP8_KV_DTYPE = torch.float8_e4m3fn
+# Triton types e4m3 as fp8e4nv, which it compiles for NVIDIA GPUs of compute capability 8.9 or
+# later only (Ada, Hopper, Blackwell: triton/backends/nvidia/compiler.py adds it from sm_89).
+FP8_MIN_CAPABILITY = (8, 9)
+
+
+def triton_fp8_problem(device: torch.device) -> str | None:
+    """Why the Triton decode kernel cannot read fp8 K/V on ``device`` (None: it can). The CPU
+    interpreter converts e4m3 in software."""
+    if device.type != "cuda":
+        return None
+    capability = torch.cuda.get_device_capability(device)
+    if capability >= FP8_MIN_CAPABILITY:
+        return None
+    name = torch.cuda.get_device_name(device)
+    return (f"Triton reads fp8 (e4m3) K/V on GPUs of compute capability "
+            f"{'.'.join(map(str, FP8_MIN_CAPABILITY))} or later, and {name} is "
+            f"{'.'.join(map(str, capability))}")  # fmt: skip
+
+
+def fp8_as_bytes(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` as the cache kernels move it: fp8 viewed as uint8 (the same bytes; a Triton
+    pointer to fp8e4nv compiles on compute capability 8.9 or later only), any other dtype as is."""
+    return tensor.view(torch.uint8) if tensor.dtype == FP8_KV_DTYPE else tensor
 
 
 def _check_common(
@@ -59,6 +82,10 @@ def _check_common(
         )
     if key.stride() != value.stride() or key.stride(-1) != 1:
         raise ValueError("key and value must have equal strides and a contiguous head_dim")
+    if backend == "triton" and key.dtype == FP8_KV_DTYPE:
+        problem = triton_fp8_problem(key.device)
+        if problem:
+            raise ValueError(f"{problem}: use backend torch or sdpa there")
 
 
 def _check_int32(name: str, tensor: torch.Tensor, dims: int, num_seqs: int) -> None:

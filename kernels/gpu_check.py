@@ -5,10 +5,12 @@
 
 Needs only torch and triton: this folder is loaded by file path as the package ``kvbench_kernels``
 (no kvbench install, no hydra). It (1) compares the compiled Triton kernels with the float64
-reference over every storage dtype, block sizes 8-256, ragged contexts, GQA/MQA/MHA and split
-contexts, and checks paged == contiguous bit for bit; (2) measures a device copy's bandwidth;
-(3) times paged vs contiguous decode attention (``triton.testing.do_bench`` medians, L2 flushed
-between calls) on scattered block tables over context lengths, batch sizes and block sizes;
+reference over every storage dtype (and fp8 K/V under fp16 and bf16 queries, on a GPU whose
+Triton reads e4m3), block sizes 8-256, ragged contexts, GQA/MQA/MHA and split contexts, checks
+paged == contiguous bit for bit, and the K/V write and block copy kernels against torch's, bit
+for bit in fp16 and fp8; (2) measures a device copy's bandwidth; (3) times paged vs contiguous
+decode attention (``triton.testing.do_bench`` medians, L2 flushed between calls) on scattered
+block tables over context lengths, batch sizes and block sizes;
 (4) writes everything, with the targets (achieved >= 80 % of the copy's bandwidth; overhead
 <= 3 % at block 16 for contexts >= 1k), to ``kernels/baselines/h200.json`` (``--out``), and a
 copy to ``$OUT/h200.json`` when ``$OUT`` is set. Exit 1 if any correctness check fails; the
@@ -40,6 +42,9 @@ INTERPRETER_UNIT_ROUNDOFF = {torch.float16: 2.0**-11, torch.bfloat16: 2.0**-7}
 # The targets read rows of at least 256 MiB of K/V (64K tokens of Llama-3-8B's bf16 K/V per
 # layer): ~60 us at 4.8 TB/s, long enough that a call's host time is not what is timed.
 TARGET_MIN_KV_MIB = 256
+# fp8 K/V's (k_scale, v_scale): powers of two, so an e4m3 value times its scale is exact in fp16
+# and bf16 and the dequantized K/V are what the reference reads.
+FP8_SCALES = (0.5, 0.25)
 TIME_BUDGET_S = 240.0  # benchmark rows past this are skipped, so the check ends within 5 minutes
 # (--time-budget-s: kernels/gpu_session.sh gives it what its one device call has left)
 
@@ -81,6 +86,15 @@ def correctness_cases(dry_run: bool) -> list[dict]:
     return cases
 
 
+def fp8_cases(dry_run: bool) -> list[dict]:
+    """Cases of fp8 K/V (e4m3 at power-of-two scales, dequantized on load) under fp16 and bf16
+    queries: ``check_attention`` holds them to the query dtype's bound over the dequantized K/V."""
+    lens = [1, 45, 70] if dry_run else [1, 17, 1000, 4097, 8191]
+    heads = (4, 2, 32) if dry_run else MODEL_HEADS
+    return [{"dtype": dtype, "block_size": 16, "lens": lens, "heads": heads, "num_splits": None,
+             "kv_scales": FP8_SCALES} for dtype in (torch.float16, torch.bfloat16)]  # fmt: skip
+
+
 def check_attention(kernels, case: dict, device: str, dry_run: bool) -> dict:
     """One case: errors against float64, within the rounding bound, paged == contiguous."""
     dtype, block_size, lens = case["dtype"], case["block_size"], case["lens"]
@@ -91,20 +105,29 @@ def check_attention(kernels, case: dict, device: str, dry_run: bool) -> dict:
         tables, lens, block_size, num_q_heads, num_kv_heads, head_dim, dtype, device, seed=1
     )
     layout = batch.layout
+    key_cache, value_cache, key, value = batch.key_cache, batch.value_cache, batch.key, batch.value
     # One plan for both layouts (the same bound and splits), so they must agree bit for bit.
     plan = {"num_splits": case["num_splits"], "max_context_len": batch.max_context_len}
+    if "kv_scales" in case:  # fp8 K/V: stored divided by the scales, read back times them
+        k_scale, v_scale = case["kv_scales"]
+        key_cache, key = ((t.float() / k_scale).to(kernels.FP8_KV_DTYPE) for t in (key_cache, key))
+        value_cache, value = ((t.float() / v_scale).to(kernels.FP8_KV_DTYPE)
+                              for t in (value_cache, value))  # fmt: skip
+        plan.update(k_scale=k_scale, v_scale=v_scale)
     paged = kernels.paged_decode_attention(
-        batch.query, batch.key_cache, batch.value_cache, layout.block_tables, layout.context_lens,
-        **plan,
-    )  # fmt: skip
-    contiguous = kernels.contiguous_decode_attention(
-        batch.query, batch.key, batch.value, layout.context_lens, **plan
+        batch.query, key_cache, value_cache, layout.block_tables, layout.context_lens, **plan
     )
+    contiguous = kernels.contiguous_decode_attention(
+        batch.query, key, value, layout.context_lens, **plan
+    )
+    # The K/V as the kernels read them, in float64: fp8 dequantized (exactly, at these scales).
+    k_scale, v_scale = case.get("kv_scales", (1.0, 1.0))
     reference = kernels.reference_paged_decode(
-        batch.query, batch.key_cache, batch.value_cache, layout.block_tables, layout.context_lens
-    )  # [num_seqs, num_q_heads, head_dim] float64
+        batch.query, key_cache.double() * k_scale, value_cache.double() * v_scale,
+        layout.block_tables, layout.context_lens,
+    )  # [num_seqs, num_q_heads, head_dim] float64  # fmt: skip
     error = (paged.double() - reference).abs()
-    value_scale = batch.value.abs().max().double().item()
+    value_scale = (value.double() * v_scale).abs().max().item()
     if dtype == torch.float32:
         within = bool(error.max() <= 1e-5 * reference.abs().max())
     else:
@@ -113,6 +136,7 @@ def check_attention(kernels, case: dict, device: str, dry_run: bool) -> dict:
         within = bool((error <= bound).all())
     return {
         "dtype": str(dtype).removeprefix("torch."),
+        "kv_dtype": "fp8" if "kv_scales" in case else str(dtype).removeprefix("torch."),
         "block_size": block_size,
         "lens": lens,
         "heads": list(case["heads"]),
@@ -125,20 +149,24 @@ def check_attention(kernels, case: dict, device: str, dry_run: bool) -> dict:
 
 
 def check_cache_ops(kernels, device: str) -> dict:
-    """write_kv and copy_blocks: Triton equals torch, bit for bit."""
+    """write_kv and copy_blocks: Triton equals torch, bit for bit, in fp16 and in fp8."""
     generator = torch.Generator(device=device).manual_seed(3)
-    key = torch.randn((50, 8, 128), generator=generator, device=device).half()
-    value = torch.randn((50, 8, 128), generator=generator, device=device).half()
+    key = torch.randn((50, 8, 128), generator=generator, device=device)
+    value = torch.randn((50, 8, 128), generator=generator, device=device)
     slots = torch.randperm(40 * 16, device=device)[:50]
     slots[7] = -1  # padding token: skipped
-    results = {}
-    for backend in ("triton", "torch"):
-        caches = [torch.zeros((40, 16, 8, 128), dtype=torch.half, device=device) for _ in "kv"]
-        kernels.write_kv(key, value, *caches, slots, backend=backend)
-        kernels.copy_blocks(*caches, [(1, 30), (5, 2), (39, 0)], backend=backend)
-        results[backend] = caches
-    same = all(torch.equal(a, b) for a, b in zip(results["triton"], results["torch"], strict=True))
-    return {"write_kv_and_copy_blocks_match_torch": same}
+    same = {}
+    for dtype in (torch.half, kernels.FP8_KV_DTYPE):
+        results = {}
+        for backend in ("triton", "torch"):
+            caches = [torch.zeros((40, 16, 8, 128), dtype=dtype, device=device) for _ in "kv"]
+            kernels.write_kv(key.to(dtype), value.to(dtype), *caches, slots, backend=backend)
+            kernels.copy_blocks(*caches, [(1, 30), (5, 2), (39, 0)], backend=backend)
+            results[backend] = [cache.view(torch.uint8) for cache in caches]  # the bits
+        same[str(dtype).removeprefix("torch.")] = all(
+            torch.equal(a, b) for a, b in zip(results["triton"], results["torch"], strict=True)
+        )
+    return {"write_kv_and_copy_blocks_match_torch": all(same.values()), "by_dtype": same}
 
 
 def bench_grid(dry_run: bool) -> list[tuple[int, int, int]]:
@@ -212,6 +240,8 @@ def run(
 
     device = "cpu" if dry_run else "cuda"
     cases = correctness_cases(dry_run)
+    fp8_problem = kernels.triton_fp8_problem(torch.device(device))
+    cases += [] if fp8_problem else fp8_cases(dry_run)
     correctness = [check_attention(kernels, case, device, dry_run) for case in cases]
     cache_ops = check_cache_ops(kernels, device)
     print(f"correctness done in {time.perf_counter() - started_s:.0f} s", flush=True)
@@ -231,6 +261,7 @@ def run(
         "correctness_passed": passed and cache_ops["write_kv_and_copy_blocks_match_torch"],
         "correctness": correctness,
         "cache_ops": cache_ops,
+        "fp8_decode_skipped": fp8_problem,
         "rows": rows,
         "skipped_rows_over_time_budget": skipped,
     }

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Issue 16's GPU checks in one device call (docs/sim_to_real.md#profiling-a-gpu): the kernels'
-# check (kernels/gpu_check.py), the real executor's GPU path against stock generation, a
+# check (kernels/gpu_check.py, fp8 K/V included), the real executor's GPU path against stock
+# generation (and fp8 pools through Triton against torch's kernels), a
 # profile of a random-weight Llama-3-8B (bf16, Triton decode), then sim-to-real on the GPU
 # (experiment=sim_to_real with that model). Everything it writes comes back as
 # $OUT/gpu_session.tar.gz and $OUT/gpu_session.log.

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from .decode_attention import BACKENDS
+from .decode_attention import BACKENDS, fp8_as_bytes
 
 
 def _check(
@@ -61,6 +61,7 @@ def write_kv(
     if backend == "triton":
         from .kv_write_triton import triton_write_kv  # triton imported lazily
 
+        key, value, key_cache, value_cache = map(fp8_as_bytes, (key, value, key_cache, value_cache))
         triton_write_kv(key, value, key_cache, value_cache, slot_mapping)
         return
     kept = slot_mapping >= 0  # [num_tokens]

@@ -93,3 +93,51 @@ def test_the_byte_table_dequantizes_every_fp8_value_bit_for_bit_as_the_cast(dtyp
     assert table.dtype == dtype and table.shape == rows.shape
     bits = torch.int32 if dtype == torch.float32 else torch.int16
     assert torch.equal(table.contiguous().view(bits), cast.contiguous().view(bits))
+
+
+def test_the_triton_cache_kernels_move_fp8_as_bytes_bit_for_bit_as_torch(monkeypatch) -> None:
+    # The GPU's K/V writes and copy-on-writes on fp8 pools (here under the interpreter): the
+    # kernels get bytes (a pointer to Triton's fp8e4nv compiles on compute capability 8.9 or
+    # later only), and leave the pools as torch's indexing does, bit for bit.
+    from kvbench.kernels import block_copy_triton, copy_blocks, kv_write_triton, write_kv
+
+    kernel_dtypes = []
+    for module, name in ((kv_write_triton, "triton_write_kv"),
+                         (block_copy_triton, "triton_copy_blocks")):  # fmt: skip
+        kernel = getattr(module, name)
+
+        def spy(*tensors, kernel=kernel):
+            kernel_dtypes.extend(t.dtype for t in tensors[:-1])  # the last: the slots or pairs
+            kernel(*tensors)
+
+        monkeypatch.setattr(module, name, spy)
+    generator = torch.Generator().manual_seed(5)
+    key, value = (torch.randn(6, 2, 16, generator=generator).to(FP8) for _ in "kv")
+    slots = torch.tensor([3, 17, -1, 31, 8, 0])  # -1: a padding token, not written
+    pools = {}
+    for backend in ("triton", "torch"):
+        key_cache, value_cache = (torch.zeros(4, 8, 2, 16, dtype=FP8) for _ in "kv")
+        write_kv(key, value, key_cache, value_cache, slots, backend=backend)
+        copy_blocks(key_cache, value_cache, [(0, 1), (2, 3)], backend=backend)
+        pools[backend] = [cache.view(torch.uint8) for cache in (key_cache, value_cache)]
+    assert kernel_dtypes == [torch.uint8] * 6  # 4 tensors written, 2 pools copied
+    assert all(torch.equal(a, b) for a, b in zip(pools["triton"], pools["torch"], strict=True))
+    assert pools["torch"][0][1].any() and pools["torch"][0][3].any()  # blocks 1 and 3 copied to
+
+
+def test_triton_reads_fp8_on_gpus_of_compute_capability_8_9_or_later(monkeypatch) -> None:
+    from kvbench.kernels import triton_fp8_problem
+
+    assert triton_fp8_problem(torch.device("cpu")) is None  # the interpreter converts in software
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA A100-SXM4-80GB")
+    for capability, readable in (((8, 0), False), ((8, 6), False), ((8, 9), True), ((9, 0), True)):
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None,
+                            capability=capability: capability)  # fmt: skip
+        problem = triton_fp8_problem(torch.device("cuda"))
+        assert (problem is None) == readable, capability
+    assert problem is None
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
+    assert triton_fp8_problem(torch.device("cuda")) == (
+        "Triton reads fp8 (e4m3) K/V on GPUs of compute capability 8.9 or later, and NVIDIA "
+        "A100-SXM4-80GB is 8.0"
+    )

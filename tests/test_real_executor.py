@@ -51,13 +51,13 @@ def _stock_outputs(model, requests) -> dict[int, list[int]]:
 
 
 def _serve(model, allocator_name, num_slots, preemption="recompute", block_size=8,
-           backend="sdpa"):  # fmt: skip
+           backend="sdpa", kv_dtype=None):  # fmt: skip
     requests = _requests()
     allocator = make_allocator(allocator_name, num_slots, block_size, MAX_MODEL_LEN)
     limits = SchedulerLimits(max_model_len=MAX_MODEL_LEN, preemption=preemption,
                              swap_capacity_tokens=10_000)  # fmt: skip
     scheduler = Scheduler(limits)
-    executor = RealExecutor(model, allocator, backend)
+    executor = RealExecutor(model, allocator, backend, kv_dtype)
     executor.keep_outputs = True
     run = run_real(requests, scheduler, allocator, executor)
     return requests, run, executor
@@ -108,6 +108,18 @@ def test_the_triton_kernel_decodes_the_stock_outputs(model, allocator, num_slots
         assert sum(record.num_swaps for record in run.result.requests) > 0
 
 
+def test_fp8_pools_through_the_triton_kernels_decode_what_the_torch_kernels_do(model):
+    # A GPU's path with fp8 pools, here under the interpreter: Triton's cache kernels write and
+    # swap the bytes, its decode kernel dequantizes them; the torch kernels' tokens, on the same
+    # fp8 pools (fp8 rounding moves both off the stock outputs alike).
+    _, _, reference = _serve(model, "paged", 96, "swap", backend="torch", kv_dtype="fp8")
+    _, run, executor = _serve(model, "paged", 96, "swap", backend="triton", kv_dtype="fp8")
+    assert executor.memory.keys[0].dtype == torch.float8_e4m3fn
+    assert (executor.memory.cache_backend, reference.memory.cache_backend) == ("triton", "torch")
+    assert sum(record.num_swaps for record in run.result.requests) > 0
+    assert executor.outputs == reference.outputs
+
+
 def test_the_triton_kernel_on_the_cpu_needs_the_interpreter(model, monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     allocator = make_allocator("paged", 256, 8, MAX_MODEL_LEN)
@@ -137,6 +149,24 @@ def test_on_a_gpu_the_outputs_equal_stock_generation(allocator, num_slots, preem
             )  # fmt: skip
         assert executor.outputs[request.request_id] == generated[0].tolist()
     assert run.peak_device_bytes >= run.kv_pool_bytes
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_on_a_gpu_fp8_pools_decode_through_triton_what_they_do_through_torch():
+    # fp8 pools on the GPU: Triton's cache kernels and decode kernel (compute capability 8.9 or
+    # later) against the torch kernels on the same GPU, both through swaps.
+    from kvbench.kernels import triton_fp8_problem
+
+    gpu_model = load_model(TINY_GQA).to("cuda")
+    if triton_fp8_problem(gpu_model.device):
+        pytest.skip(triton_fp8_problem(gpu_model.device))
+    _, _, reference = _serve(gpu_model, "paged", 96, "swap", backend="torch", kv_dtype="fp8")
+    _, run, executor = _serve(gpu_model, "paged", 96, "swap", backend="triton", kv_dtype="fp8")
+    assert executor.memory.keys[0].device.type == "cuda"
+    assert executor.memory.keys[0].dtype == torch.float8_e4m3fn
+    assert sum(record.num_swaps for record in run.result.requests) > 0
+    assert executor.outputs == reference.outputs
 
 
 def test_requests_arrive_on_the_wall_clock(model):

@@ -168,15 +168,22 @@ def test_kv_dtypes_a_real_model_cannot_store_are_refused(overrides, expected):
 
 
 @pytest.mark.parametrize("task", ["profile", "profile_check", "sim_to_real", "paper_executed"])
-def test_the_tasks_kvbench_s_executor_serves_store_fp8_k_v_on_the_cpu_only(task, monkeypatch):
+def test_on_a_gpu_fp8_k_v_through_triton_needs_compute_capability_8_9(task, monkeypatch):
     overrides = ("model=smollm2-135m", "model.dtype=fp32", "hardware=cpu", f"task={task}",
-                 "executor.profile=profile.json", "model.kv_dtype=fp8")  # fmt: skip
-    cfg, _, _ = compose_config(*overrides)
-    assert cfg.model.kv_dtype == "fp8"
+                 "executor.profile=profile.json", "model.kv_dtype=fp8", "executor.device=cuda",
+                 "executor.decode_backend=triton")  # fmt: skip
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # as on a GPU machine
-    with pytest.raises(ConfigError, match=r"model.kv_dtype=fp8: task=.* stores fp8 K/V on the "
-                                          r"CPU only .*; set executor.device=cpu or"):  # fmt: skip
-        compose_config(*overrides, "executor.device=cuda")
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA A100-SXM4-80GB")
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
+    with pytest.raises(ConfigError, match=r"model.kv_dtype=fp8 with executor.decode_backend="
+                                          r"triton: Triton reads .* NVIDIA A100-SXM4-80GB is "
+                                          r"8.0; set executor.decode_backend=sdpa or"):  # fmt: skip
+        compose_config(*overrides)
+    cfg, _, _ = compose_config(*overrides, "executor.decode_backend=sdpa")  # any GPU
+    assert cfg.model.kv_dtype == "fp8"
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))  # H100
+    cfg, _, _ = compose_config(*overrides)
+    assert (cfg.model.kv_dtype, cfg.executor.decode_backend) == ("fp8", "triton")
 
 
 def test_the_gpu_session_s_sim_to_real_composes_with_its_186_slot_pool():

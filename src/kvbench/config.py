@@ -1036,9 +1036,9 @@ def _check_real_executor(cfg: KvbenchConfig) -> None:
 
 
 def _check_real_kv_dtype(cfg: KvbenchConfig, what: str) -> None:
-    """The pools of a real model hold K/V in the model's dtype, or in fp8 on the CPU (the
-    Triton cache kernels a GPU run writes with are not checked with fp8) where kvbench's own
-    executor serves them (not in ``sim_to_vllm``, whose engine keeps the model's dtype)."""
+    """The pools of a real model hold K/V in the model's dtype, or in fp8 where kvbench's own
+    executor serves them (not in ``sim_to_vllm``, whose engine keeps the model's dtype); on a
+    GPU, fp8 read by the Triton decode kernel needs one whose Triton converts e4m3."""
     from kvbench.executors.names import resolve_device
 
     kv_dtype, dtype = cfg.model.kv_dtype, cfg.model.dtype
@@ -1053,11 +1053,17 @@ def _check_real_kv_dtype(cfg: KvbenchConfig, what: str) -> None:
         f"model.kv_dtype={kv_dtype!r} with model.dtype={dtype!r}: {what} stores K/V in the "
         f"model's dtype{f' (fp8: {fp8_where})' if kv_dtype == 'fp8' else ''}; {fix}",
     )
-    _require(
-        resolve_device(cfg.executor.device) == "cpu",
-        f"model.kv_dtype=fp8: {what} stores fp8 K/V on the CPU only (its GPU cache kernels are "
-        f"not checked with fp8); set executor.device=cpu or {fix}",
-    )
+    if resolve_device(cfg.executor.device) == "cuda" and cfg.executor.decode_backend == "triton":
+        import torch
+
+        from kvbench.kernels import triton_fp8_problem
+
+        problem = triton_fp8_problem(torch.device("cuda"))
+        _require(
+            problem is None,
+            f"model.kv_dtype=fp8 with executor.decode_backend=triton: {problem}; set "
+            f"executor.decode_backend=sdpa or {fix}",
+        )
 
 
 def _check_real_weights(cfg: KvbenchConfig, what: str) -> None:

@@ -24,7 +24,7 @@ from collections.abc import Sequence
 
 import torch
 
-from kvbench.kernels import copy_blocks, fp8_dequantized, write_kv
+from kvbench.kernels import copy_blocks, fp8_as_bytes, fp8_dequantized, write_kv
 
 
 class KVMemory:
@@ -41,6 +41,8 @@ class KVMemory:
             ``kv_cache_dtype=fp8``; read back times the scale (the paged kernels take the scales).
         calibrate_scales: fp8 scales of each layer from its first write (vLLM's
             ``calculate_kv_scales``: ``calibrated_scales``), fixed from then on; False: 1.0.
+        cache_backend: the K/V write and block copy kernels' backend (``kvbench.kernels``);
+            None: ``triton`` on a GPU, ``torch`` elsewhere.
     """
 
     def __init__(
@@ -54,6 +56,7 @@ class KVMemory:
         device: torch.device | str = "cpu",
         kv_dtype: torch.dtype | None = None,
         calibrate_scales: bool = False,
+        cache_backend: str | None = None,
     ) -> None:
         num_blocks = num_slots // block_size
         shape = (num_blocks, block_size, num_kv_heads, head_dim)
@@ -69,7 +72,7 @@ class KVMemory:
         self.device = torch.device(device)
         # On a GPU, Triton's cache kernels: torch's index a boolean mask and read a mapping back
         # to the host, a device sync per layer that stops the host queueing work ahead.
-        self._cache_backend = "triton" if self.device.type == "cuda" else "torch"
+        self.cache_backend = cache_backend or ("triton" if self.device.type == "cuda" else "torch")
         self.block_size = block_size
         self._swap_space: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
@@ -104,7 +107,7 @@ class KVMemory:
         k_scale, v_scale = self.scales[layer]
         storage = self.keys[layer].dtype
         write_kv(stored(key, k_scale, storage), stored(value, v_scale, storage), self.keys[layer],
-                 self.values[layer], slots, self._cache_backend)  # fmt: skip
+                 self.values[layer], slots, self.cache_backend)  # fmt: skip
 
     def fill_noise(self, seed: int = 0) -> None:
         """Fill every slot of every layer with standard-normal K/V (stored as ``write`` stores
@@ -160,7 +163,7 @@ class KVMemory:
         if not pairs:
             return
         for key_cache, value_cache in zip(self.keys, self.values, strict=True):
-            copy_blocks(key_cache, value_cache, list(pairs), backend=self._cache_backend)
+            copy_blocks(key_cache, value_cache, list(pairs), backend=self.cache_backend)
 
     def swap_out(self, seq_id: int, slots: torch.Tensor) -> None:
         """Copy a preempted sequence's K/V (its tokens' ``slots``, int64 [num_tokens]) out of
@@ -178,7 +181,7 @@ class KVMemory:
         keys, values, slots = keys.to(self.device), values.to(self.device), slots.to(self.device)
         for layer in range(len(self.keys)):  # as stored: no second scaling
             write_kv(keys[layer], values[layer], self.keys[layer], self.values[layer], slots,
-                     self._cache_backend)  # fmt: skip
+                     self.cache_backend)  # fmt: skip
 
     def drop_swapped(self, seq_id: int) -> None:
         """Forget a sequence's swap space (it will be recomputed instead), if it has one."""
@@ -193,8 +196,11 @@ class KVMemory:
     def _rows(self, layer: int, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Key and value rows [num_tokens, num_kv_heads, head_dim] of ``slots``, copied."""
         rows_shape = (-1, *self.keys[layer].shape[2:])  # [num_slots, num_kv_heads, head_dim]
-        return (self.keys[layer].view(rows_shape).index_select(0, slots),
-                self.values[layer].view(rows_shape).index_select(0, slots))  # fmt: skip
+        # fp8 selected as bytes: the same rows, with no need for a device's index_select to
+        # know fp8.
+        key, value = (fp8_as_bytes(pool).view(rows_shape).index_select(0, slots).view(pool.dtype)
+                      for pool in (self.keys[layer], self.values[layer]))  # fmt: skip
+        return key, value
 
 
 # ``model.kv_dtype`` / ``equivalence.kv_dtype`` names a pool stores in a dtype of its own (other

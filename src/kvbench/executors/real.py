@@ -49,7 +49,8 @@ class RealExecutor:
         model: a transformers causal LM in eval mode (its dtype and device are the pools').
         allocator: the allocator whose memory the pools are (its slots, its block size).
         backend: the paged decode kernel's backend (``sdpa`` or ``torch`` on a CPU, ``triton``
-            on a GPU; ``executor.decode_backend``).
+            on a GPU; ``executor.decode_backend``). ``triton`` writes and copies K/V with
+            Triton's cache kernels too, as on a GPU (on a CPU, under the interpreter).
         kv_dtype: ``model.kv_dtype``: ``fp8`` stores K/V in e4m3 at unit scales (vLLM's
             ``kv_cache_dtype=fp8`` without calibration), 1 byte per element, as the allocator's
             slots were counted; anything else the model's dtype.
@@ -63,7 +64,8 @@ class RealExecutor:
         num_layers, num_kv_heads, head_dim = model_kv_shape(model)
         self.memory = KVMemory(num_layers, num_kv_heads, head_dim, allocator.num_slots,
                                allocator.block_size, model.dtype, model.device,
-                               kv_dtype=kv_storage_dtype(kv_dtype))  # fmt: skip
+                               kv_dtype=kv_storage_dtype(kv_dtype),
+                               cache_backend="triton" if backend == "triton" else None)  # fmt: skip
         self.runner = BatchRunner(model, self.memory, "paged", backend)
         self.allocator = allocator
         self.vocab_size = int(model.config.vocab_size)
