@@ -370,6 +370,12 @@ FOUND = [
      "line 2", "TIMESTAMP = '-3' is not a date-time"),
     ("jsonl", b'{"TIMESTAMP": "2023", "ContextTokens": 1, "GeneratedTokens": 2}\n', "line 1",
      "TIMESTAMP = '2023' is not a date-time"),  # a bare year
+    # A text field holding a number in a later record: datasets read the field's texts back as
+    # JSON, the valid "0" as the number 0, and the record before the bad one was blamed.
+    ("jsonl", b'{"instruction": "", "output": "0"}\n{"instruction": "", "output": -1}\n',
+     "line 2", "output = -1"),
+    ("json", b'[{"instruction": "", "output": "0"}, {"instruction": "", "output": -1}]',
+     "record 2", "output = -1"),
 ]  # fmt: skip
 
 

@@ -133,9 +133,14 @@ def _read_local(path: Path, container: str) -> pd.DataFrame:
     import datasets
 
     with _quiet_datasets():
+        # on_mixed_types=None: a field of mixed types (a string in one record, a number in the
+        # next) stays an error, and the exact reader of ``diagnose_unreadable`` keeps each
+        # value's type. By default datasets encodes such a field as JSON and reads it back:
+        # the string "0" came back as the number 0, and the error blamed its valid record.
         dataset = datasets.load_dataset(
-            _BUILDER_BY_CONTAINER[container], data_files=str(path), split="train"
-        )
+            _BUILDER_BY_CONTAINER[container], data_files=str(path), split="train",
+            on_mixed_types=None,
+        )  # fmt: skip
         return dataset.to_pandas()
 
 
