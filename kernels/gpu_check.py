@@ -125,7 +125,7 @@ def check_attention(kernels, case: dict, device: str, dry_run: bool) -> dict:
     reference = kernels.reference_paged_decode(
         batch.query, key_cache.double() * k_scale, value_cache.double() * v_scale,
         layout.block_tables, layout.context_lens,
-    )  # [num_seqs, num_q_heads, head_dim] float64  # fmt: skip
+    )  # [num_seqs, num_q_heads, head_dim] float64
     error = (paged.double() - reference).abs()
     value_scale = (value.double() * v_scale).abs().max().item()
     if dtype == torch.float32:

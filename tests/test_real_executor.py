@@ -154,13 +154,15 @@ def test_on_a_gpu_the_outputs_equal_stock_generation(allocator, num_slots, preem
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_on_a_gpu_fp8_pools_decode_through_triton_what_they_do_through_torch():
-    # fp8 pools on the GPU: Triton's cache kernels and decode kernel (compute capability 8.9 or
-    # later) against the torch kernels on the same GPU, both through swaps.
+    # fp8 pools on the GPU, written, copied and swapped by Triton's cache kernels (bit for bit
+    # as torch's: kernels/gpu_check.py): Triton's decode kernel (compute capability 8.9 or
+    # later) against the torch decode kernel's tokens, both through swaps.
     from kvbench.kernels import triton_fp8_problem
 
     gpu_model = load_model(TINY_GQA).to("cuda")
-    if triton_fp8_problem(gpu_model.device):
-        pytest.skip(triton_fp8_problem(gpu_model.device))
+    problem = triton_fp8_problem(gpu_model.device)
+    if problem:
+        pytest.skip(problem)
     _, _, reference = _serve(gpu_model, "paged", 96, "swap", backend="torch", kv_dtype="fp8")
     _, run, executor = _serve(gpu_model, "paged", 96, "swap", backend="triton", kv_dtype="fp8")
     assert executor.memory.keys[0].device.type == "cuda"

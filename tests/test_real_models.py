@@ -154,12 +154,12 @@ def test_fp8_kv_holds_four_times_the_tokens_in_the_same_bytes(tmp_path):
     (("executor=real", "model.kv_dtype=bf16"),
      "model.kv_dtype='bf16' with model.dtype='fp32': executor=real stores K/V in the model's "
      "dtype; set model.kv_dtype=null"),
-    (("task=sim_to_vllm", "model.kv_dtype=fp8"),
-     r"model.kv_dtype='fp8' with model.dtype='fp32': task=sim_to_vllm stores K/V in the model's "
-     r"dtype \(fp8: executor=real and task=profile\|profile_check\|sim_to_real\|paper_executed "
-     r"only\)"),
+    (("task=sim_to_vllm", "model.kv_dtype=bf16"),
+     r"model.kv_dtype='bf16' with model.dtype='fp32': task=sim_to_vllm stores K/V in the model's "
+     r"dtype; set model.kv_dtype=null"),
     (("task=kernel_overhead", "executor=real", "model.kv_dtype=fp8"),
-     r"task=kernel_overhead stores K/V in the model's dtype \(fp8: executor=real and"),
+     r"task=kernel_overhead stores K/V in the model's dtype \(fp8: executor=real and task=profile"
+     r"\|profile_check\|sim_to_real\|sim_to_vllm\|paper_executed only\)"),
 ])  # fmt: skip
 def test_kv_dtypes_a_real_model_cannot_store_are_refused(overrides, expected):
     with pytest.raises(ConfigError, match=expected) as error:

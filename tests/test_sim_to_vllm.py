@@ -53,6 +53,22 @@ def test_what_real_vllm_cannot_replay_is_a_one_line_error(override, expected):
         compose_config("experiment=sim_to_vllm", override)
 
 
+def test_fp8_k_v_start_vllm_with_its_fp8_cache_where_this_cpu_reads_it(monkeypatch, tmp_path):
+    import torch
+
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX512")
+    cfg, deployment, _ = compose_config("experiment=sim_to_vllm", "model.kv_dtype=fp8")
+    settings = vllm.engine_settings(cfg, deployment, tmp_path)
+    assert (settings.kv_cache_dtype, settings.dtype) == ("fp8", "float32")
+    cfg, deployment, _ = compose_config("experiment=sim_to_vllm")
+    assert vllm.engine_settings(cfg, deployment, tmp_path).kv_cache_dtype == "auto"
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX2")
+    with pytest.raises(ConfigError, match=r"model.kv_dtype=fp8: vLLM's CPU attention reads fp8 "
+                                          r"K/V on x86 with AVX-512 or AMX, and this CPU's vector "
+                                          r"instructions are AVX2; set model.kv_dtype=null"):
+        compose_config("experiment=sim_to_vllm", "model.kv_dtype=fp8")
+
+
 def _step(start_s: float, duration_s: float, scheduled: list[tuple[int, ...]]) -> EngineStep:
     """A recorded step of (request id, prompt tokens, computed before, scheduled) entries."""
     return EngineStep(start_s, duration_s, tuple((entry[0], entry[3]) for entry in scheduled),

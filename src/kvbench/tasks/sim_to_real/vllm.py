@@ -97,7 +97,8 @@ class GridRun:
 
 def engine_settings(cfg: KvbenchConfig, deployment: Deployment, model_dir: Path) -> EngineSettings:
     """vLLM started as ``cfg`` describes kvbench's ``vllm_v1`` run: the same pool in blocks, block
-    size, limits and prefix caching (on for ``paged_prefix``)."""
+    size, limits, prefix caching (on for ``paged_prefix``) and K/V dtype (``model.kv_dtype=fp8``:
+    vLLM's ``kv_cache_dtype=fp8``, e4m3 at unit scales as kvbench's)."""
     limits = scheduler_limits(cfg, deployment)
     num_gpu_blocks = cfg.allocator.num_gpu_blocks
     assert num_gpu_blocks is not None  # config validation requires it for this task
@@ -110,6 +111,7 @@ def engine_settings(cfg: KvbenchConfig, deployment: Deployment, model_dir: Path)
         max_model_len=limits.max_model_len,
         enable_prefix_caching=cfg.allocators[0] == "paged_prefix",
         dtype=DTYPES[cfg.model.dtype],
+        kv_cache_dtype="fp8" if cfg.model.kv_dtype == "fp8" else "auto",
     )
 
 
@@ -139,7 +141,8 @@ def run_sim_to_vllm(
         file_name = "profile_vllm_grid.json" if name == GRID_PROFILE else \
             f"profile_vllm_fitted_on_{name}.json"
         write_profile(output_dir / file_name,
-                      {"model": cfg.model.name, "dtype": cfg.model.dtype, "fit_workload": name,
+                      {"model": cfg.model.name, "dtype": cfg.model.dtype,
+                       "kv_dtype": cfg.model.kv_dtype or cfg.model.dtype, "fit_workload": name,
                        "engine": "vllm", "coefficients": coefficients})  # fmt: skip
     table, pairs_table = compare_all(runs, profiles, cfg, deployment)
     table["extrapolated_steps_pct"] = extrapolation_column(
