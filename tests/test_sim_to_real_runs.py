@@ -146,7 +146,7 @@ def test_a_later_machines_tables_in_the_docs_are_what_the_report_makes_of_its_ru
 
 def test_the_fp8_sim_to_real_table_in_the_docs_is_what_the_report_makes_of_its_runs():
     """docs/sim_to_real_measured.md's fp8 section: the report on the committed fp32 and fp8
-    sim_to_real runs (no sim_to_vllm beside them: it refuses fp8)."""
+    sim_to_real runs (no sim_to_vllm beside them: it refused fp8 then)."""
     from kvbench.tasks.report.aggregate import load_tables
     from kvbench.tasks.report.sim_to_real_runs import ENGINE_TABLES, sim_to_real_runs_section
 
@@ -158,6 +158,27 @@ def test_the_fp8_sim_to_real_table_in_the_docs_is_what_the_report_makes_of_its_r
     text = (root / "docs" / "sim_to_real_measured.md").read_text()
     section = text.split("## fp8 K/V on an AMD EPYC (2026-12-06)", 1)[1].split("\n## ", 1)[0]
     assert "#### " + expected.removeprefix("### ") in section
+
+
+def test_the_fp8_sim_to_vllm_table_in_the_docs_is_what_the_report_makes_of_its_runs():
+    """docs/sim_to_real_measured.md's section on fp8 in real vLLM: the report on the committed
+    fp32 and fp8 sim_to_vllm runs."""
+    from kvbench.tasks.report.aggregate import load_tables
+    from kvbench.tasks.report.sim_to_real_runs import ENGINE_TABLES, sim_to_real_runs_section
+
+    root = Path(__file__).resolve().parents[1]
+    runs = root / "results" / "reference" / "fp8_kv" / "amd-epyc-2026-12-07"
+    tables = {name: load_tables([runs], name) for name, _, _ in ENGINE_TABLES}
+    assert tables["sim_to_vllm.parquet"]["run_dir"].nunique() == 2
+    expected = sim_to_real_runs_section(tables).strip().replace("### ", "#### ")
+    text = (root / "docs" / "sim_to_real_measured.md").read_text()
+    section = text.split("## fp8 K/V in real vLLM (2026-12-07)", 1)[1].split("\n## ", 1)[0]
+    assert expected in section
+    for kv_dtype in ("fp32", "fp8"):  # the fair instrument's figures the section quotes
+        fair = pd.read_parquet(runs / f"sim_to_vllm_{kv_dtype}" / "fair_instrument.parquet")
+        for row in fair.iloc[:2].itertuples():  # vLLM, then kvbench on vLLM's matmuls
+            for figure in (row.output_tokens_per_s, row.median_decode_step_s * 1e3):
+                assert f"{figure:.1f}" in section, (kv_dtype, row.engine, figure)
 
 
 @pytest.mark.parametrize(("run", "row"), [
