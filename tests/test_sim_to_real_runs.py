@@ -123,6 +123,7 @@ def test_the_docs_block_is_what_the_report_makes_of_the_committed_runs():
     ("intel-xeon-2026-12-04", "## Again on an Intel Xeon (2026-12-04)", 2),
     ("amd-epyc-2026-12-05", "## Again on an AMD EPYC (2026-12-05)", 2),
     ("amd-epyc-2026-12-06", "## Signed stairs, on an AMD EPYC (2026-12-06)", 3),
+    ("amd-epyc-2026-12-07", "## Again on an AMD EPYC (2026-12-07)", 2),
 ])  # fmt: skip
 def test_a_later_machines_tables_in_the_docs_are_what_the_report_makes_of_its_runs(
     run, heading, num_runs
@@ -186,6 +187,7 @@ def test_the_fp8_sim_to_vllm_table_in_the_docs_is_what_the_report_makes_of_its_r
     ("intel-xeon-2026-12-04", "Intel Xeon, 2026-12-04 (2)"),
     ("amd-epyc-2026-12-05", "AMD EPYC, 2026-12-05 (2)"),
     ("amd-epyc-2026-12-06", "AMD EPYC, 2026-12-06, signed stairs (3)"),
+    ("amd-epyc-2026-12-07", "AMD EPYC, 2026-12-07 (2)"),
 ])  # fmt: skip
 def test_where_the_figures_stand_spans_each_machines_committed_runs(
     run, row
