@@ -119,6 +119,26 @@ def test_the_docs_block_is_what_the_report_makes_of_the_committed_runs():
     assert _block_body(text, "sim_to_real_runs") == expected.strip()
 
 
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _committed_report(runs: Path) -> tuple[dict[str, pd.DataFrame], str]:
+    """The committed runs' tables by file name, and the report's section on them with its
+    headings one level down (as docs/sim_to_real_measured.md nests them under a day)."""
+    from kvbench.tasks.report.aggregate import load_tables
+    from kvbench.tasks.report.sim_to_real_runs import ENGINE_TABLES, sim_to_real_runs_section
+
+    tables = {name: load_tables([runs], name) for name, _, _ in ENGINE_TABLES}
+    section = sim_to_real_runs_section(tables).strip()
+    return tables, "#" + section.replace("\n### ", "\n#### ")
+
+
+def _measured_section(heading: str) -> str:
+    """docs/sim_to_real_measured.md's section under ``heading``, to the next section."""
+    text = (ROOT / "docs" / "sim_to_real_measured.md").read_text()
+    return text.split(heading, 1)[1].split("\n## ", 1)[0]
+
+
 @pytest.mark.parametrize(("run", "heading", "num_runs"), [
     ("intel-xeon-2026-12-04", "## Again on an Intel Xeon (2026-12-04)", 2),
     ("amd-epyc-2026-12-05", "## Again on an AMD EPYC (2026-12-05)", 2),
@@ -130,52 +150,29 @@ def test_a_later_machines_tables_in_the_docs_are_what_the_report_makes_of_its_ru
 ) -> None:  # type: ignore[no-untyped-def]
     """docs/sim_to_real_measured.md's tables under ``heading`` = the report on the runs of each
     experiment committed for that machine (its headings one level down, under that section)."""
-    from kvbench.tasks.report.aggregate import load_tables
-    from kvbench.tasks.report.sim_to_real_runs import ENGINE_TABLES, sim_to_real_runs_section
-
-    root = Path(__file__).resolve().parents[1]
-    runs = root / "results" / "reference" / "sim_to_real_runs" / run
-    tables = {name: load_tables([runs], name) for name, _, _ in ENGINE_TABLES}
-    assert [tables[name]["run_dir"].nunique() for name, _, _ in ENGINE_TABLES] == [num_runs] * 2
-    expected = sim_to_real_runs_section(tables).strip().replace("\n### ", "\n#### ")
-    expected = expected.removeprefix("### ")
-    text = (root / "docs" / "sim_to_real_measured.md").read_text()
-    section = text.split(heading, 1)[1].split("\n## ", 1)[0]
-    assert "#### " + expected in section
-
+    tables, expected = _committed_report(ROOT / "results" / "reference" / "sim_to_real_runs" / run)
+    assert [table["run_dir"].nunique() for table in tables.values()] == [num_runs] * 2
+    assert expected in _measured_section(heading)
 
 
 def test_the_fp8_sim_to_real_table_in_the_docs_is_what_the_report_makes_of_its_runs():
     """docs/sim_to_real_measured.md's fp8 section: the report on the committed fp32 and fp8
     sim_to_real runs (no sim_to_vllm beside them: it refused fp8 then)."""
-    from kvbench.tasks.report.aggregate import load_tables
-    from kvbench.tasks.report.sim_to_real_runs import ENGINE_TABLES, sim_to_real_runs_section
-
-    root = Path(__file__).resolve().parents[1]
-    runs = root / "results" / "reference" / "fp8_kv" / "amd-epyc-2026-12-06"
-    tables = {name: load_tables([runs], name) for name, _, _ in ENGINE_TABLES}
+    tables, expected = _committed_report(ROOT / "results" / "reference" / "fp8_kv"
+                                         / "amd-epyc-2026-12-06")  # fmt: skip
     assert tables["sim_to_real.parquet"]["run_dir"].nunique() == 2
-    expected = sim_to_real_runs_section(tables).strip().replace("\n### ", "\n#### ")
-    text = (root / "docs" / "sim_to_real_measured.md").read_text()
-    section = text.split("## fp8 K/V on an AMD EPYC (2026-12-06)", 1)[1].split("\n## ", 1)[0]
-    assert "#### " + expected.removeprefix("### ") in section
+    assert expected in _measured_section("## fp8 K/V on an AMD EPYC (2026-12-06)")
 
 
 def test_the_fp8_sim_to_vllm_table_in_the_docs_is_what_the_report_makes_of_its_runs():
     """docs/sim_to_real_measured.md's section on fp8 in real vLLM: the report on the committed
-    fp32 and fp8 sim_to_vllm runs."""
-    from kvbench.tasks.report.aggregate import load_tables
-    from kvbench.tasks.report.sim_to_real_runs import ENGINE_TABLES, sim_to_real_runs_section
-
-    root = Path(__file__).resolve().parents[1]
-    runs = root / "results" / "reference" / "fp8_kv" / "amd-epyc-2026-12-07"
-    tables = {name: load_tables([runs], name) for name, _, _ in ENGINE_TABLES}
+    fp32 and fp8 sim_to_vllm runs, and the fair-instrument figures it quotes."""
+    runs = ROOT / "results" / "reference" / "fp8_kv" / "amd-epyc-2026-12-07"
+    tables, expected = _committed_report(runs)
     assert tables["sim_to_vllm.parquet"]["run_dir"].nunique() == 2
-    expected = sim_to_real_runs_section(tables).strip().replace("### ", "#### ")
-    text = (root / "docs" / "sim_to_real_measured.md").read_text()
-    section = text.split("## fp8 K/V in real vLLM (2026-12-07)", 1)[1].split("\n## ", 1)[0]
+    section = _measured_section("## fp8 K/V in real vLLM (2026-12-07)")
     assert expected in section
-    for kv_dtype in ("fp32", "fp8"):  # the fair instrument's figures the section quotes
+    for kv_dtype in ("fp32", "fp8"):
         fair = pd.read_parquet(runs / f"sim_to_vllm_{kv_dtype}" / "fair_instrument.parquet")
         for row in fair.iloc[:2].itertuples():  # vLLM, then kvbench on vLLM's matmuls
             for figure in (row.output_tokens_per_s, row.median_decode_step_s * 1e3):
@@ -217,16 +214,9 @@ def test_where_the_figures_stand_spans_each_machines_committed_runs(
 def test_the_warm_up_sim_to_real_table_in_the_docs_is_what_the_report_makes_of_its_runs():
     """docs/sim_to_real_measured.md's first-prefills section: the report on the committed
     sim_to_real runs served with the larger warm-up (no sim_to_vllm beside them)."""
-    from kvbench.tasks.report.aggregate import load_tables
-    from kvbench.tasks.report.sim_to_real_runs import ENGINE_TABLES, sim_to_real_runs_section
-
-    root = Path(__file__).resolve().parents[1]
-    runs = root / "results" / "reference" / "warm_up" / "amd-epyc-2026-12-06"
-    tables = {name: load_tables([runs], name) for name, _, _ in ENGINE_TABLES}
+    tables, expected = _committed_report(ROOT / "results" / "reference" / "warm_up"
+                                         / "amd-epyc-2026-12-06")  # fmt: skip
     assert tables["sim_to_real.parquet"]["run_dir"].nunique() == 2
     grid_rows = tables["sim_to_real.parquet"].query("source == 'grid_profile'")
     assert (grid_rows["extrapolated_steps_pct"] == 0).all()  # counted against the file's grid
-    expected = sim_to_real_runs_section(tables).strip().replace("\n### ", "\n#### ")
-    text = (root / "docs" / "sim_to_real_measured.md").read_text()
-    section = text.split("## A served run's first prefills (2026-12-06)", 1)[1].split("\n## ", 1)[0]
-    assert "#### " + expected.removeprefix("### ") in section
+    assert expected in _measured_section("## A served run's first prefills (2026-12-06)")
