@@ -108,8 +108,8 @@ def check_attention(kernels, case: dict, device: str, dry_run: bool) -> dict:
     key_cache, value_cache, key, value = batch.key_cache, batch.value_cache, batch.key, batch.value
     # One plan for both layouts (the same bound and splits), so they must agree bit for bit.
     plan = {"num_splits": case["num_splits"], "max_context_len": batch.max_context_len}
+    k_scale, v_scale = case.get("kv_scales", (1.0, 1.0))
     if "kv_scales" in case:  # fp8 K/V: stored divided by the scales, read back times them
-        k_scale, v_scale = case["kv_scales"]
         key_cache, key = ((t.float() / k_scale).to(kernels.FP8_KV_DTYPE) for t in (key_cache, key))
         value_cache, value = ((t.float() / v_scale).to(kernels.FP8_KV_DTYPE)
                               for t in (value_cache, value))  # fmt: skip
@@ -121,7 +121,6 @@ def check_attention(kernels, case: dict, device: str, dry_run: bool) -> dict:
         batch.query, key, value, layout.context_lens, **plan
     )
     # The K/V as the kernels read them, in float64: fp8 dequantized (exactly, at these scales).
-    k_scale, v_scale = case.get("kv_scales", (1.0, 1.0))
     reference = kernels.reference_paged_decode(
         batch.query, key_cache.double() * k_scale, value_cache.double() * v_scale,
         layout.block_tables, layout.context_lens,
