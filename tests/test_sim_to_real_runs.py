@@ -220,3 +220,26 @@ def test_the_warm_up_sim_to_real_table_in_the_docs_is_what_the_report_makes_of_i
     grid_rows = tables["sim_to_real.parquet"].query("source == 'grid_profile'")
     assert (grid_rows["extrapolated_steps_pct"] == 0).all()  # counted against the file's grid
     assert expected in _measured_section("## A served run's first prefills (2026-12-06)")
+
+
+LONG_RUNS = ROOT / "results" / "reference" / "sim_to_vllm_long" / "amd-epyc-2026-12-07"
+LONG_ROWS = {"short_grid": "fp32, the grid at 256-token lengths only",
+             "long_grid": "fp32, the grid at both lengths",
+             "long_grid_fp8": "fp8 K/V, the grid at both lengths"}  # fmt: skip
+
+
+@pytest.mark.parametrize("run", sorted(LONG_ROWS))
+def test_the_longer_context_runs_in_the_docs_are_what_their_tables_hold(run) -> None:  # type: ignore[no-untyped-def]
+    """experiment=sim_to_vllm_long: docs/sim_to_real.md's row of each committed run (errors per
+    predictor, extrapolated steps) and the report on it in docs/sim_to_real_measured.md."""
+    tables, expected = _committed_report(LONG_RUNS / run)
+    assert expected in _measured_section("## Four times the context against real vLLM (2026-12-07)")
+    table = tables["sim_to_vllm.parquet"]
+    cells = slice_cells(table)["run 1"]
+    grid = table[table["source"] == "vllm_grid"]
+    beyond = grid.groupby("workload", sort=False)["extrapolated_steps_pct"].median()
+    text = (ROOT / "docs" / "sim_to_real.md").read_text()
+    line = next(line for line in text.splitlines() if line.startswith(f"| {LONG_ROWS[run]} |"))
+    assert line.split(" | ")[1:] == [
+        cells["vllm_grid"], cells["vllm_fit_slice"], cells["vllm_repeat"],
+        f"{beyond['sharegpt']:.0f} / {beyond['azure_conv']:.0f} % |"]  # fmt: skip

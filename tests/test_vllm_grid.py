@@ -25,6 +25,7 @@ from kvbench.tasks.sim_to_real.vllm_grid import (
     GRID_REPEATS,
     VllmGridPoint,
     interleave,
+    length_scales,
     mixed_decode_steps,
     vllm_grid,
 )
@@ -57,6 +58,28 @@ def test_the_grid_spans_the_shapes_the_replays_need():
     # Four 192-token prompts: 768 tokens, chunked by the 256-token budget over three steps.
     assert max(sum(p.prefill_prompts) for p in prefills) > 2 * 256
     assert any(p.decode_seqs and p.prefill_prompts for p in points)
+
+
+def test_a_longer_context_gets_the_grid_at_its_lengths_too():
+    # experiment=sim_to_vllm_long: a 1,024-token model, 64 free blocks, 512 tokens a step.
+    engine = ENGINE | {"num_free_blocks": 64, "max_num_batched_tokens": 512, "max_model_len": 1024}
+    assert length_scales(256) == (1,) and length_scales(300) == (1,)
+    assert length_scales(1024) == (1, 4)
+    points = vllm_grid(**engine)
+    assert len(points) == len(set(points))
+    # Every point of a 256-token model on the same engine is still measured, in its order.
+    short = vllm_grid(**(engine | {"max_model_len": 256}))
+    assert [p for p in points if p in short] == short and len(points) > len(short)
+    decodes = [p for p in points if p.decode_seqs and not p.prefill_prompts]
+    # Decodes at 896-token prompts (the short grid's longest, 224, times 4), where the pool
+    # holds them: two sequences of 29 blocks, not three.
+    assert VllmGridPoint(2, 896, 6) in points and VllmGridPoint(3, 896, 6) not in points
+    assert max(p.decode_prompt_tokens for p in decodes) == 896
+    prefills = [p for p in points if not p.decode_seqs]
+    assert max(max(p.prefill_prompts) for p in prefills) == 768
+    assert VllmGridPoint(2, 384, 4, (768,)) in points  # a mixed point at 4x the lengths
+    for point in points:
+        assert point.fits(64, 32, 16, 1024)
 
 
 def test_a_mixed_points_decodes_outlast_the_prompts_joining_them():

@@ -14,8 +14,11 @@ whose steps take the shapes wanted (``referee.vllm_engine.run_waves``). Three ki
 
 Every step the engine runs is recorded with its shape exactly as a replay's (``chunks_shape``),
 so the grid's steps and the replays' are priced alike. Points the engine's pool or sequence limit
-could not hold at once are left out (a preemption would change the shapes). Sized to about a
-minute of vLLM steps on two CPU cores (docs/sim_to_real.md).
+could not hold at once are left out (a preemption would change the shapes). The lengths below are
+for a 256-token context (``experiment=sim_to_vllm``: about a minute of vLLM steps on two CPU
+cores, docs/sim_to_real.md); a model of k times that context also gets every length times k, so
+the grid reaches the contexts its replays do (a profile fitted on short contexts alone priced
+longer ones by extrapolation).
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ MIXED = (
     (2, 32, (64,)), (2, 96, (192,)), (4, 32, (96, 96)), (4, 160, (48,)),
     (8, 32, (192, 192)), (8, 64, (128,)), (14, 32, (16,)),
 )  # fmt: skip
+BASE_MODEL_LEN = 256  # the context the lengths above are chosen for
 
 
 @dataclass(frozen=True)
@@ -96,19 +100,29 @@ def mixed_decode_steps(num_decodes: int, prefill_prompts: tuple[int, ...],
     return -(-sum(prefill_prompts) // per_step) + 2
 
 
+def length_scales(max_model_len: int) -> tuple[int, ...]:
+    """The factors the grid's lengths are taken at: 1, and ``max_model_len // BASE_MODEL_LEN``
+    where that is more."""
+    return tuple(sorted({1, max(1, max_model_len // BASE_MODEL_LEN)}))
+
+
 def vllm_grid(num_free_blocks: int, block_size: int, max_num_seqs: int,
               max_num_batched_tokens: int, max_model_len: int) -> list[VllmGridPoint]:  # fmt: skip
-    """Every point the engine can hold at once, prefills first, then decodes, then mixed."""
+    """Every point the engine can hold at once, prefills first, then decodes, then mixed; the
+    lengths at each of ``length_scales``, shortest first, each point once."""
+    scales = length_scales(max_model_len)
+    prefill_prompts = sorted({prompt * k for k in scales for prompt in PREFILL_PROMPTS})
+    decode_prompts = sorted({prompt * k for k in scales for prompt in DECODE_PROMPTS})
     points = [VllmGridPoint(prefill_prompts=(prompt,) * count)
-              for count in PREFILL_COUNTS for prompt in PREFILL_PROMPTS]  # fmt: skip
+              for count in PREFILL_COUNTS for prompt in prefill_prompts]  # fmt: skip
     points += [VllmGridPoint(num_seqs, prompt, DECODE_STEPS)
-               for num_seqs in DECODE_SEQS for prompt in DECODE_PROMPTS]  # fmt: skip
-    points += [
-        VllmGridPoint(num_seqs, prompt,
-                      mixed_decode_steps(num_seqs, joining, max_num_batched_tokens), joining)
-        for num_seqs, prompt, joining in MIXED
-    ]  # fmt: skip
-    return [point for point in points
+               for num_seqs in DECODE_SEQS for prompt in decode_prompts]  # fmt: skip
+    for k in scales:
+        for num_seqs, prompt, joining in MIXED:
+            joining_k = tuple(tokens * k for tokens in joining)
+            steps = mixed_decode_steps(num_seqs, joining_k, max_num_batched_tokens)
+            points.append(VllmGridPoint(num_seqs, prompt * k, steps, joining_k))
+    return [point for point in dict.fromkeys(points)
             if point.fits(num_free_blocks, block_size, max_num_seqs, max_model_len)]  # fmt: skip
 
 
