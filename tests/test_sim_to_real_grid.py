@@ -22,9 +22,11 @@ from kvbench.engine.scheduler import SchedulerLimits
 from kvbench.executors.real import _iteration_start_s
 from kvbench.tasks.sim_to_real import run as sim_to_real
 from kvbench.tasks.sim_to_real.real_grid import (
+    DECODE_STEPS,
     GRID_POOL_SLOTS,
     IDLE_WAITS_S,
     RealGridPoint,
+    grid_pool_slots,
     real_grid,
 )
 from kvbench.tasks.sim_to_real.run import (
@@ -51,23 +53,38 @@ COSTS = dict.fromkeys((*PROFILE_TERMS, *SWAP_TERMS), 0.0) | {
     "per_mixed_step_s": 0.004}
 
 
-def _simulated(point: RealGridPoint):
-    allocator = make_allocator(point.allocator, GRID_POOL_SLOTS, point.block_size, 64)
-    return simulate(point.requests(), Scheduler(LIMITS), allocator,
-                    ProfiledCostModel(COSTS, point.block_size))  # fmt: skip
+def _simulated(point: RealGridPoint, max_model_len: int = 64):
+    allocator = make_allocator(point.allocator, grid_pool_slots(max_model_len), point.block_size,
+                               max_model_len)  # fmt: skip
+    return simulate(point.requests(), Scheduler(SchedulerLimits(max_model_len=max_model_len)),
+                    allocator, ProfiledCostModel(COSTS, point.block_size))  # fmt: skip
 
 
-def test_every_grid_point_runs_at_once_in_the_grids_pool():
-    points = real_grid(LIMITS.max_num_seqs, 64)
+@pytest.mark.parametrize("max_model_len", [64, 256])  # sim_to_real, sim_to_real_long
+def test_every_grid_point_runs_at_once_in_the_grids_pool(max_model_len):
+    points = real_grid(LIMITS.max_num_seqs, max_model_len)
     assert {point.block_size for point in points} == {1, 16}
+    assert grid_pool_slots(max_model_len) == GRID_POOL_SLOTS * max_model_len // 64
     for point in points:
-        assert point.num_slots() <= GRID_POOL_SLOTS
-        result = _simulated(point)
+        assert point.num_slots() <= grid_pool_slots(max_model_len)
+        result = _simulated(point, max_model_len)
         assert all(record.status == "finished" for record in result.requests)
         assert sum(result.steps.columns["num_preempted"]) == 0
     # A point longer than the model's context, or wider than the sequence limit, is left out.
     assert all(p.prompt_tokens + p.decode_steps + 1 <= 32 for p in real_grid(256, 32))
     assert max(p.num_seqs for p in real_grid(4, 64)) == 4
+
+
+def test_a_longer_context_gets_the_grid_at_its_lengths_too():
+    short, long = real_grid(LIMITS.max_num_seqs, 64), real_grid(LIMITS.max_num_seqs, 256)
+    assert len(long) == len(set(long))
+    assert [p for p in long if p in short] == short  # every 64-token point, in its order
+    decodes = [p for p in long if p.decode_steps and not p.joining_prompts and not p.wait_s]
+    # Six decodes at a 208-token prompt (52 x 4) under either layout: 6 x 256 slots of the
+    # buddy arena in the grid's pool of 4,096.
+    assert {(p.block_size, p.num_seqs, p.prompt_tokens) for p in decodes} >= {
+        (1, 6, 208), (16, 6, 208)}  # fmt: skip
+    assert RealGridPoint(16, 2, 96, DECODE_STEPS, (192,)) in long  # a mixed point at 4x
 
 
 def test_the_grid_decodes_every_batch_the_runs_have():

@@ -18,7 +18,9 @@ contiguous arena, ``naive_oracle``) and 16 (``paged``):
 Sized to the experiment's shapes (``max_model_len`` 64: prompts of 4-52 tokens, decode batches of
 1-6 at contexts 9-56, mixed steps) and to about 12-20 s of steps on two CPU cores per copy (172
 steps), with 7.85 s of idle waits; ``interleave`` (``vllm_grid``) deals ``GRID_REPEATS`` copies
-into the parts measured between the real runs.
+into the parts measured between the real runs. A model of k times that context also gets every
+length times k (``vllm_grid.length_scales``), in a pool k times as large, so the grid reaches the
+contexts its runs do (``experiment=sim_to_real_long``).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kvbench.core.request import Request
+from kvbench.tasks.sim_to_real.vllm_grid import length_scales
 
 BLOCK_SIZES = (1, 16)  # the kernel's: a contiguous allocator's arena, the paged allocators'
 PREFILL_COUNTS = (1, 2, 4)
@@ -46,6 +49,7 @@ IDLE_WAITS_S = (0.1, 0.25, 0.5, 1.0, 2.0, 4.0)
 IDLE_PROMPT_TOKENS = 20
 # The grid's own pool: the largest point held at once, with no preemption, under either layout.
 GRID_POOL_SLOTS = 1024
+BASE_MODEL_LEN = 64  # the context the lengths above are chosen for
 
 
 @dataclass(frozen=True)
@@ -101,18 +105,31 @@ class RealGridPoint:
         )
 
 
+def grid_pool_slots(max_model_len: int) -> int:
+    """The grid's own pool for a model of ``max_model_len``: ``GRID_POOL_SLOTS`` times its
+    largest length scale."""
+    return GRID_POOL_SLOTS * max(length_scales(max_model_len, BASE_MODEL_LEN))
+
+
 def real_grid(max_num_seqs: int, max_model_len: int) -> list[RealGridPoint]:
     """Every point the grid's pool and the scheduler's limits hold at once: prefills, decodes,
-    mixed, under each block size, and the idle waits."""
+    mixed, under each block size, their lengths at each length scale (each point once), and the
+    idle waits."""
+    scales = length_scales(max_model_len, BASE_MODEL_LEN)
+    prefill_prompts = sorted({prompt * k for k in scales for prompt in PREFILL_PROMPTS})
+    decode_prompts = sorted({prompt * k for k in scales for prompt in DECODE_PROMPTS})
+    mixed = [(num_seqs, prompt * k, tuple(tokens * k for tokens in joining))
+             for k in scales for num_seqs, prompt, joining in MIXED]  # fmt: skip
     points = []
     for block_size in BLOCK_SIZES:
         points += [RealGridPoint(block_size, count, prompt)
-                   for count in PREFILL_COUNTS for prompt in PREFILL_PROMPTS]  # fmt: skip
+                   for count in PREFILL_COUNTS for prompt in prefill_prompts]  # fmt: skip
         points += [RealGridPoint(block_size, num_seqs, prompt, DECODE_STEPS)
-                   for num_seqs in DECODE_SEQS for prompt in DECODE_PROMPTS]  # fmt: skip
+                   for num_seqs in DECODE_SEQS for prompt in decode_prompts]  # fmt: skip
         points += [RealGridPoint(block_size, num_seqs, prompt, DECODE_STEPS, joining)
-                   for num_seqs, prompt, joining in MIXED]  # fmt: skip
+                   for num_seqs, prompt, joining in mixed]  # fmt: skip
     points += [RealGridPoint(16, 1, IDLE_PROMPT_TOKENS, DECODE_STEPS, wait_s=wait_s)
                for wait_s in IDLE_WAITS_S]  # fmt: skip
-    return [point for point in points
-            if point.fits(GRID_POOL_SLOTS, max_num_seqs, max_model_len)]  # fmt: skip
+    num_slots = grid_pool_slots(max_model_len)
+    return [point for point in dict.fromkeys(points)
+            if point.fits(num_slots, max_num_seqs, max_model_len)]  # fmt: skip

@@ -52,7 +52,7 @@ from kvbench.tasks.profile.fit import abs_pct_errors, fit_terms
 from kvbench.tasks.profile.grid import grid_shapes
 from kvbench.tasks.profile.plot import plot_predicted_vs_measured
 from kvbench.tasks.profile.profile_file import checked_profile, recorded_grid, write_profile
-from kvbench.tasks.sim_to_real.real_grid import GRID_POOL_SLOTS, RealGridPoint, real_grid
+from kvbench.tasks.sim_to_real.real_grid import RealGridPoint, grid_pool_slots, real_grid
 from kvbench.tasks.sim_to_real.table import (
     drift_lines,
     error_row,
@@ -225,7 +225,7 @@ def measure_interleaved(model: Any, jobs: list[ReplayJob], points: list[RealGrid
     1, ..., the last part), so the grid samples the machine before, between and after the runs;
     with ``repeat_replays``, every job's runs once more after the last part (the second pass).
     Each grid point is served by one executor per block size, made once (its pool
-    ``GRID_POOL_SLOTS``); each replay by a fresh one over the experiment's pool, as before.
+    ``grid_pool_slots``); each replay by a fresh one over the experiment's pool, as before.
     Returns the first pass's runs, the grid's and the second pass's."""
     from kvbench.executors.real import RealExecutor
 
@@ -236,8 +236,8 @@ def measure_interleaved(model: Any, jobs: list[ReplayJob], points: list[RealGrid
     for part, part_points in enumerate(interleave(points, len(jobs) + 1)):
         for point in part_points:
             if point.block_size not in grid_executors:
-                allocator = make_allocator(point.allocator, GRID_POOL_SLOTS, point.block_size,
-                                           max_model_len)  # fmt: skip
+                allocator = make_allocator(point.allocator, grid_pool_slots(max_model_len),
+                                           point.block_size, max_model_len)  # fmt: skip
                 executor = RealExecutor(model, allocator, cfg.executor.decode_backend,
                                         cfg.model.kv_dtype)  # fmt: skip
                 executor.warm_up(limits)

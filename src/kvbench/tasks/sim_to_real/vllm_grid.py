@@ -100,10 +100,10 @@ def mixed_decode_steps(num_decodes: int, prefill_prompts: tuple[int, ...],
     return -(-sum(prefill_prompts) // per_step) + 2
 
 
-def length_scales(max_model_len: int) -> tuple[int, ...]:
-    """The factors the grid's lengths are taken at: 1, and ``max_model_len // BASE_MODEL_LEN``
-    where that is more."""
-    return tuple(sorted({1, max(1, max_model_len // BASE_MODEL_LEN)}))
+def length_scales(max_model_len: int, base_model_len: int = BASE_MODEL_LEN) -> tuple[int, ...]:
+    """The factors a grid's lengths, chosen for a ``base_model_len`` context, are taken at: 1,
+    and ``max_model_len // base_model_len`` where that is more."""
+    return tuple(sorted({1, max(1, max_model_len // base_model_len)}))
 
 
 def vllm_grid(num_free_blocks: int, block_size: int, max_num_seqs: int,
