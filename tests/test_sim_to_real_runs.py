@@ -243,3 +243,27 @@ def test_the_longer_context_runs_in_the_docs_are_what_their_tables_hold(run) -> 
     assert line.split(" | ")[1:] == [
         cells["vllm_grid"], cells["vllm_fit_slice"], cells["vllm_repeat"],
         f"{beyond['sharegpt']:.0f} / {beyond['azure_conv']:.0f} % |"]  # fmt: skip
+
+
+def _span(table: pd.DataFrame, source: str) -> str:
+    """The lowest and highest of ``source``'s held-out slice medians over the runs."""
+    held_out = table[(table["source"] == source) & table["held_out"]]
+    medians = held_out.groupby(["run_dir", "workload"])["e2e_mape_pct"].median()
+    return f"{medians.min():.1f}-{medians.max():.1f} %"
+
+
+def test_the_longer_context_sim_to_real_runs_in_the_docs_are_what_their_tables_hold():
+    """experiment=sim_to_real_long: docs/sim_to_real.md's row over the committed runs (each
+    predictor's span of held-out slice medians) and the report on them in the log."""
+    runs = ROOT / "results" / "reference" / "sim_to_real_long" / "amd-epyc-2026-12-07"
+    tables, expected = _committed_report(runs)
+    table = tables["sim_to_real.parquet"]
+    assert table["run_dir"].nunique() == 2
+    assert expected in _measured_section(
+        "## Four times the context on kvbench's executor (2026-12-07)")
+    text = (ROOT / "docs" / "sim_to_real.md").read_text()
+    line = next(line for line in text.splitlines()
+                if line.startswith("| AMD EPYC, 2026-12-07, requests to 256 tokens (2) |"))
+    assert line.split(" | ")[1:] == [
+        _span(table, "interleaved_grid"), _span(table, "interleaved_grid_local"),
+        _span(table, "real_repeat"), _span(table, "fit_slice") + " |"]  # fmt: skip

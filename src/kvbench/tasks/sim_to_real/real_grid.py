@@ -28,7 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kvbench.core.request import Request
-from kvbench.tasks.sim_to_real.vllm_grid import length_scales
+from kvbench.tasks.sim_to_real.vllm_grid import length_scales, scaled_lengths
 
 BLOCK_SIZES = (1, 16)  # the kernel's: a contiguous allocator's arena, the paged allocators'
 PREFILL_COUNTS = (1, 2, 4)
@@ -116,8 +116,8 @@ def real_grid(max_num_seqs: int, max_model_len: int) -> list[RealGridPoint]:
     mixed, under each block size, their lengths at each length scale (each point once), and the
     idle waits."""
     scales = length_scales(max_model_len, BASE_MODEL_LEN)
-    prefill_prompts = sorted({prompt * k for k in scales for prompt in PREFILL_PROMPTS})
-    decode_prompts = sorted({prompt * k for k in scales for prompt in DECODE_PROMPTS})
+    prefill_prompts = scaled_lengths(PREFILL_PROMPTS, scales)
+    decode_prompts = scaled_lengths(DECODE_PROMPTS, scales)
     mixed = [(num_seqs, prompt * k, tuple(tokens * k for tokens in joining))
              for k in scales for num_seqs, prompt, joining in MIXED]  # fmt: skip
     points = []

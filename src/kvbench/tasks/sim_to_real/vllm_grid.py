@@ -106,17 +106,20 @@ def length_scales(max_model_len: int, base_model_len: int = BASE_MODEL_LEN) -> t
     return tuple(sorted({1, max(1, max_model_len // base_model_len)}))
 
 
+def scaled_lengths(lengths: tuple[int, ...], scales: tuple[int, ...]) -> list[int]:
+    """Every length times every scale, shortest first, each once."""
+    return sorted({length * k for k in scales for length in lengths})
+
+
 def vllm_grid(num_free_blocks: int, block_size: int, max_num_seqs: int,
               max_num_batched_tokens: int, max_model_len: int) -> list[VllmGridPoint]:  # fmt: skip
     """Every point the engine can hold at once, prefills first, then decodes, then mixed; the
     lengths at each of ``length_scales``, shortest first, each point once."""
     scales = length_scales(max_model_len)
-    prefill_prompts = sorted({prompt * k for k in scales for prompt in PREFILL_PROMPTS})
-    decode_prompts = sorted({prompt * k for k in scales for prompt in DECODE_PROMPTS})
-    points = [VllmGridPoint(prefill_prompts=(prompt,) * count)
-              for count in PREFILL_COUNTS for prompt in prefill_prompts]  # fmt: skip
-    points += [VllmGridPoint(num_seqs, prompt, DECODE_STEPS)
-               for num_seqs in DECODE_SEQS for prompt in decode_prompts]  # fmt: skip
+    points = [VllmGridPoint(prefill_prompts=(prompt,) * count) for count in PREFILL_COUNTS
+              for prompt in scaled_lengths(PREFILL_PROMPTS, scales)]  # fmt: skip
+    points += [VllmGridPoint(num_seqs, prompt, DECODE_STEPS) for num_seqs in DECODE_SEQS
+               for prompt in scaled_lengths(DECODE_PROMPTS, scales)]  # fmt: skip
     for k in scales:
         for num_seqs, prompt, joining in MIXED:
             joining_k = tuple(tokens * k for tokens in joining)
