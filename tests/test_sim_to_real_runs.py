@@ -139,6 +139,20 @@ def _measured_section(heading: str) -> str:
     return text.split(heading, 1)[1].split("\n## ", 1)[0]
 
 
+def _span(table: pd.DataFrame, source: str) -> str:
+    """The lowest and highest of ``source``'s held-out slice medians over the runs."""
+    held_out = table[(table["source"] == source) & table["held_out"]]
+    medians = held_out.groupby(["run_dir", "workload"])["e2e_mape_pct"].median()
+    return f"{medians.min():.1f}-{medians.max():.1f} %"
+
+
+def _docs_row(label: str) -> list[str]:
+    """The cells after the first of docs/sim_to_real.md's table row labelled ``label``."""
+    text = (ROOT / "docs" / "sim_to_real.md").read_text()
+    line = next(line for line in text.splitlines() if line.startswith(f"| {label} |"))
+    return [cell.strip().strip("*") for cell in line.split("|")[2:-1]]
+
+
 @pytest.mark.parametrize(("run", "heading", "num_runs"), [
     ("intel-xeon-2026-12-04", "## Again on an Intel Xeon (2026-12-04)", 2),
     ("amd-epyc-2026-12-05", "## Again on an AMD EPYC (2026-12-05)", 2),
@@ -193,22 +207,13 @@ def test_where_the_figures_stand_spans_each_machines_committed_runs(
     committed runs' held-out slice medians, per predictor."""
     from kvbench.tasks.report.aggregate import load_tables
 
-    root = Path(__file__).resolve().parents[1]
-    runs = root / "results" / "reference" / "sim_to_real_runs" / run
+    runs = ROOT / "results" / "reference" / "sim_to_real_runs" / run
     real = load_tables([runs], "sim_to_real.parquet")
     vllm = load_tables([runs], "sim_to_vllm.parquet")
-
-    def span(table, source: str) -> str:  # type: ignore[no-untyped-def]
-        held_out = table[(table["source"] == source) & table["held_out"]]
-        medians = held_out.groupby(["run_dir", "workload"])["e2e_mape_pct"].median()
-        return f"{medians.min():.1f}-{medians.max():.1f} %"
-
-    text = (root / "docs" / "sim_to_real.md").read_text()
-    line = next(line for line in text.splitlines() if line.startswith(f"| {row} |"))
-    cells = [cell.strip().strip("*") for cell in line.split("|")[2:-1]]
-    assert cells[:3] == [span(real, "interleaved_grid"), span(real, "interleaved_grid_local"),
-                         span(real, "real_repeat")]  # fmt: skip
-    assert cells[4:6] == [span(vllm, "vllm_grid"), span(vllm, "vllm_repeat")]
+    cells = _docs_row(row)
+    assert cells[:3] == [_span(real, "interleaved_grid"), _span(real, "interleaved_grid_local"),
+                         _span(real, "real_repeat")]  # fmt: skip
+    assert cells[4:6] == [_span(vllm, "vllm_grid"), _span(vllm, "vllm_repeat")]
 
 
 def test_the_warm_up_sim_to_real_table_in_the_docs_is_what_the_report_makes_of_its_runs():
@@ -238,18 +243,9 @@ def test_the_longer_context_runs_in_the_docs_are_what_their_tables_hold(run) -> 
     cells = slice_cells(table)["run 1"]
     grid = table[table["source"] == "vllm_grid"]
     beyond = grid.groupby("workload", sort=False)["extrapolated_steps_pct"].median()
-    text = (ROOT / "docs" / "sim_to_real.md").read_text()
-    line = next(line for line in text.splitlines() if line.startswith(f"| {LONG_ROWS[run]} |"))
-    assert line.split(" | ")[1:] == [
+    assert _docs_row(LONG_ROWS[run]) == [
         cells["vllm_grid"], cells["vllm_fit_slice"], cells["vllm_repeat"],
-        f"{beyond['sharegpt']:.0f} / {beyond['azure_conv']:.0f} % |"]  # fmt: skip
-
-
-def _span(table: pd.DataFrame, source: str) -> str:
-    """The lowest and highest of ``source``'s held-out slice medians over the runs."""
-    held_out = table[(table["source"] == source) & table["held_out"]]
-    medians = held_out.groupby(["run_dir", "workload"])["e2e_mape_pct"].median()
-    return f"{medians.min():.1f}-{medians.max():.1f} %"
+        f"{beyond['sharegpt']:.0f} / {beyond['azure_conv']:.0f} %"]  # fmt: skip
 
 
 def test_the_longer_context_sim_to_real_runs_in_the_docs_are_what_their_tables_hold():
@@ -261,9 +257,6 @@ def test_the_longer_context_sim_to_real_runs_in_the_docs_are_what_their_tables_h
     assert table["run_dir"].nunique() == 2
     assert expected in _measured_section(
         "## Four times the context on kvbench's executor (2026-12-07)")
-    text = (ROOT / "docs" / "sim_to_real.md").read_text()
-    line = next(line for line in text.splitlines()
-                if line.startswith("| AMD EPYC, 2026-12-07, requests to 256 tokens (2) |"))
-    assert line.split(" | ")[1:] == [
+    assert _docs_row("AMD EPYC, 2026-12-07, requests to 256 tokens (2)") == [
         _span(table, "interleaved_grid"), _span(table, "interleaved_grid_local"),
-        _span(table, "real_repeat"), _span(table, "fit_slice") + " |"]  # fmt: skip
+        _span(table, "real_repeat"), _span(table, "fit_slice")]  # fmt: skip

@@ -28,7 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kvbench.core.request import Request
-from kvbench.tasks.sim_to_real.vllm_grid import length_scales, scaled_lengths
+from kvbench.tasks.sim_to_real.vllm_grid import length_scales, scaled_lengths, scaled_mixed
 
 BLOCK_SIZES = (1, 16)  # the kernel's: a contiguous allocator's arena, the paged allocators'
 PREFILL_COUNTS = (1, 2, 4)
@@ -118,8 +118,7 @@ def real_grid(max_num_seqs: int, max_model_len: int) -> list[RealGridPoint]:
     scales = length_scales(max_model_len, BASE_MODEL_LEN)
     prefill_prompts = scaled_lengths(PREFILL_PROMPTS, scales)
     decode_prompts = scaled_lengths(DECODE_PROMPTS, scales)
-    mixed = [(num_seqs, prompt * k, tuple(tokens * k for tokens in joining))
-             for k in scales for num_seqs, prompt, joining in MIXED]  # fmt: skip
+    mixed = scaled_mixed(MIXED, scales)
     points = []
     for block_size in BLOCK_SIZES:
         points += [RealGridPoint(block_size, count, prompt)

@@ -111,20 +111,31 @@ def scaled_lengths(lengths: tuple[int, ...], scales: tuple[int, ...]) -> list[in
     return sorted({length * k for k in scales for length in lengths})
 
 
+Mixed = tuple[int, int, tuple[int, ...]]  # decoding requests, their prompt, the joining prompts
+
+
+def scaled_mixed(mixed: tuple[Mixed, ...], scales: tuple[int, ...]) -> list[Mixed]:
+    """Each mixed point at each scale (its prompts times the scale), scale by scale."""
+    return [(num_seqs, prompt * k, tuple(tokens * k for tokens in joining))
+            for k in scales for num_seqs, prompt, joining in mixed]  # fmt: skip
+
+
 def vllm_grid(num_free_blocks: int, block_size: int, max_num_seqs: int,
               max_num_batched_tokens: int, max_model_len: int) -> list[VllmGridPoint]:  # fmt: skip
     """Every point the engine can hold at once, prefills first, then decodes, then mixed; the
     lengths at each of ``length_scales``, shortest first, each point once."""
     scales = length_scales(max_model_len)
-    points = [VllmGridPoint(prefill_prompts=(prompt,) * count) for count in PREFILL_COUNTS
-              for prompt in scaled_lengths(PREFILL_PROMPTS, scales)]  # fmt: skip
-    points += [VllmGridPoint(num_seqs, prompt, DECODE_STEPS) for num_seqs in DECODE_SEQS
-               for prompt in scaled_lengths(DECODE_PROMPTS, scales)]  # fmt: skip
-    for k in scales:
-        for num_seqs, prompt, joining in MIXED:
-            joining_k = tuple(tokens * k for tokens in joining)
-            steps = mixed_decode_steps(num_seqs, joining_k, max_num_batched_tokens)
-            points.append(VllmGridPoint(num_seqs, prompt * k, steps, joining_k))
+    prefill_prompts = scaled_lengths(PREFILL_PROMPTS, scales)
+    decode_prompts = scaled_lengths(DECODE_PROMPTS, scales)
+    points = [VllmGridPoint(prefill_prompts=(prompt,) * count)
+              for count in PREFILL_COUNTS for prompt in prefill_prompts]  # fmt: skip
+    points += [VllmGridPoint(num_seqs, prompt, DECODE_STEPS)
+               for num_seqs in DECODE_SEQS for prompt in decode_prompts]  # fmt: skip
+    points += [
+        VllmGridPoint(num_seqs, prompt,
+                      mixed_decode_steps(num_seqs, joining, max_num_batched_tokens), joining)
+        for num_seqs, prompt, joining in scaled_mixed(MIXED, scales)
+    ]  # fmt: skip
     return [point for point in dict.fromkeys(points)
             if point.fits(num_free_blocks, block_size, max_num_seqs, max_model_len)]  # fmt: skip
 
