@@ -6,6 +6,7 @@ import dataclasses
 import json
 import math
 
+import numpy as np
 import pandas as pd
 import pytest
 import torch
@@ -21,7 +22,10 @@ from kvbench.tasks.sim_to_real.table import (
     error_row,
     extrapolated_steps_pct,
     floor_lines,
+    repeat_split,
+    repeat_split_lines,
     request_pairs,
+    stretch_ratios,
 )
 
 
@@ -112,6 +116,7 @@ def test_the_task_serves_both_passes_and_scores_each_profile_and_the_repeat(
     report = (tmp_path / "report.md").read_text()
     assert "real_repeat, alpaca (held out)" in report and "(repeat)" in report
     assert "- interleaved_grid: nearer the measured run than the repeat in" in report
+    assert "## Each replay against its repeat\n\n- alpaca @ 8 req/s, naive_oracle: steps" in report
     # The grid's and the fit slice's steps are known, so are the runs' steps beyond them.
     beyond = table.set_index("source")["extrapolated_steps_pct"]
     assert beyond[sim_to_real.FIT_SOURCE].tolist() == [0.0, 0.0]  # fitted on these very runs
@@ -155,3 +160,44 @@ def test_a_step_beyond_the_fitted_steps_in_any_feature_is_extrapolated():
     assert extrapolated_steps_pct(shapes, fitted) == pytest.approx(60.0)
     assert math.isnan(extrapolated_steps_pct(shapes, None))  # a profile's steps unknown
     assert math.isnan(extrapolated_steps_pct([], fitted))
+
+
+def _split_steps(phase, ratios, start_unix_s, allocator="paged"):
+    """A run of 20 steps priced 0.1 s each, two per stretch, stretch k measured ``ratios[k]``
+    times its price."""
+    return pd.DataFrame({
+        "phase": phase, "workload": "a", "request_rate": 4.0, "allocator": allocator,
+        "unix_time_s": start_unix_s + 0.1 * np.arange(20), "grid_fitted_s": 0.1,
+        "duration_s": 0.1 * np.repeat(ratios, 2),
+    })  # fmt: skip
+
+
+@pytest.mark.parametrize(("replay", "repeat", "shared_pct"), [
+    ([1.1] * 10, [1.1] * 10, 10.0),  # a price both serves miss alike: the profile's
+    ([1.2] * 10, [1.1] * 10, 10.0),  # the part both show, the smaller
+    ([1.5] * 2 + [1.0] * 8, [1.0] * 6 + [1.5] * 2 + [1.0] * 2, 0.0),  # slow spells apart
+    ([1.1] * 10, [0.9] * 10, 0.0),  # the two serves on either side of the price
+    ([0.8] * 10, [0.9] * 10, -10.0),  # both faster than priced
+])  # fmt: skip
+def test_a_replays_miss_splits_into_what_its_repeat_shares_and_its_own(replay, repeat, shared_pct):
+    steps = pd.concat([_split_steps("repeat", repeat, 2000.0), _split_steps("grid", [1.0] * 10, 0),
+                       _split_steps("replay", replay, 1000.0)])  # any order in: time order used
+    split = repeat_split(steps).iloc[0]
+    assert split["replay_over_price_pct"] == pytest.approx((np.mean(replay) - 1) * 100)
+    assert split["repeat_over_price_pct"] == pytest.approx((np.mean(repeat) - 1) * 100)
+    assert split["shared_over_price_pct"] == pytest.approx(shared_pct)
+    assert split["replay_alone_pct"] == pytest.approx((np.mean(replay) - 1) * 100 - shared_pct)
+
+
+def test_stretches_are_equal_in_priced_time_and_a_replay_needs_its_repeat():
+    run = pd.DataFrame({"grid_fitted_s": [0.1] * 10 + [1.0], "duration_s": [0.1] * 10 + [2.0]})
+    stretches = stretch_ratios(run)
+    assert stretches["priced_s"].tolist() == pytest.approx([0.2] * 5 + [1.0])
+    assert stretches["ratio"].tolist() == pytest.approx([1.0] * 5 + [2.0])
+    steps = pd.concat([_split_steps("replay", [1.0] * 10, 1000.0, "paged"),
+                       _split_steps("replay", [1.1] * 10, 1100.0, "naive_max"),
+                       _split_steps("repeat", [1.1] * 10, 2000.0, "naive_max")])  # fmt: skip
+    lines = repeat_split_lines(steps)
+    assert len(lines) == 1 and lines[0].startswith(
+        "- a @ 4 req/s, naive_max: steps +10.0 % over the grid's price, its repeat's +10.0 %")
+    assert repeat_split_lines(steps[steps["phase"] == "replay"]) == []

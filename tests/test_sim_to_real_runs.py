@@ -228,24 +228,50 @@ def test_the_warm_up_sim_to_real_table_in_the_docs_is_what_the_report_makes_of_i
 
 
 LONG_RUNS = ROOT / "results" / "reference" / "sim_to_vllm_long" / "amd-epyc-2026-12-07"
-LONG_ROWS = {"short_grid": "fp32, the grid at 256-token lengths only",
-             "long_grid": "fp32, the grid at both lengths",
-             "long_grid_fp8": "fp8 K/V, the grid at both lengths"}  # fmt: skip
+MORNING = "## Four times the context against real vLLM (2026-12-07)"
+AFTERNOON = "## The fp8 miss at four times the context was the machine's (2026-12-07)"
+# Each committed run: its row in docs/sim_to_real.md and the log's section that reports it.
+LONG_ROWS = {"short_grid": ("fp32, the grid at 256-token lengths only", MORNING),
+             "long_grid": ("fp32, the grid at both lengths", MORNING),
+             "long_grid_fp8": ("fp8 K/V, the grid at both lengths", MORNING),
+             "long_grid_fp8_2": ("fp8 K/V, the grid at both lengths, 13:32", AFTERNOON),
+             "long_grid_2": ("fp32, the grid at both lengths, 13:45", AFTERNOON)}  # fmt: skip
 
 
 @pytest.mark.parametrize("run", sorted(LONG_ROWS))
 def test_the_longer_context_runs_in_the_docs_are_what_their_tables_hold(run) -> None:  # type: ignore[no-untyped-def]
     """experiment=sim_to_vllm_long: docs/sim_to_real.md's row of each committed run (errors per
     predictor, extrapolated steps) and the report on it in docs/sim_to_real_measured.md."""
+    row, heading = LONG_ROWS[run]
     tables, expected = _committed_report(LONG_RUNS / run)
-    assert expected in _measured_section("## Four times the context against real vLLM (2026-12-07)")
+    assert expected in _measured_section(heading)
     table = tables["sim_to_vllm.parquet"]
     cells = slice_cells(table)["run 1"]
     grid = table[table["source"] == "vllm_grid"]
     beyond = grid.groupby("workload", sort=False)["extrapolated_steps_pct"].median()
-    assert _docs_row(LONG_ROWS[run]) == [
+    assert _docs_row(row) == [
         cells["vllm_grid"], cells["vllm_fit_slice"], cells["vllm_repeat"],
         f"{beyond['sharegpt']:.0f} / {beyond['azure_conv']:.0f} %"]  # fmt: skip
+
+
+@pytest.mark.parametrize(("run", "row"), [
+    ("long_grid", "fp32, morning (`long_grid`)"),
+    ("long_grid_fp8", "fp8, morning (`long_grid_fp8`)"),
+    ("long_grid_fp8_2", "fp8, afternoon (`long_grid_fp8_2`)"),
+    ("long_grid_2", "fp32, afternoon (`long_grid_2`)"),
+])  # fmt: skip
+def test_the_split_of_each_replay_in_the_docs_is_what_its_steps_give(run, row) -> None:  # type: ignore[no-untyped-def]
+    """docs/sim_to_real_measured.md's table of each replay against its repeat: per committed
+    run, the range over its replays of ``repeat_split``'s three figures."""
+    from kvbench.tasks.sim_to_real.table import repeat_split
+
+    split = repeat_split(pd.read_parquet(LONG_RUNS / run / "vllm_steps.parquet"))
+    assert len(split) == 6  # every replay has its repeat
+    section = _measured_section(AFTERNOON).split("### Each replay against its repeat", 1)[1]
+    cells = next(line for line in section.splitlines() if line.startswith(f"| {row} |"))
+    assert cells.strip("| ").split(" | ")[1:] == [
+        f"{split[column].min():+.1f} to {split[column].max():+.1f} %"
+        for column in ("replay_over_price_pct", "shared_over_price_pct", "replay_alone_pct")]
 
 
 def test_the_longer_context_sim_to_real_runs_in_the_docs_are_what_their_tables_hold():

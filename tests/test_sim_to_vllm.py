@@ -216,6 +216,7 @@ def test_the_task_replays_on_vllm_and_predicts_with_kvbench(tmp_path, monkeypatc
     report = (tmp_path / "report.md").read_text()
     assert "torch ops by self CPU time" in report and "aten::" in report
     assert "grid part 2" in report  # the drift: grid part, replay, part, replay, part
+    assert "## Each replay against its repeat\n\n- alpaca @ 8 req/s: steps" in report
     assert (tmp_path / "profile_vllm_fitted_on_alpaca.json").exists()
     assert (tmp_path / "profile_vllm_grid.json").exists()
     steps = pd.read_parquet(tmp_path / "vllm_steps.parquet")

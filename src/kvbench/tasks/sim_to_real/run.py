@@ -59,6 +59,7 @@ from kvbench.tasks.sim_to_real.table import (
     extrapolation_column,
     floor_lines,
     peak_kv_in_use_slots,
+    repeat_split_lines,
     request_pairs,
 )
 from kvbench.tasks.sim_to_real.vllm_grid import interleave
@@ -191,15 +192,17 @@ def run_sim_to_real(
         _plot(pairs_table, output_dir, cfg.model.name, fit_label)
     lines = error_summary(table) + floor_lines(table, REPEAT_SOURCE)
     drift = drift_lines(steps)
+    split = repeat_split_lines(steps)
+    split_section = ["## Each replay against its repeat\n\n" + "\n".join(split)] if split else []
     grid = grid_fit_lines(steps, len(points), len(grid_runs)) + scale_lines(runs, scales)
     print(f"sim-to-real: {len(runs) + len(repeat_runs)} real runs and {len(grid_runs)} grid "
           f"points in {time.perf_counter() - started_s:.0f} s")  # fmt: skip
-    print("\n".join(lines + grid + drift))
+    print("\n".join(lines + grid + drift + split))
     write_task_report(output_dir, f"{cfg.experiment_name}: profiled simulation vs real runs",
                       raw_cfg, ["## Errors\n\n" + "\n".join(lines),
                                 "## The interleaved grid\n\n" + "\n".join(grid),
                                 "## Drift of the real executor's step times\n\n"
-                                + "\n".join(drift)])  # fmt: skip
+                                + "\n".join(drift), *split_section])  # fmt: skip
     if cfg.summary_table:
         print_files(output_dir)
     return table

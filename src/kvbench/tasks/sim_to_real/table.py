@@ -78,6 +78,80 @@ def drift_lines(steps: pd.DataFrame) -> list[str]:
             f"{row.ratio:.3f}" for name, row in grouped.iterrows()]  # fmt: skip
 
 
+# A replay and its repeat are each cut into this many stretches of equal grid-priced time, so
+# that stretch k of both covers about the same steps of the same requests; a stretch of a
+# 45-second replay lasts 4-5 s, the length of the slow spells seen on a shared machine.
+NUM_SPLIT_STRETCHES = 10
+
+
+def stretch_ratios(run: pd.DataFrame, num_stretches: int = NUM_SPLIT_STRETCHES) -> pd.DataFrame:
+    """One run's steps (in time order) cut into ``num_stretches`` stretches of equal grid-priced
+    time: per stretch its ``priced_s`` (grid-fitted seconds) and ``ratio`` (measured over
+    priced)."""
+    priced_s = run["grid_fitted_s"].to_numpy()
+    priced_before = (np.cumsum(priced_s) - priced_s) / priced_s.sum()
+    # The 1e-9 keeps a step that starts exactly on a boundary (up to rounding) in the next one.
+    stretch = np.minimum((priced_before * num_stretches + 1e-9).astype(int), num_stretches - 1)
+    grouped = run.groupby(stretch)
+    priced = grouped["grid_fitted_s"].sum()
+    return pd.DataFrame({"priced_s": priced, "ratio": grouped["duration_s"].sum() / priced})
+
+
+def shared_ratios(first: pd.Series, second: pd.Series) -> pd.Series:
+    """Per stretch both runs have, what their ratios to the price agree on: the one nearer 1
+    when both lie on the same side of 1, else 1. Noise that slows one run in a stretch and not
+    the other is left out; a price both runs miss alike is kept (at the smaller of the two)."""
+    first, second = first.align(second, join="inner")
+    nearer = first.where((first - 1).abs() <= (second - 1).abs(), second)
+    return nearer.where((first - 1) * (second - 1) > 0, 1.0)
+
+
+def repeat_split(steps: pd.DataFrame,
+                 num_stretches: int = NUM_SPLIT_STRETCHES) -> pd.DataFrame:  # fmt: skip
+    """Per replay that has a repeat in ``steps`` (a ``real_steps`` or ``vllm_steps`` table), how
+    far its steps ran over the grid profile's price (``replay_over_price_pct``: measured over
+    grid-fitted seconds, less 1, in %), how far its repeat's did, and how much of that both
+    show in the same stretches (``shared_over_price_pct``, ``shared_ratios`` weighted by the
+    replay's priced time): a miss of the profile shows in both serves of the same requests, a
+    slow spell of the machine in one. ``replay_alone_pct`` is the rest, the replay's own."""
+    keys = [key for key in RUN_KEYS if key in steps]
+    ordered = steps.sort_values("unix_time_s")
+    repeats = dict(list(ordered[ordered["phase"] == "repeat"].groupby(keys, sort=False)))
+    rows = []
+    for key, replay in ordered[ordered["phase"] == "replay"].groupby(keys, sort=False):
+        if key not in repeats:
+            continue
+        first = stretch_ratios(replay, num_stretches)
+        shared = shared_ratios(first["ratio"], stretch_ratios(repeats[key], num_stretches)["ratio"])
+        weights = first["priced_s"].loc[shared.index]
+        shared_pct = float((shared * weights).sum() / weights.sum() - 1) * 100
+        replay_pct = _over_price_pct(replay)
+        rows.append({**dict(zip(keys, key, strict=True)), "replay_over_price_pct": replay_pct,
+                     "repeat_over_price_pct": _over_price_pct(repeats[key]),
+                     "shared_over_price_pct": shared_pct,
+                     "replay_alone_pct": replay_pct - shared_pct})  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+def _over_price_pct(run: pd.DataFrame) -> float:
+    return float(run["duration_s"].sum() / run["grid_fitted_s"].sum() - 1) * 100
+
+
+def repeat_split_lines(steps: pd.DataFrame) -> list[str]:
+    """``repeat_split`` as report lines, one per replay."""
+    lines = []
+    for row in repeat_split(steps).to_dict("records"):
+        name = f"{row['workload']} @ {row['request_rate']:g} req/s"
+        if "allocator" in row:
+            name += f", {row['allocator']}"
+        lines.append(f"- {name}: steps {row['replay_over_price_pct']:+.1f} % over the grid's "
+                     f"price, its repeat's {row['repeat_over_price_pct']:+.1f} %; both serves "
+                     f"alike, stretch by stretch, {row['shared_over_price_pct']:+.1f} % (where "
+                     f"a miss of the profile shows), this serve alone "
+                     f"{row['replay_alone_pct']:+.1f} %")
+    return lines
+
+
 def repeat_pairs(table: pd.DataFrame, repeat_source: str, run_keys: Sequence[str] = RUN_KEYS,
                  cluster_keys: Sequence[str] = ()) -> pd.DataFrame:  # fmt: skip
     """Per predictor (every source but the repeat), over its held-out rows paired with the
