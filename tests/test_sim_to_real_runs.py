@@ -254,19 +254,31 @@ def test_the_longer_context_runs_in_the_docs_are_what_their_tables_hold(run) -> 
         f"{beyond['sharegpt']:.0f} / {beyond['azure_conv']:.0f} %"]  # fmt: skip
 
 
-@pytest.mark.parametrize(("run", "row"), [
-    ("long_grid", "fp32, morning (`long_grid`)"),
-    ("long_grid_fp8", "fp8, morning (`long_grid_fp8`)"),
-    ("long_grid_fp8_2", "fp8, afternoon (`long_grid_fp8_2`)"),
-    ("long_grid_2", "fp32, afternoon (`long_grid_2`)"),
-])  # fmt: skip
-def test_the_split_of_each_replay_in_the_docs_is_what_its_steps_give(run, row) -> None:  # type: ignore[no-untyped-def]
-    """docs/sim_to_real_measured.md's table of each replay against its repeat: per committed
+REAL_LONG_RUNS = ROOT / "results" / "reference" / "sim_to_real_long" / "amd-epyc-2026-12-07"
+# The committed runs whose steps the docs split: (their steps table, its replays, docs row).
+SPLIT_ROWS = [
+    (LONG_RUNS / "long_grid" / "vllm_steps.parquet", 6, "fp32, morning (`long_grid`)"),
+    (LONG_RUNS / "long_grid_fp8" / "vllm_steps.parquet", 6, "fp8, morning (`long_grid_fp8`)"),
+    (LONG_RUNS / "long_grid_fp8_2" / "vllm_steps.parquet", 6,
+     "fp8, afternoon (`long_grid_fp8_2`)"),
+    (LONG_RUNS / "long_grid_2" / "vllm_steps.parquet", 6, "fp32, afternoon (`long_grid_2`)"),
+    (REAL_LONG_RUNS / "real_1" / "real_steps.parquet", 24,
+     "kvbench's executor, 11:41 (`real_1`)"),
+    (REAL_LONG_RUNS / "real_2" / "real_steps.parquet", 24,
+     "kvbench's executor, 12:08 (`real_2`)"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("steps", "num_replays", "row"), SPLIT_ROWS)
+def test_the_split_of_each_replay_in_the_docs_is_what_its_steps_give(
+    steps, num_replays, row
+) -> None:  # type: ignore[no-untyped-def]
+    """docs/sim_to_real_measured.md's tables of each replay against its repeat: per committed
     run, the range over its replays of ``repeat_split``'s three figures."""
     from kvbench.tasks.sim_to_real.table import repeat_split
 
-    split = repeat_split(pd.read_parquet(LONG_RUNS / run / "vllm_steps.parquet"))
-    assert len(split) == 6  # every replay has its repeat
+    split = repeat_split(pd.read_parquet(steps))
+    assert len(split) == num_replays  # every replay has its repeat
     section = _measured_section(AFTERNOON).split("### Each replay against its repeat", 1)[1]
     cells = next(line for line in section.splitlines() if line.startswith(f"| {row} |"))
     assert cells.strip("| ").split(" | ")[1:] == [
@@ -286,3 +298,31 @@ def test_the_longer_context_sim_to_real_runs_in_the_docs_are_what_their_tables_h
     assert _docs_row("AMD EPYC, 2026-12-07, requests to 256 tokens (2)") == [
         _span(table, "interleaved_grid"), _span(table, "interleaved_grid_local"),
         _span(table, "real_repeat"), _span(table, "fit_slice")]  # fmt: skip
+
+
+def test_a_replays_error_ranks_with_its_own_share_of_the_miss_as_the_docs_say():
+    """docs/sim_to_real_measured.md: Spearman's rho of the grid profile's held-out E2E error per
+    replay with the size of the replay's own share, and with what both serves showed alike."""
+    from scipy.stats import spearmanr
+
+    from kvbench.tasks.sim_to_real.table import repeat_split
+
+    def rhos(steps: list[Path], source: str) -> list[str]:
+        frames = []
+        for path in steps:
+            table = pd.read_parquet(path.with_name(
+                "sim_to_real.parquet" if path.name == "real_steps.parquet"
+                else "sim_to_vllm.parquet"))  # fmt: skip
+            split = repeat_split(pd.read_parquet(path))
+            keys = [key for key in ("workload", "request_rate", "allocator") if key in split]
+            errors = table[table["source"] == source][[*keys, "e2e_mape_pct"]]
+            frames.append(split.merge(errors, on=keys, validate="one_to_one"))
+        both = pd.concat(frames)
+        return [f"{spearmanr(both[column].abs(), both['e2e_mape_pct']).statistic:.2f}"
+                for column in ("replay_alone_pct", "shared_over_price_pct")]  # fmt: skip
+
+    real = rhos([steps for steps, count, _ in SPLIT_ROWS if count == 24], "interleaved_grid")
+    vllm = rhos([steps for steps, count, _ in SPLIT_ROWS if count == 6], "vllm_grid")
+    text = " ".join(_measured_section(AFTERNOON).split())
+    assert (f"Spearman's rho {real[0]} over these 48 replays on kvbench's executor and {vllm[0]} "
+            f"over the 24 on vLLM above, against {real[1]} and {vllm[1]} with") in text

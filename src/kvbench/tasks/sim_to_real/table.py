@@ -100,7 +100,7 @@ def stretch_ratios(run: pd.DataFrame, num_stretches: int = NUM_SPLIT_STRETCHES) 
 def shared_ratios(first: pd.Series, second: pd.Series) -> pd.Series:
     """Per stretch both runs have, what their ratios to the price agree on: the one nearer 1
     when both lie on the same side of 1, else 1. Noise that slows one run in a stretch and not
-    the other is left out; a price both runs miss alike is kept (at the smaller of the two)."""
+    the other is left out; a price both runs miss alike is kept (as the one nearer 1)."""
     first, second = first.align(second, join="inner")
     nearer = first.where((first - 1).abs() <= (second - 1).abs(), second)
     return nearer.where((first - 1) * (second - 1) > 0, 1.0)
