@@ -174,7 +174,7 @@ def _split_steps(phase, ratios, start_unix_s, allocator="paged"):
 
 @pytest.mark.parametrize(("replay", "repeat", "shared_pct"), [
     ([1.1] * 10, [1.1] * 10, 10.0),  # a price both serves miss alike: the profile's
-    ([1.2] * 10, [1.1] * 10, 10.0),  # the part both show, the smaller
+    ([1.2] * 10, [1.1] * 10, 10.0),  # the part both show: the one nearer 1
     ([1.5] * 2 + [1.0] * 8, [1.0] * 6 + [1.5] * 2 + [1.0] * 2, 0.0),  # slow spells apart
     ([1.1] * 10, [0.9] * 10, 0.0),  # the two serves on either side of the price
     ([0.8] * 10, [0.9] * 10, -10.0),  # both faster than priced
