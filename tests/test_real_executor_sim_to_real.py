@@ -201,3 +201,16 @@ def test_stretches_are_equal_in_priced_time_and_a_replay_needs_its_repeat():
     assert len(lines) == 1 and lines[0].startswith(
         "- a @ 4 req/s, naive_max: steps +10.0 % over the grid's price, its repeat's +10.0 %")
     assert repeat_split_lines(steps[steps["phase"] == "replay"]) == []
+
+
+def test_the_report_over_many_runs_gives_each_runs_split_where_it_kept_steps():
+    from kvbench.tasks.report.sim_to_real_runs import repeat_split_runs_section
+
+    with_repeat = pd.concat([_split_steps("replay", [1.2] * 10, 1000.0),
+                             _split_steps("repeat", [1.0] * 10, 2000.0)]).assign(run_dir="r/one")
+    without = _split_steps("replay", [1.1] * 10, 3000.0).assign(run_dir="r/two")
+    section = repeat_split_runs_section({"real_steps.parquet": pd.concat([with_repeat, without])})
+    assert section.startswith("### kvbench's real executor: each replay against its repeat")
+    assert "| `one` | 1 | +20.0 to +20.0 % | +0.0 to +0.0 % | +20.0 to +20.0 % |" in section
+    assert "`two`" not in section  # a run without a second pass has nothing to split
+    assert repeat_split_runs_section({}) == ""

@@ -333,3 +333,18 @@ def test_a_replays_error_ranks_with_its_own_share_of_the_miss_as_the_docs_say():
     text = " ".join(_measured_section(AFTERNOON).split())
     assert (f"Spearman's rho {real[0]} over these 48 replays on kvbench's executor and {vllm[0]} "
             f"over the 24 on vLLM above, against {real[1]} and {vllm[1]} with") in text
+
+
+def test_the_report_over_many_runs_splits_each_runs_replays_as_the_docs_do(tmp_path):
+    """``python -m kvbench.tasks.report`` over the committed long runs: per run with steps, its
+    replays' split ranges in ``sim_to_real_runs.md`` are docs/sim_to_real_measured.md's."""
+    write_report([LONG_RUNS, REAL_LONG_RUNS], tmp_path)
+    text = (tmp_path / "sim_to_real_runs.md").read_text()
+    docs = _measured_section(AFTERNOON)
+    long_rows = [(steps, count, row) for steps, count, row in SPLIT_ROWS
+                 if steps.is_relative_to(LONG_RUNS) or steps.is_relative_to(REAL_LONG_RUNS)]
+    assert len(long_rows) == 6
+    for steps, num_replays, row in long_rows:
+        line = next(line for line in docs.splitlines() if line.startswith(f"| {row} |"))
+        ranges = line.strip("| ").split(" | ")[1:]
+        assert f"| `{steps.parent.name}` | {num_replays} | {' | '.join(ranges)} |" in text

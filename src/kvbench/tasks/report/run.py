@@ -16,7 +16,12 @@ from kvbench.tasks.report import sections
 from kvbench.tasks.report.aggregate import done_marker, load_tables
 from kvbench.tasks.report.docs_blocks import block, replace_blocks
 from kvbench.tasks.report.plot import draw_report_figures
-from kvbench.tasks.report.sim_to_real_runs import ENGINE_TABLES, sim_to_real_runs_section
+from kvbench.tasks.report.sim_to_real_runs import (
+    ENGINE_TABLES,
+    STEPS_TABLES,
+    repeat_split_runs_section,
+    sim_to_real_runs_section,
+)
 
 # The app's knee bound (conf/config.yaml), for knees recomputed over every run.
 DEFAULT_LATENCY_MULTIPLE = float(root_setting("knee.latency_multiple"))
@@ -94,13 +99,16 @@ def write_report(
 ) -> ReportTables:
     """Write ``results.parquet``, ``knees.parquet``, ``capacity.parquet``, the charts and
     ``reproduction.md`` under ``out_dir`` (from summaries), and ``sim_to_real_runs.md`` (from
-    sim-to-real tables); with ``docs_path``, refresh its generated blocks."""
+    sim-to-real tables, and their steps tables where a run kept them); with ``docs_path``,
+    refresh its generated blocks."""
     tables = compute_tables(roots)
     if tables.empty:
         return tables
     out_dir.mkdir(parents=True, exist_ok=True)
     bodies = _write_reproduction(tables, out_dir) if not tables.summary.empty else {}
-    runs_body = sim_to_real_runs_section(tables.sim_to_real)
+    steps = {name: load_tables(roots, name) for name, _ in STEPS_TABLES}
+    runs_body = "\n\n".join(part for part in (sim_to_real_runs_section(tables.sim_to_real),
+                                                repeat_split_runs_section(steps)) if part)
     if runs_body:
         bodies["sim_to_real_runs"] = runs_body
         (out_dir / "sim_to_real_runs.md").write_text(

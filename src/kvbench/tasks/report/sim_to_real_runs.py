@@ -10,6 +10,10 @@ two-sided sign test (ties left out), and the TTFT and TPOT errors over the same 
 runs lie about sqrt(2) times further apart than either lies from the run to expect, so a
 predictor as good as the machine allows is nearer in more than half, and a ratio of medians near
 0.7 is that predictor's (docs/sim_to_real.md).
+
+Where runs kept their steps tables, a second section gives each run's replays against their
+repeats (``repeat_split``): how much of each replay's miss of the grid's price its repeat showed
+alike and how much was its own.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ import os
 import pandas as pd
 
 from kvbench.tasks.report.markdown_table import markdown_table
-from kvbench.tasks.sim_to_real.table import RUN_KEYS, repeat_pairs
+from kvbench.tasks.sim_to_real.table import RUN_KEYS, repeat_pairs, repeat_split
 
 # Each table of per-run errors: (its file, the engine it measured, the source of its repeat).
 ENGINE_TABLES = (
@@ -28,6 +32,13 @@ ENGINE_TABLES = (
 )
 # One run of the tables of many: its folder, then the run within it.
 RUN_DIR_KEYS = ("run_dir", *RUN_KEYS)
+# Each table of every step of a run: (its file, the engine it timed).
+STEPS_TABLES = (
+    ("real_steps.parquet", "kvbench's real executor"),
+    ("vllm_steps.parquet", "real vLLM"),
+)
+# ``repeat_split``'s figures, each given as its range over a run's replays.
+SPLIT_COLUMNS = ("replay_over_price_pct", "shared_over_price_pct", "replay_alone_pct")
 
 
 def slice_cells(table: pd.DataFrame) -> pd.DataFrame:
@@ -80,6 +91,35 @@ def sim_to_real_runs_section(tables: dict[str, pd.DataFrame]) -> str:
                          "over all runs:\n\n" + _pairs_table(pairs))  # fmt: skip
         names = run_names(runs)
         parts.append("Runs: " + ", ".join(f"{i + 1} `{run}`" for i, run in enumerate(names)))
+    return "\n\n".join(parts)
+
+
+def repeat_split_runs_section(steps_tables: dict[str, pd.DataFrame]) -> str:
+    """Per engine steps table in ``steps_tables`` (keyed by file name, every run's steps with
+    ``run_dir``), each run's replays against their repeats (``repeat_split``): the replays that
+    have a repeat and, over them, the range of the replay's steps over the grid's price, of what
+    both serves showed alike, and of the replay's own rest; "" without any."""
+    parts = []
+    for name, engine in STEPS_TABLES:
+        steps = steps_tables.get(name, pd.DataFrame())
+        if steps.empty:
+            continue
+        runs = sorted(steps["run_dir"].unique())
+        rows = []
+        for run, label in zip(runs, run_names(runs), strict=True):
+            split = repeat_split(steps[steps["run_dir"] == run])
+            if not split.empty:
+                rows.append([f"`{label}`", str(len(split)), *(
+                    f"{split[column].min():+.1f} to {split[column].max():+.1f} %"
+                    for column in SPLIT_COLUMNS)])  # fmt: skip
+        if rows:
+            parts.append(f"### {engine}: each replay against its repeat (`{name}`)\n\n"
+                         "Per run, over its replays: their steps over the grid profile's price, "
+                         "what each replay and its repeat showed alike stretch by stretch (where "
+                         "a miss of the profile lies) and the replay's own rest.\n\n"
+                         + markdown_table(["run", "replays", "steps over the price",
+                                           "both serves alike", "the replay's own"],
+                                          rows))  # fmt: skip
     return "\n\n".join(parts)
 
 
