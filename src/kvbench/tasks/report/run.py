@@ -106,10 +106,12 @@ def write_report(
         return tables
     out_dir.mkdir(parents=True, exist_ok=True)
     bodies = _write_reproduction(tables, out_dir) if not tables.summary.empty else {}
-    steps = {name: load_tables(roots, name) for name, _ in STEPS_TABLES}
-    runs_body = "\n\n".join(part for part in (sim_to_real_runs_section(tables.sim_to_real),
-                                                repeat_split_runs_section(steps)) if part)
+    runs_body = sim_to_real_runs_section(tables.sim_to_real)
     if runs_body:
+        # A run's steps table sits beside its sim_to_real / sim_to_vllm table: read only then.
+        steps = {name: load_tables(roots, name) for name, _ in STEPS_TABLES}
+        runs_body = "\n\n".join(part for part in (runs_body, repeat_split_runs_section(steps))
+                                  if part)  # fmt: skip
         bodies["sim_to_real_runs"] = runs_body
         (out_dir / "sim_to_real_runs.md").write_text(
             "# kvbench sim-to-real errors across runs\n\n" + block("sim_to_real_runs", runs_body)

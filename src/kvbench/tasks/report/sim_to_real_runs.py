@@ -104,10 +104,10 @@ def repeat_split_runs_section(steps_tables: dict[str, pd.DataFrame]) -> str:
         steps = steps_tables.get(name, pd.DataFrame())
         if steps.empty:
             continue
-        runs = sorted(steps["run_dir"].unique())
+        runs = dict(iter(steps.groupby("run_dir")))  # sorted by folder
         rows = []
-        for run, label in zip(runs, run_names(runs), strict=True):
-            split = repeat_split(steps[steps["run_dir"] == run])
+        for run_steps, label in zip(runs.values(), run_names(list(runs)), strict=True):
+            split = repeat_split(run_steps)
             if not split.empty:
                 rows.append([f"`{label}`", str(len(split)), *(
                     f"{split[column].min():+.1f} to {split[column].max():+.1f} %"

@@ -60,6 +60,7 @@ from kvbench.tasks.sim_to_real.table import (
     floor_lines,
     peak_kv_in_use_slots,
     repeat_split_lines,
+    repeat_split_sections,
     request_pairs,
 )
 from kvbench.tasks.sim_to_real.vllm_grid import interleave
@@ -193,7 +194,6 @@ def run_sim_to_real(
     lines = error_summary(table) + floor_lines(table, REPEAT_SOURCE)
     drift = drift_lines(steps)
     split = repeat_split_lines(steps)
-    split_section = ["## Each replay against its repeat\n\n" + "\n".join(split)] if split else []
     grid = grid_fit_lines(steps, len(points), len(grid_runs)) + scale_lines(runs, scales)
     print(f"sim-to-real: {len(runs) + len(repeat_runs)} real runs and {len(grid_runs)} grid "
           f"points in {time.perf_counter() - started_s:.0f} s")  # fmt: skip
@@ -202,7 +202,7 @@ def run_sim_to_real(
                       raw_cfg, ["## Errors\n\n" + "\n".join(lines),
                                 "## The interleaved grid\n\n" + "\n".join(grid),
                                 "## Drift of the real executor's step times\n\n"
-                                + "\n".join(drift), *split_section])  # fmt: skip
+                                + "\n".join(drift), *repeat_split_sections(split)])  # fmt: skip
     if cfg.summary_table:
         print_files(output_dir)
     return table

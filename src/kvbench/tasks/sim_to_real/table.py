@@ -80,7 +80,7 @@ def drift_lines(steps: pd.DataFrame) -> list[str]:
 
 # A replay and its repeat are each cut into this many stretches of equal grid-priced time, so
 # that stretch k of both covers about the same steps of the same requests; a stretch of a
-# 45-second replay lasts 4-5 s, the length of the slow spells seen on a shared machine.
+# 45-second replay lasts 4-5 s, shorter than the slow spells seen on a shared machine (5-20 s).
 NUM_SPLIT_STRETCHES = 10
 
 
@@ -116,7 +116,7 @@ def repeat_split(steps: pd.DataFrame,
     slow spell of the machine in one. ``replay_alone_pct`` is the rest, the replay's own."""
     keys = [key for key in RUN_KEYS if key in steps]
     ordered = steps.sort_values("unix_time_s")
-    repeats = dict(list(ordered[ordered["phase"] == "repeat"].groupby(keys, sort=False)))
+    repeats = dict(iter(ordered[ordered["phase"] == "repeat"].groupby(keys, sort=False)))
     rows = []
     for key, replay in ordered[ordered["phase"] == "replay"].groupby(keys, sort=False):
         if key not in repeats:
@@ -150,6 +150,11 @@ def repeat_split_lines(steps: pd.DataFrame) -> list[str]:
                      f"a miss of the profile shows), this serve alone "
                      f"{row['replay_alone_pct']:+.1f} %")
     return lines
+
+
+def repeat_split_sections(lines: list[str]) -> list[str]:
+    """``repeat_split_lines``' lines as a run's ``report.md`` section; none without them."""
+    return ["## Each replay against its repeat\n\n" + "\n".join(lines)] if lines else []
 
 
 def repeat_pairs(table: pd.DataFrame, repeat_source: str, run_keys: Sequence[str] = RUN_KEYS,

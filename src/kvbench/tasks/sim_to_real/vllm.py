@@ -58,6 +58,7 @@ from kvbench.tasks.sim_to_real.table import (
     extrapolation_column,
     floor_lines,
     repeat_split_lines,
+    repeat_split_sections,
     request_pairs,
 )
 from kvbench.tasks.sim_to_real.vllm_grid import VllmGridPoint, interleave, vllm_grid
@@ -176,7 +177,6 @@ def run_sim_to_vllm(
     lines = error_summary(table) + floor_lines(table, REPEAT_SOURCE)
     drift = drift_lines(steps)
     split = repeat_split_lines(steps)
-    split_section = ["## Each replay against its repeat\n\n" + "\n".join(split)] if split else []
     fair_lines = fair_summary(fair.throughput)
     print(f"sim-to-vllm: {len(runs) + len(repeat_runs)} replays and {len(grid_runs)} grid "
           f"points on vLLM in {time.perf_counter() - started_s:.0f} s")  # fmt: skip
@@ -184,7 +184,7 @@ def run_sim_to_vllm(
     write_task_report(output_dir, f"{cfg.experiment_name}: kvbench's vLLM v1 model vs real vLLM",
                       raw_cfg, ["## Errors\n\n" + "\n".join(lines),
                                 "## Drift of vLLM's step times\n\n" + "\n".join(drift),
-                                *split_section,
+                                *repeat_split_sections(split),
                                 "## Fair instrument\n\n" + "\n".join(fair_lines)
                                 + "\n\n" + profile_tables(fair.profile)])  # fmt: skip
     if cfg.summary_table:
