@@ -5,6 +5,7 @@ for real on random SmolLM2-shaped weights, on a small config."""
 import dataclasses
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -27,6 +28,8 @@ from kvbench.tasks.sim_to_real.table import (
     request_pairs,
     stretch_ratios,
 )
+
+METRICS_DOC = (Path(__file__).resolve().parents[1] / "docs" / "metrics.md").read_text()
 
 
 def _requests(e2e, ttft, status=None):
@@ -117,6 +120,12 @@ def test_the_task_serves_both_passes_and_scores_each_profile_and_the_repeat(
     assert "real_repeat, alpaca (held out)" in report and "(repeat)" in report
     assert "- interleaved_grid: nearer the measured run than the repeat in" in report
     assert "## Each replay against its repeat\n\n- alpaca @ 8 req/s, naive_oracle: steps" in report
+    split = pd.read_parquet(tmp_path / "repeat_split.parquet")
+    pd.testing.assert_frame_equal(split, repeat_split(steps))
+    assert split["allocator"].tolist() == ["naive_oracle", "paged"]
+    # Every column is defined in the table's own section of docs/metrics.md.
+    section = METRICS_DOC.split("## repeat_split.parquet", 1)[1].split("\n## ", 1)[0]
+    assert [column for column in split.columns if f"`{column}`" not in section] == []
     # The grid's and the fit slice's steps are known, so are the runs' steps beyond them.
     beyond = table.set_index("source")["extrapolated_steps_pct"]
     assert beyond[sim_to_real.FIT_SOURCE].tolist() == [0.0, 0.0]  # fitted on these very runs
@@ -197,10 +206,10 @@ def test_stretches_are_equal_in_priced_time_and_a_replay_needs_its_repeat():
     steps = pd.concat([_split_steps("replay", [1.0] * 10, 1000.0, "paged"),
                        _split_steps("replay", [1.1] * 10, 1100.0, "naive_max"),
                        _split_steps("repeat", [1.1] * 10, 2000.0, "naive_max")])  # fmt: skip
-    lines = repeat_split_lines(steps)
+    lines = repeat_split_lines(repeat_split(steps))
     assert len(lines) == 1 and lines[0].startswith(
         "- a @ 4 req/s, naive_max: steps +10.0 % over the grid's price, its repeat's +10.0 %")
-    assert repeat_split_lines(steps[steps["phase"] == "replay"]) == []
+    assert repeat_split(steps[steps["phase"] == "replay"]).empty
 
 
 def test_the_report_over_many_runs_gives_each_runs_split_where_it_kept_steps():

@@ -217,6 +217,8 @@ def test_the_task_replays_on_vllm_and_predicts_with_kvbench(tmp_path, monkeypatc
     assert "torch ops by self CPU time" in report and "aten::" in report
     assert "grid part 2" in report  # the drift: grid part, replay, part, replay, part
     assert "## Each replay against its repeat\n\n- alpaca @ 8 req/s: steps" in report
+    split = pd.read_parquet(tmp_path / "repeat_split.parquet")
+    assert split["workload"].tolist() == ["alpaca", "sharegpt"] and "allocator" not in split
     assert (tmp_path / "profile_vllm_fitted_on_alpaca.json").exists()
     assert (tmp_path / "profile_vllm_grid.json").exists()
     steps = pd.read_parquet(tmp_path / "vllm_steps.parquet")

@@ -14,8 +14,9 @@ pass, and that second run is scored as a prediction of the first (``real_repeat`
 machine's own repeatability leaves, the noise under every profile's. Writes ``sim_to_real.parquet``
 (errors per run and profile), ``sim_to_real_requests.parquet`` (measured and predicted latencies
 per request), ``real_steps.parquet`` (every step of the runs and the grid, on one wall-clock time
-line), both fitted profiles, ``plots/sim_to_real*.png|svg`` and ``report.md`` (with the machine's
-drift).
+line), ``repeat_split.parquet`` (each run's miss of the grid's price, the part its repeat shows
+alike and its own; with a second pass), both fitted profiles, ``plots/sim_to_real*.png|svg`` and
+``report.md`` (with the machine's drift).
 """
 
 from __future__ import annotations
@@ -59,6 +60,7 @@ from kvbench.tasks.sim_to_real.table import (
     extrapolation_column,
     floor_lines,
     peak_kv_in_use_slots,
+    repeat_split,
     repeat_split_lines,
     repeat_split_sections,
     request_pairs,
@@ -189,20 +191,24 @@ def run_sim_to_real(
     write_table(table, output_dir / "sim_to_real.parquet", metadata)
     write_table(pairs_table, output_dir / "sim_to_real_requests.parquet", metadata)
     write_table(steps, output_dir / "real_steps.parquet", metadata)
+    split = repeat_split(steps)
+    if not split.empty:  # a run with a second pass
+        write_table(split, output_dir / "repeat_split.parquet", metadata)
     if cfg.plots:
         _plot(pairs_table, output_dir, cfg.model.name, fit_label)
     lines = error_summary(table) + floor_lines(table, REPEAT_SOURCE)
     drift = drift_lines(steps)
-    split = repeat_split_lines(steps)
+    split_lines = repeat_split_lines(split)
     grid = grid_fit_lines(steps, len(points), len(grid_runs)) + scale_lines(runs, scales)
     print(f"sim-to-real: {len(runs) + len(repeat_runs)} real runs and {len(grid_runs)} grid "
           f"points in {time.perf_counter() - started_s:.0f} s")  # fmt: skip
-    print("\n".join(lines + grid + drift + split))
+    print("\n".join(lines + grid + drift + split_lines))
     write_task_report(output_dir, f"{cfg.experiment_name}: profiled simulation vs real runs",
                       raw_cfg, ["## Errors\n\n" + "\n".join(lines),
                                 "## The interleaved grid\n\n" + "\n".join(grid),
                                 "## Drift of the real executor's step times\n\n"
-                                + "\n".join(drift), *repeat_split_sections(split)])  # fmt: skip
+                                + "\n".join(drift),
+                                *repeat_split_sections(split_lines)])  # fmt: skip
     if cfg.summary_table:
         print_files(output_dir)
     return table

@@ -137,10 +137,10 @@ def _over_price_pct(run: pd.DataFrame) -> float:
     return float(run["duration_s"].sum() / run["grid_fitted_s"].sum() - 1) * 100
 
 
-def repeat_split_lines(steps: pd.DataFrame) -> list[str]:
-    """``repeat_split`` as report lines, one per replay."""
+def repeat_split_lines(split: pd.DataFrame) -> list[str]:
+    """A ``repeat_split`` table as report lines, one per replay."""
     lines = []
-    for row in repeat_split(steps).to_dict("records"):
+    for row in split.to_dict("records"):
         name = f"{row['workload']} @ {row['request_rate']:g} req/s"
         if "allocator" in row:
             name += f", {row['allocator']}"

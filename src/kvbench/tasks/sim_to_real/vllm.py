@@ -13,7 +13,8 @@ second replay is scored as a prediction of the first (``vllm_repeat``): vLLM aga
 noise under every profile's error. Errors per request (E2E, TTFT, TPOT) and per run (throughput,
 mean batch, peak KV slots in use) go to ``sim_to_vllm.parquet`` and
 ``sim_to_vllm_requests.parquet``, every vLLM step (with its wall-clock time) to
-``vllm_steps.parquet``, beside ``plots/sim_to_vllm`` and both profiles.
+``vllm_steps.parquet``, each replay's miss of the grid's price split against its repeat's to
+``repeat_split.parquet``, beside ``plots/sim_to_vllm`` and both profiles.
 
 Then the fair-instrument check (``fair_instrument``): one closed batch served by vLLM and by
 kvbench's own real executor, output tokens/s of each, and both profiled.
@@ -57,6 +58,7 @@ from kvbench.tasks.sim_to_real.table import (
     error_row,
     extrapolation_column,
     floor_lines,
+    repeat_split,
     repeat_split_lines,
     repeat_split_sections,
     request_pairs,
@@ -162,6 +164,9 @@ def run_sim_to_vllm(
                              profiles[fit_label],
                              block_size)  # fmt: skip
     write_table(steps, output_dir / "vllm_steps.parquet", metadata)
+    split = repeat_split(steps)
+    if not split.empty:  # a run with a second pass
+        write_table(split, output_dir / "repeat_split.parquet", metadata)
     fair = fair_instrument(cfg, deployment, engine)
     write_table(fair.throughput, output_dir / "fair_instrument.parquet", metadata)
     write_table(fair.profile, output_dir / "fair_profile.parquet", metadata)
@@ -176,15 +181,15 @@ def run_sim_to_vllm(
                 group="workload")  # fmt: skip
     lines = error_summary(table) + floor_lines(table, REPEAT_SOURCE)
     drift = drift_lines(steps)
-    split = repeat_split_lines(steps)
+    split_lines = repeat_split_lines(split)
     fair_lines = fair_summary(fair.throughput)
     print(f"sim-to-vllm: {len(runs) + len(repeat_runs)} replays and {len(grid_runs)} grid "
           f"points on vLLM in {time.perf_counter() - started_s:.0f} s")  # fmt: skip
-    print("\n".join(lines + drift + split + fair_lines))
+    print("\n".join(lines + drift + split_lines + fair_lines))
     write_task_report(output_dir, f"{cfg.experiment_name}: kvbench's vLLM v1 model vs real vLLM",
                       raw_cfg, ["## Errors\n\n" + "\n".join(lines),
                                 "## Drift of vLLM's step times\n\n" + "\n".join(drift),
-                                *repeat_split_sections(split),
+                                *repeat_split_sections(split_lines),
                                 "## Fair instrument\n\n" + "\n".join(fair_lines)
                                 + "\n\n" + profile_tables(fair.profile)])  # fmt: skip
     if cfg.summary_table:
