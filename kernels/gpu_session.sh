@@ -40,12 +40,29 @@ prepare() {
   du -sh "$GPU_DIR"
 }
 
+# The catalog's name (conf/hardware) of a GPU named as nvidia-smi names it: the profile's file
+# and the runs are labelled by it. The device tool lends H100s and H200s; a GPU the catalog lacks
+# is said so on stderr and labelled h100-80gb (the profile still records its real name).
+hardware_of() {
+  case "$1" in
+    *H200*) echo h200-141gb ;;
+    *H100*) echo h100-80gb ;;
+    *A100*80GB*) echo a100-80gb ;;
+    *A100*) echo a100-40gb ;;
+    *L40S*) echo l40s ;;
+    *) echo "GPU '$1' is not in conf/hardware: its runs are labelled h100-80gb" >&2
+       echo h100-80gb ;;
+  esac
+}
+
 # The steps' settings: a random-weight catalog model on the GPU, or SmolLM2's shape on this CPU.
 settings() {
   if [ "$1" = run ]; then
     # executor.device=auto: cuda there (were the GPU not seen, triton on the CPU is refused).
-    MODEL=(model=llama-3-8b model.dtype=bf16 hardware=h200-141gb executor.weights=random
-           executor.decode_backend=triton executor.num_threads=null)
+    local gpu_name
+    gpu_name=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -n 1)
+    MODEL=(model=llama-3-8b model.dtype=bf16 "hardware=$(hardware_of "$gpu_name")"
+           executor.weights=random executor.decode_backend=triton executor.num_threads=null)
     # The profile's grid: a GPU's batches (to 256) and contexts (to 3,072 tokens), in 2 rounds,
     # not 3: each round sets every point up anew, and 3 rounds might not fit
     # the step's 150 s (the grid has not run on a GPU yet); a lent GPU is not shared, so its slow
@@ -139,5 +156,6 @@ case "${1:-}" in
     check_prepared || exit 1
     run_steps dry-run "${2:-/tmp/gpu_session_dry}" 2>&1 | tee "${2:-/tmp/gpu_session_dry}.log"
     ;;
-  *) echo "usage: $0 prepare | run | dry-run [DIR]" >&2; exit 2 ;;
+  hardware-of) hardware_of "${2:?usage: $0 hardware-of GPU_NAME}" ;;
+  *) echo "usage: $0 prepare | run | dry-run [DIR] | hardware-of GPU_NAME" >&2; exit 2 ;;
 esac

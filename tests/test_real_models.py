@@ -216,6 +216,23 @@ def test_the_gpu_session_s_dry_run_says_to_prepare_first(tmp_path):
     assert not (tmp_path / "runs").exists()
 
 
+@pytest.mark.parametrize(("gpu_name", "hardware", "warned"), [
+    ("NVIDIA H100 80GB HBM3", "h100-80gb", False),  # nvidia-smi's names of the lent kinds
+    ("NVIDIA H200", "h200-141gb", False),
+    ("NVIDIA A100-SXM4-80GB", "a100-80gb", False),
+    ("NVIDIA A100-SXM4-40GB", "a100-40gb", False),
+    ("NVIDIA GeForce RTX 4090", "h100-80gb", True),  # not in the catalog: said so
+])  # fmt: skip
+def test_the_gpu_session_labels_its_runs_with_the_catalog_name_of_the_gpu_it_finds(
+        gpu_name, hardware, warned):  # fmt: skip
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run(["bash", "kernels/gpu_session.sh", "hardware-of", gpu_name], cwd=root,
+                          capture_output=True, text=True, timeout=60, check=True)  # fmt: skip
+    assert done.stdout == f"{hardware}\n"
+    assert (root / "conf" / "hardware" / f"{hardware}.yaml").exists()
+    assert ("is not in conf/hardware" in done.stderr) == warned
+
+
 def test_the_random_weights_tool_gives_a_ratio_per_point_and_round():
     from kvbench.tools import random_weights
 
