@@ -12,8 +12,9 @@ for bit in fp16 and fp8; (2) measures a device copy's bandwidth; (3) times paged
 decode attention (``triton.testing.do_bench`` medians, L2 flushed between calls) on scattered
 block tables over context lengths, batch sizes and block sizes;
 (4) writes everything, with the targets (achieved >= 80 % of the copy's bandwidth; overhead
-<= 3 % at block 16 for contexts >= 1k), to ``kernels/baselines/h200.json`` (``--out``), and a
-copy to ``$OUT/h200.json`` when ``$OUT`` is set. Exit 1 if any correctness check fails; the
+<= 3 % at block 16 for contexts >= 1k), to ``kernels/baselines/<gpu>.json`` (``--out``; ``<gpu>``
+the GPU's model, ``gpu_stem``: ``h100``, ``h200``), and a copy to ``$OUT/<gpu>.json`` when
+``$OUT`` is set. Exit 1 if any correctness check fails; the
 timing targets are reported, not enforced. Reading it: ``docs/kernels.md``.
 """
 
@@ -25,7 +26,9 @@ import json
 import math
 import os
 import platform
+import re
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -33,7 +36,6 @@ from pathlib import Path
 import torch
 
 KERNELS_DIR = Path(__file__).resolve().parent
-DEFAULT_OUT = KERNELS_DIR / "baselines" / "h200.json"
 # Llama-3-8B's attention (32 query heads, 8 KV heads of dim 128), the kernel_overhead experiment's.
 MODEL_HEADS = (32, 8, 128)
 UNIT_ROUNDOFF = {torch.float16: 2.0**-11, torch.bfloat16: 2.0**-8}
@@ -277,18 +279,36 @@ def run(
     return report
 
 
+def gpu_stem(device_name: str) -> str:
+    """A report's file stem for a GPU named as CUDA names it: its model, the first word with a
+    digit after the vendor ("NVIDIA H100 80GB HBM3" -> ``h100``, "NVIDIA A100-SXM4-80GB" ->
+    ``a100``), so that the lent H100s' and H200s' reports sit side by side; else the whole name,
+    lower case, its runs of other characters as ``-``."""
+    for word in device_name.replace("-", " ").split():
+        if any(char.isdigit() for char in word):
+            return word.lower()
+    return re.sub(r"[^a-z0-9]+", "-", device_name.lower()).strip("-") or "gpu"
+
+
 def main() -> int:
-    """Run the check, write the report (and $OUT/h200.json), exit 1 on a correctness failure."""
+    """Run the check, write the report (and $OUT/<gpu>.json), exit 1 on a correctness failure."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="report JSON path")
+    parser.add_argument("--out", type=Path, help="report JSON path (default: "
+                        "kernels/baselines/<gpu>.json, named by gpu_stem; a dry run's in the "
+                        "temporary folder)")  # fmt: skip
     parser.add_argument("--cpu-dry-run", action="store_true", help="tiny shapes, interpreter")
     parser.add_argument("--time-budget-s", type=float, default=TIME_BUDGET_S,
                         help="no benchmark row starts after this many seconds")  # fmt: skip
     args = parser.parse_args()
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    paths = [args.out]
+    if args.cpu_dry_run:  # a dry run's report is no baseline: the temporary folder by default
+        default_out = Path(tempfile.gettempdir()) / "gpu_check_cpu_dry_run.json"
+    else:
+        default_out = KERNELS_DIR / "baselines" / f"{gpu_stem(torch.cuda.get_device_name())}.json"
+    out = args.out or default_out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    paths = [out]
     if os.environ.get("OUT") and not args.cpu_dry_run:
-        paths.append(Path(os.environ["OUT"]) / "h200.json")  # what the device run returns
+        paths.append(Path(os.environ["OUT"]) / default_out.name)  # what the device run returns
 
     def save(report: dict) -> None:
         text = json.dumps(report, indent=2) + "\n"
