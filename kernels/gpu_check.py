@@ -280,8 +280,8 @@ def run(
 
 
 def gpu_stem(device_name: str) -> str:
-    """A report's file stem for a GPU named as CUDA names it: its model, the first word with a
-    digit after the vendor ("NVIDIA H100 80GB HBM3" -> ``h100``, "NVIDIA A100-SXM4-80GB" ->
+    """A report's file stem for a GPU named as CUDA names it: its model, the name's first word
+    with a digit in it ("NVIDIA H100 80GB HBM3" -> ``h100``, "NVIDIA A100-SXM4-80GB" ->
     ``a100``), so that the lent H100s' and H200s' reports sit side by side; else the whole name,
     lower case, its runs of other characters as ``-``."""
     for word in device_name.replace("-", " ").split():
