@@ -335,3 +335,26 @@ def test_a_replays_error_ranks_with_its_own_share_of_the_miss_as_the_docs_say():
     assert (f"Spearman's rho {real[0]} over these 48 replays on kvbench's executor and {vllm[0]} "
             f"over the 24 on vLLM above, against {real[1]} and {vllm[1]} with") in text
 
+
+
+def test_no_allocators_first_pass_ran_slower_than_its_second_as_the_docs_say():
+    """docs/sim_to_real_measured.md: over the four committed sim_to_real runs' replays, the median
+    own share per allocator, and how often the first pass ran further over the price."""
+    from scipy.stats import binomtest
+
+    from kvbench.tasks.sim_to_real.table import repeat_split
+
+    split = pd.concat([repeat_split(pd.read_parquet(steps)) for steps, _, _ in SPLIT_ROWS
+                       if steps.name == "real_steps.parquet"])  # fmt: skip
+    own = split.groupby("allocator")["replay_alone_pct"].median()
+    first_slower = int((split["replay_over_price_pct"] > split["repeat_over_price_pct"]).sum())
+    text = " ".join(_measured_section(AFTERNOON).split())
+    assert (f"Over the {len(split)} replays of the four `sim_to_real` runs above" in text
+            and split.groupby("allocator").size().eq(len(split) // 4).all())  # fmt: skip
+    assert (f"the median own share was {own['naive_max']:.1f} % under `naive_max`, "
+            f"{own['naive_oracle']:.1f} % under `naive_oracle`, {own['paged']:.1f} % under "
+            f"`paged` and {own['paged_prefix']:.1f} % under `paged_prefix`") in text
+    p_value = binomtest(first_slower, len(split)).pvalue
+    assert (f"in only {first_slower} of {len(split)} pairs (sign test p {p_value:.3f}; medians "
+            f"{split['replay_over_price_pct'].median():.1f} and "
+            f"{split['repeat_over_price_pct'].median():+.1f} %)") in text
