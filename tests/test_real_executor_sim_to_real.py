@@ -23,6 +23,7 @@ from kvbench.tasks.sim_to_real.table import (
     error_row,
     extrapolated_steps_pct,
     floor_lines,
+    pass_order_lines,
     repeat_split,
     repeat_split_lines,
     request_pairs,
@@ -223,3 +224,20 @@ def test_the_report_over_many_runs_gives_each_runs_split_where_it_kept_steps():
     assert "| `one` | 1 | +20.0 to +20.0 % | +0.0 to +0.0 % | +20.0 to +20.0 % |" in section
     assert "`two`" not in section  # a run without a second pass has nothing to split
     assert repeat_split_runs_section({}) == ""
+
+
+def test_the_pass_order_counts_the_pairs_whose_first_pass_ran_further_over_the_price():
+    split = pd.DataFrame({
+        "allocator": ["paged", "paged", "naive_max", "naive_max"],
+        "replay_over_price_pct": [5.0, 3.0, 1.0, 2.0],
+        "repeat_over_price_pct": [1.0, 1.0, 1.0, 0.0],  # the third pair ties
+        "replay_alone_pct": [4.0, 2.0, 0.0, 1.0],
+    })  # fmt: skip
+    assert pass_order_lines(split) == [
+        "- the first pass's steps ran further over the price than the repeat's in 3 of 4 pairs "
+        "(1 tied) (sign test p 0.25; medians +2.5 and +1.0 %)",
+        "- the replays' own share, median per allocator: `paged` +3.0 % (2 replays), "
+        "`naive_max` +0.5 % (2 replays)",
+    ]
+    assert pass_order_lines(split.drop(columns="allocator"))[1:] == []  # vLLM's: no allocator
+    assert pass_order_lines(split.iloc[:0]) == []

@@ -13,7 +13,8 @@ predictor as good as the machine allows is nearer in more than half, and a ratio
 
 Where runs kept their steps tables, a second section gives each run's replays against their
 repeats (``repeat_split``): how much of each replay's miss of the grid's price its repeat showed
-alike and how much was its own.
+alike and how much was its own; and over all their replays, whether one pass ran slower than the
+other (``pass_order_lines``).
 """
 
 from __future__ import annotations
@@ -23,7 +24,12 @@ import os
 import pandas as pd
 
 from kvbench.tasks.report.markdown_table import markdown_table
-from kvbench.tasks.sim_to_real.table import RUN_KEYS, repeat_pairs, repeat_split
+from kvbench.tasks.sim_to_real.table import (
+    RUN_KEYS,
+    pass_order_lines,
+    repeat_pairs,
+    repeat_split,
+)
 
 # Each table of per-run errors: (its file, the engine it measured, the source of its repeat).
 ENGINE_TABLES = (
@@ -105,10 +111,11 @@ def repeat_split_runs_section(steps_tables: dict[str, pd.DataFrame]) -> str:
         if steps.empty:
             continue
         runs = dict(iter(steps.groupby("run_dir")))  # sorted by folder
-        rows = []
+        rows, splits = [], []
         for run_steps, label in zip(runs.values(), run_names(list(runs)), strict=True):
             split = repeat_split(run_steps)
             if not split.empty:
+                splits.append(split)
                 rows.append([f"`{label}`", str(len(split)), *(
                     f"{split[column].min():+.1f} to {split[column].max():+.1f} %"
                     for column in SPLIT_COLUMNS)])  # fmt: skip
@@ -120,6 +127,8 @@ def repeat_split_runs_section(steps_tables: dict[str, pd.DataFrame]) -> str:
                          + markdown_table(["run", "replays", "steps over the price",
                                            "both serves alike", "the replay's own"],
                                           rows))  # fmt: skip
+            parts.append("Over these runs' replays, whether one pass ran slower than the "
+                         "other:\n\n" + "\n".join(pass_order_lines(pd.concat(splits))))
     return "\n\n".join(parts)
 
 

@@ -152,6 +152,31 @@ def repeat_split_lines(split: pd.DataFrame) -> list[str]:
     return lines
 
 
+def pass_order_lines(split: pd.DataFrame) -> list[str]:
+    """Whether one pass ran slower than the other over ``repeat_split`` rows (of one run or of
+    many): in how many pairs the first pass's steps ran further over the grid's price than its
+    repeat's (two-sided sign test, ties left out) with both medians, and per allocator the median
+    of the replays' own shares. A pass colder by design (its pools touched for the first time,
+    say) would lean these one way under its allocator; slow spells of the machine, which fall in
+    either pass, would not. None without rows."""
+    if split.empty:
+        return []
+    first_further, ties, p_value = _sign_test(split["repeat_over_price_pct"],
+                                              split["replay_over_price_pct"])  # fmt: skip
+    lines = [f"- the first pass's steps ran further over the price than the repeat's in "
+             f"{first_further} of {len(split)} pairs" + (f" ({ties} tied)" if ties else "")
+             + f" (sign test p {p_value:.2g}; medians "
+             f"{split['replay_over_price_pct'].median():+.1f} and "
+             f"{split['repeat_over_price_pct'].median():+.1f} %)"]  # fmt: skip
+    if "allocator" in split:
+        own = split.groupby("allocator", sort=False)["replay_alone_pct"].agg(
+            median_pct="median", num_replays="count")  # fmt: skip
+        lines.append("- the replays' own share, median per allocator: " + ", ".join(
+            f"`{row.Index}` {row.median_pct:+.1f} % ({row.num_replays} replays)"
+            for row in own.itertuples()))  # fmt: skip
+    return lines
+
+
 def repeat_split_sections(lines: list[str]) -> list[str]:
     """``repeat_split_lines``' lines as a run's ``report.md`` section; none without them."""
     return ["## Each replay against its repeat\n\n" + "\n".join(lines)] if lines else []
