@@ -12,7 +12,7 @@ from scipy.stats import binomtest
 
 from kvbench.tasks.report import write_report
 from kvbench.tasks.report.sim_to_real_runs import RUN_DIR_KEYS, run_names, slice_cells
-from kvbench.tasks.sim_to_real.table import repeat_pairs
+from kvbench.tasks.sim_to_real.table import repeat_pairs, repeat_split
 
 
 def _rows(run: str, errors: dict[tuple[str, str, float], float]) -> pd.DataFrame:
@@ -154,11 +154,15 @@ def _docs_row(label: str) -> list[str]:
     return [cell.strip().strip("*") for cell in line.split("|")[2:-1]]
 
 
+EVENING = "## A steady evening on an AMD EPYC (2026-12-07)"
+
+
 @pytest.mark.parametrize(("run", "heading", "num_runs"), [
     ("intel-xeon-2026-12-04", "## Again on an Intel Xeon (2026-12-04)", 2),
     ("amd-epyc-2026-12-05", "## Again on an AMD EPYC (2026-12-05)", 2),
     ("amd-epyc-2026-12-06", "## Signed stairs, on an AMD EPYC (2026-12-06)", 3),
     ("amd-epyc-2026-12-07", "## Again on an AMD EPYC (2026-12-07)", 2),
+    ("amd-epyc-2026-12-07-evening", EVENING, 1),
 ])  # fmt: skip
 def test_a_later_machines_tables_in_the_docs_are_what_the_report_makes_of_its_runs(
     run, heading, num_runs
@@ -200,6 +204,7 @@ def test_the_fp8_sim_to_vllm_table_in_the_docs_is_what_the_report_makes_of_its_r
     ("amd-epyc-2026-12-05", "AMD EPYC, 2026-12-05 (2)"),
     ("amd-epyc-2026-12-06", "AMD EPYC, 2026-12-06, signed stairs (3)"),
     ("amd-epyc-2026-12-07", "AMD EPYC, 2026-12-07 (2)"),
+    ("amd-epyc-2026-12-07-evening", "AMD EPYC, 2026-12-07 evening, steady (1)"),
 ])  # fmt: skip
 def test_where_the_figures_stand_spans_each_machines_committed_runs(
     run, row
@@ -312,8 +317,6 @@ def test_a_replays_error_ranks_with_its_own_share_of_the_miss_as_the_docs_say():
     replay with the size of the replay's own share, and with what both serves showed alike."""
     from scipy.stats import spearmanr
 
-    from kvbench.tasks.sim_to_real.table import repeat_split
-
     def rhos(steps: list[Path], source: str) -> list[str]:
         frames = []
         for path in steps:
@@ -358,3 +361,33 @@ def test_no_allocators_first_pass_ran_slower_than_its_second_as_the_docs_say(tmp
             f"{float(own['naive_oracle']):.1f} % under `naive_oracle`, "
             f"{float(own['paged']):.1f} % under `paged` and {float(own['paged_prefix']):.1f} % "
             f"under `paged_prefix` (24 replays each)") in text
+
+
+def test_the_steady_evenings_split_and_fair_instrument_in_the_docs_are_its_tables(tmp_path):
+    """docs/sim_to_real_measured.md's steady evening: the split's ranges and the passes' order as
+    the report over its runs gives them, from the repeat_split tables the runs wrote, and the fair
+    instrument's figures."""
+    runs = ROOT / "results" / "reference" / "sim_to_real_runs" / "amd-epyc-2026-12-07-evening"
+    write_report([runs], tmp_path)
+    report = (tmp_path / "sim_to_real_runs.md").read_text()
+    text = " ".join(_measured_section(EVENING).split())
+    ranges = []
+    for engine in ("real_1", "vllm_1"):
+        split = pd.read_parquet(runs / engine / "repeat_split.parquet")
+        steps = "real_steps.parquet" if engine == "real_1" else "vllm_steps.parquet"
+        pd.testing.assert_frame_equal(
+            split, repeat_split(pd.read_parquet(runs / engine / steps)))  # fmt: skip
+        ranges.append([f"{split[column].min():+.1f} to {split[column].max():+.1f} %"
+                       for column in ("replay_over_price_pct", "shared_over_price_pct")])
+        assert f"| `{engine}` | {len(split)} | {ranges[-1][0]} | {ranges[-1][1]} |" in report
+    (real_steps, real_alike), (vllm_steps, vllm_alike) = ranges
+    assert (f"steps ran {real_steps} over the grid's price, what replay and repeat showed "
+            f"alike {real_alike}; on vLLM {vllm_steps} and {vllm_alike}") in text
+    order = re.search(r"in (\d+ of \d+ pairs \(sign test p [\d.]+; medians [-+\d.]+ and "
+                      r"[-+\d.]+ %\))", report).group(1)  # fmt: skip
+    assert f"steps ran further over the price than the repeat's in {order}" in text
+    fair = pd.read_parquet(runs / "vllm_1" / "fair_instrument.parquet")
+    vllm, kvbench_onednn, kvbench_aten = fair.itertuples()
+    assert (f"at {kvbench_onednn.ratio_to_vllm:.2f}x vLLM's output tokens/s "
+            f"({kvbench_onednn.output_tokens_per_s:.1f} against {vllm.output_tokens_per_s:.1f}; "
+            f"{kvbench_aten.ratio_to_vllm:.2f}x through aten's matmuls)") in text
