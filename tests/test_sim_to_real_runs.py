@@ -340,8 +340,6 @@ def test_a_replays_error_ranks_with_its_own_share_of_the_miss_as_the_docs_say():
             f"over the 24 on vLLM above, against {real[1]} and {vllm[1]} with") in text
 
 
-
-
 def test_no_allocators_first_pass_ran_slower_than_its_second_as_the_docs_say(tmp_path):
     """docs/sim_to_real_measured.md: over the four committed sim_to_real runs' replays, what the
     report over many runs says of the passes' order (``pass_order_lines``)."""
