@@ -8,6 +8,7 @@ file error. ``HYDRA_FULL_ERROR=1`` shows the traceback instead.
 from __future__ import annotations
 
 import atexit
+import difflib
 import errno
 import functools
 import os
@@ -15,7 +16,7 @@ import sys
 import threading
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import NoReturn, TextIO
 
@@ -25,6 +26,7 @@ from hydra.errors import HydraException, MissingConfigException, OverrideParseEx
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from kvbench.allocators import ALLOCATOR_NAMES
 from kvbench.config import ConfigError, check_override_keys, validate_config
 from kvbench.plots import chart_formats
 from kvbench.tables.done_marker import (
@@ -207,14 +209,28 @@ def _hydra_error_line(error: Exception) -> str:
     """Hydra's multi-line composition errors as one line naming the override and the fix."""
     if isinstance(error, MissingConfigException) and error.options and error.missing_cfg_file:
         group, _, name = error.missing_cfg_file.rpartition("/")
-        return (f"{group}={name}: no such option; expected one of {', '.join(error.options)} "
-                f"(the files in conf/{group}/)")
+        return (f"{group}={name}: no such option; {_option_hint(group, name, error.options)}"
+                f"expected one of {', '.join(error.options)} (the files in conf/{group}/)")
     if isinstance(error, OverrideParseException):
         problem = error.message.splitlines()[0]
         return (f"cannot parse the override {error.override!r}: {problem}; expected key=value in "
                 "Hydra's override grammar (https://hydra.cc/docs/advanced/override_grammar/basic/)")
     # Hydra's own messages say what to do ("use +key=value"); its search path is noise here.
-    return _one_line(str(error).split("\nConfig search path")[0])
+    line = _one_line(str(error).split("\nConfig search path")[0])
+    if str(error).startswith("Error merging override") and error.__cause__ is not None:
+        # Hydra's line names only the override; the cause says what is wrong with it.
+        line += ": " + _one_line(str(error.__cause__).splitlines()[0])
+    return line
+
+
+def _option_hint(group: str, name: str, options: Sequence[str]) -> str:
+    """``allocator=paged`` means ``allocators=[paged]``; ``hardware=h100`` means ``h100-80gb``."""
+    if group == "allocator" and name in ALLOCATOR_NAMES:
+        return (f"the allocators a run compares are a list, allocators=[{name}] (conf/allocator/ "
+                "holds the settings they share); ")
+    close = [option for option in options if option.startswith(name)] or (
+        difflib.get_close_matches(name, options, n=1, cutoff=0.75))
+    return f"did you mean {' or '.join(f'{group}={option}' for option in close)}? " if close else ""
 
 
 def _hydra_output_dir() -> str:

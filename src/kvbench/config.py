@@ -13,6 +13,8 @@ maps ``workloads`` and ``workload_request_rates`` start empty (absent, not a set
 
 from __future__ import annotations
 
+import difflib
+import re
 from dataclasses import asdict, dataclass, field, fields, is_dataclass, replace
 from typing import Any, cast, get_args, get_origin, get_type_hints
 
@@ -445,10 +447,25 @@ def check_override_keys(overrides: list[str]) -> None:
 
     for override in OverridesParser.create().parse_overrides(overrides):
         key = override.key_or_group
-        if override.is_add() or override.is_delete() or _is_hydra_group(key):
+        if override.is_delete() or _is_hydra_group(key):
+            continue
+        if not override.is_sweep_override():
+            _check_container_kind(key, override.value(), override.input_line or key)
+        if override.is_add():
             continue
         if _schema_at(key) is None or not _has_field(_schema_at(key), key.split(".")[-1]):
             raise ConfigError(_unknown_key_line_for(key))
+
+
+def _check_container_kind(key: str, value: Any, override: str) -> None:
+    """Refuse a list where the schema has a mapping, or a mapping where it has a list: Hydra's
+    own lines say only "Error merging override", or advise a ``+key=`` that fails next."""
+    declared = _declared_type(key)
+    if get_origin(declared) is dict and not isinstance(value, dict):
+        raise ConfigError(_mapping_line(key, override))
+    if get_origin(declared) is list and isinstance(value, dict):
+        raise ConfigError(f"{override}: {key} is a {_type_name(declared)}, not a mapping; write a "
+                          f"list: {key}=[A,B,...]")
 
 
 def _is_hydra_group(key: str) -> bool:
@@ -464,34 +481,86 @@ def _has_field(parent: Any, name: str) -> bool:
 def _schema_at(full_key: str) -> Any:
     """The dataclass holding ``full_key``'s last part (``dict`` for a free mapping), or None.
 
-    Walks the schema's type hints: ``workloads.NAME.key`` resolves through the mapping's values
-    to ``WorkloadConfig``; below a mapping of plain values (``workload_request_rates``) any key is
-    free.
+    ``workloads.NAME.key`` resolves through the mapping's values to ``WorkloadConfig``; in a
+    mapping of plain values (``workload_request_rates``) any label is free.
     """
-    node: Any = KvbenchConfig
-    parts = full_key.split(".")[:-1]
-    index = 0
-    while index < len(parts):
-        hints = get_type_hints(node) if is_dataclass(node) else {}
-        if parts[index] not in hints:
-            return None
-        node = hints[parts[index]]
-        if get_origin(node) is dict:
-            value_type = get_args(node)[1]
-            if index + 1 == len(parts) or not is_dataclass(value_type):
-                return dict
-            node, index = value_type, index + 2  # skip the mapping's key (a workload's label)
-            continue
-        index += 1
-    return node if is_dataclass(node) else None
+    parent_key = full_key.rpartition(".")[0]
+    parent = _declared_type(parent_key) if parent_key else KvbenchConfig
+    if get_origin(parent) is dict:
+        return dict
+    return parent if is_dataclass(parent) else None
 
 
 def _unknown_key_line_for(full_key: str) -> str:
     parent = _schema_at(full_key)
     if parent is None or parent is dict:
         return f"unknown key {full_key}: see the groups and keys in conf/ (or `--cfg job`)"
-    allowed = ", ".join(f.name for f in fields(parent))
-    return f"unknown key {full_key}: allowed keys here are {allowed}"
+    names = [f.name for f in fields(parent)]
+    guess = _near_key(full_key, names)
+    allowed = ", ".join(names)
+    return (f"unknown key {full_key}: {f'did you mean {guess}? ' if guess else ''}allowed keys "
+            f"here are {allowed}")
+
+
+def _near_key(full_key: str, names: list[str]) -> str | None:
+    """The keys a mistyped ``full_key`` likely meant: the closest name beside it
+    (``workload.arival``: ``workload.arrival``) and, at the top, the same name one level down
+    (``block_size``: ``block_sizes`` or ``allocator.block_size``)."""
+    prefix, _, name = full_key.rpartition(".")
+    near = [f"{prefix}.{close}" if prefix else close
+            for close in difflib.get_close_matches(name, names, n=1, cutoff=0.8)]  # fmt: skip
+    if not prefix:
+        near += [f"{group}.{name}" for group, node in get_type_hints(KvbenchConfig).items()
+                 if is_dataclass(node) and name in {f.name for f in fields(node)}]  # fmt: skip
+    return " or ".join(near) or None
+
+
+def _declared_type(full_key: str) -> Any:
+    """The schema's type at ``full_key``, or None where the schema has no such key: a field's
+    annotation, a mapping's value type below its label (``schedulers.vllm_v0``), a list's element
+    type at an index (``request_rates[1]``, as OmegaConf names an element)."""
+    node: Any = KvbenchConfig
+    for part in re.split(r"\.|(?=\[)", full_key):
+        if part.startswith("["):
+            node = get_args(node)[0] if get_origin(node) is list else None
+        elif get_origin(node) is dict:
+            node = get_args(node)[1]
+        elif is_dataclass(node):
+            node = get_type_hints(node).get(part)
+        else:
+            return None
+        if node is None:
+            return None
+    return node
+
+
+def _type_name(declared: Any) -> str:
+    """``list[float]``, ``SchedulerConfig``, ``float | None``: a schema type as its source says."""
+    args = get_args(declared)
+    if get_origin(declared) in (list, dict):
+        return f"{get_origin(declared).__name__}[{', '.join(map(_type_name, args))}]"
+    if args:  # a union
+        return " | ".join(_type_name(arg) for arg in args)
+    if declared is type(None):
+        return "None"
+    return getattr(declared, "__name__", str(declared))
+
+
+def _mapping_line(full_key: str, override: str) -> str:
+    """A value given where the schema has a mapping of labels (``schedulers=[vllm_v0]``)."""
+    value_type = get_args(_declared_type(full_key))[1]
+    group = _MAPPING_GROUPS.get(full_key)
+    if group is None:
+        return (f"{override}: {full_key} maps a label to a value ({_type_name(value_type)}); "
+                f"set one entry with {full_key}.LABEL=VALUE (+{full_key}.LABEL=VALUE where no "
+                f"file sets it), drop one with ~{full_key}.LABEL")
+    return (f"{override}: {full_key} maps a label to a {group}'s settings, not to names; "
+            f"add one with +{group}@{full_key}.LABEL=NAME (NAME a file of conf/{group}/), drop "
+            f"one with ~{full_key}.LABEL, change one with {full_key}.LABEL.KEY=VALUE")
+
+
+# The mappings whose values are a config group's files (`- /workload@workloads.NAME: NAME`).
+_MAPPING_GROUPS = {"workloads": "workload", "schedulers": "scheduler"}
 
 
 def _unknown_key_line(error: ConfigKeyError) -> str:
@@ -499,13 +568,21 @@ def _unknown_key_line(error: ConfigKeyError) -> str:
 
 
 def _wrong_type_line(error: ValidationError) -> str:
-    parent = _schema_at(error.full_key or "")
-    name = (error.full_key or "").split(".")[-1]
-    expected = "?"
-    if parent is not None and parent is not dict:
-        types = {f.name: f.type for f in fields(parent)}
-        expected = str(types.get(name, "?"))
-    return f"{error.full_key}={error.value!r}: wrong type, expected {expected}"
+    full_key = error.full_key or ""
+    declared = _declared_type(full_key)
+    line = f"{full_key}={error.value!r}: wrong type, expected "
+    if declared is None:
+        return line + "what conf/ sets there (`--cfg job` shows it)"
+    line += _type_name(declared)
+    if get_origin(declared) is list and not isinstance(error.value, (list, tuple)):
+        return f"{line}; write a list: {full_key}=[{error.value}]"
+    if get_origin(declared) is dict:
+        return _mapping_line(full_key, f"{full_key}={error.value!r}")
+    if is_dataclass(declared):
+        names = ", ".join(f.name for f in fields(declared))
+        return (f"{line}, a group of settings; set one of them, {full_key}.KEY=VALUE with KEY one "
+                f"of {names}")
+    return line
 
 
 def _is_power_of_two(value: int) -> bool:
