@@ -118,6 +118,8 @@ SCHEDULERS_MAP = ("schedulers maps a label to a scheduler's settings, not to nam
     ("hardware=a100", "hardware=a100: no such option; did you mean hardware=a100-40gb or "
                       "hardware=a100-80gb? expected one of a100-40gb, a100-80gb, cpu,"),
     ("model=gpt-5", "model=gpt-5: no such option; expected one of gemma-2-9b,"),  # none near
+    ("model=[opt-13b,optt-13b]", "model=optt-13b: no such option; did you mean model=opt-13b? "
+                                 "expected one of gemma-2-9b,"),  # Hydra lists no options here
     ("knee=[1]", "Error merging override knee=[1]: Cannot merge DictConfig with ListConfig"),
 ])  # fmt: skip
 def test_a_value_of_the_wrong_shape_or_a_near_miss_names_what_was_meant(

@@ -28,6 +28,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from kvbench.allocators import ALLOCATOR_NAMES
 from kvbench.config import ConfigError, check_override_keys, validate_config
+from kvbench.core.packaged_conf import option_names
 from kvbench.plots import chart_formats
 from kvbench.tables.done_marker import (
     config_fingerprint,
@@ -207,10 +208,13 @@ def _command_line_overrides(argv: list[str]) -> list[str]:
 
 def _hydra_error_line(error: Exception) -> str:
     """Hydra's multi-line composition errors as one line naming the override and the fix."""
-    if isinstance(error, MissingConfigException) and error.options and error.missing_cfg_file:
+    if isinstance(error, MissingConfigException) and error.missing_cfg_file:
         group, _, name = error.missing_cfg_file.rpartition("/")
-        return (f"{group}={name}: no such option; {_option_hint(group, name, error.options)}"
-                f"expected one of {', '.join(error.options)} (the files in conf/{group}/)")
+        # Hydra leaves the options out for a list of them (model=[a]), a merge of several files.
+        options = error.options or _group_options(group)
+        if options:
+            return (f"{group}={name}: no such option; {_option_hint(group, name, options)}"
+                    f"expected one of {', '.join(options)} (the files in conf/{group}/)")
     if isinstance(error, OverrideParseException):
         problem = error.message.splitlines()[0]
         return (f"cannot parse the override {error.override!r}: {problem}; expected key=value in "
@@ -221,6 +225,14 @@ def _hydra_error_line(error: Exception) -> str:
         # Hydra's line names only the override; the cause says what is wrong with it.
         line += ": " + _one_line(str(error.__cause__).splitlines()[0])
     return line
+
+
+def _group_options(group: str) -> list[str]:
+    """The files of kvbench's config group ``group`` (none for a group it does not have)."""
+    try:
+        return option_names(group)
+    except OSError:  # no such folder in kvbench.conf
+        return []
 
 
 def _option_hint(group: str, name: str, options: Sequence[str]) -> str:
