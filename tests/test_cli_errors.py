@@ -139,6 +139,16 @@ def test_a_value_of_the_wrong_shape_or_a_near_miss_names_what_was_meant(
     assert left <= {".hydra", "cli.log"}  # Hydra's record of the command at most (docs/errors.md)
 
 
+def test_a_sweep_over_a_mapping_is_refused_before_its_first_job():
+    from kvbench.config import check_override_keys
+
+    with pytest.raises(ConfigError, match=r"^schedulers=\[a\],\[b\]: schedulers maps a label"):
+        check_override_keys(["schedulers=[a],[b]"])
+    with pytest.raises(ConfigError, match=r"^request_rates=\[1\],\{a:1\}: request_rates is a"):
+        check_override_keys(["request_rates=[1],{a:1}"])
+    check_override_keys(["request_rates=[1],[2]", "allocator.block_size=interval(8,32)"])
+
+
 @pytest.mark.parametrize("overrides", [
     ("+scheduler@schedulers.paper=vllm_v0", "~schedulers.vllm_v0",
      "schedulers.vllm_v1.max_num_seqs=64"),

@@ -449,12 +449,20 @@ def check_override_keys(overrides: list[str]) -> None:
         key = override.key_or_group
         if override.is_delete() or _is_hydra_group(key):
             continue
-        if not override.is_sweep_override():
-            _check_container_kind(key, override.value(), override.input_line or key)
+        for value in _override_values(override):
+            _check_container_kind(key, value, override.input_line or key)
         if override.is_add():
             continue
         if _schema_at(key) is None or not _has_field(_schema_at(key), key.split(".")[-1]):
             raise ConfigError(_unknown_key_line_for(key))
+
+
+def _override_values(override: Any) -> list[Any]:
+    """The values a Hydra ``Override`` sets: one, or each of a sweep's choices (none for an
+    interval, which only a sweeper's optimizer samples)."""
+    if not override.is_sweep_override():
+        return [override.value()]
+    return list(override.sweep_iterator()) if override.is_discrete_sweep() else []
 
 
 def _check_container_kind(key: str, value: Any, override: str) -> None:
