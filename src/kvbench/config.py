@@ -16,7 +16,7 @@ from __future__ import annotations
 import difflib
 import re
 from dataclasses import asdict, dataclass, field, fields, is_dataclass, replace
-from typing import Any, cast, get_args, get_origin, get_type_hints
+from typing import TYPE_CHECKING, Any, cast, get_args, get_origin, get_type_hints
 
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
@@ -32,6 +32,9 @@ from kvbench.engine.scheduler import POLICIES, PREEMPTION_MODES
 from kvbench.plots import CHART_FORMATS
 from kvbench.tasks.equivalence import names as equivalence_names
 from kvbench.workloads import WorkloadConfig, validate_workload_config
+
+if TYPE_CHECKING:
+    from hydra.core.override_parser.types import Override
 
 MAX_BLOCK_SIZE = 256  # the largest block size the vLLM paper swept (Fig. 18b)
 EXECUTOR_KINDS = ("roofline", "profiled", "real")
@@ -457,7 +460,7 @@ def check_override_keys(overrides: list[str]) -> None:
             raise ConfigError(_unknown_key_line_for(key))
 
 
-def _override_values(override: Any) -> list[Any]:
+def _override_values(override: Override) -> list[Any]:
     """The values a Hydra ``Override`` sets: one, or each of a sweep's choices (none for an
     interval, which only a sweeper's optimizer samples)."""
     if not override.is_sweep_override():
