@@ -456,7 +456,8 @@ def check_override_keys(overrides: list[str]) -> None:
             _check_container_kind(key, value, override.input_line or key)
         if override.is_add():
             continue
-        if _schema_at(key) is None or not _has_field(_schema_at(key), key.split(".")[-1]):
+        parent = _schema_at(key)
+        if parent is None or not _has_field(parent, key.split(".")[-1]):
             raise ConfigError(_unknown_key_line_for(key))
 
 
@@ -473,7 +474,7 @@ def _check_container_kind(key: str, value: Any, override: str) -> None:
     own lines say only "Error merging override", or advise a ``+key=`` that fails next."""
     declared = _declared_type(key)
     if get_origin(declared) is dict and not isinstance(value, dict):
-        raise ConfigError(_mapping_line(key, override))
+        raise ConfigError(_mapping_line(key, declared, override))
     if get_origin(declared) is list and isinstance(value, dict):
         raise ConfigError(f"{override}: {key} is a {_type_name(declared)}, not a mapping; write a "
                           f"list: {key}=[A,B,...]")
@@ -557,9 +558,9 @@ def _type_name(declared: Any) -> str:
     return getattr(declared, "__name__", str(declared))
 
 
-def _mapping_line(full_key: str, override: str) -> str:
-    """A value given where the schema has a mapping of labels (``schedulers=[vllm_v0]``)."""
-    value_type = get_args(_declared_type(full_key))[1]
+def _mapping_line(full_key: str, declared: Any, override: str) -> str:
+    """A value given where the schema has ``declared``, a mapping of labels (``schedulers=[a]``)."""
+    value_type = get_args(declared)[1]
     group = _MAPPING_GROUPS.get(full_key)
     if group is None:
         return (f"{override}: {full_key} maps a label to a value ({_type_name(value_type)}); "
@@ -588,7 +589,7 @@ def _wrong_type_line(error: ValidationError) -> str:
     if get_origin(declared) is list and not isinstance(error.value, (list, tuple)):
         return f"{line}; write a list: {full_key}=[{error.value}]"
     if get_origin(declared) is dict:
-        return _mapping_line(full_key, f"{full_key}={error.value!r}")
+        return _mapping_line(full_key, declared, f"{full_key}={error.value!r}")
     if is_dataclass(declared):
         names = ", ".join(f.name for f in fields(declared))
         return (f"{line}, a group of settings; set one of them, {full_key}.KEY=VALUE with KEY one "

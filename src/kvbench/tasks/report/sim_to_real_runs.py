@@ -111,14 +111,13 @@ def repeat_split_runs_section(steps_tables: dict[str, pd.DataFrame]) -> str:
         if steps.empty:
             continue
         runs = dict(iter(steps.groupby("run_dir")))  # sorted by folder
-        rows, splits = [], []
-        for run_steps, label in zip(runs.values(), run_names(list(runs)), strict=True):
-            split = repeat_split(run_steps)
-            if not split.empty:
-                splits.append(split)
-                rows.append([f"`{label}`", str(len(split)), *(
+        all_splits = map(repeat_split, runs.values())
+        splits = {label: split for label, split in zip(run_names(list(runs)), all_splits,
+                                                       strict=True) if not split.empty}  # fmt: skip
+        rows = [[f"`{label}`", str(len(split)), *(
                     f"{split[column].min():+.1f} to {split[column].max():+.1f} %"
-                    for column in SPLIT_COLUMNS)])  # fmt: skip
+                    for column in SPLIT_COLUMNS)]
+                for label, split in splits.items()]  # fmt: skip
         if rows:
             parts.append(f"### {engine}: each replay against its repeat (`{name}`)\n\n"
                          "Per run, over its replays: their steps over the grid profile's price, "
@@ -128,7 +127,7 @@ def repeat_split_runs_section(steps_tables: dict[str, pd.DataFrame]) -> str:
                                            "both serves alike", "the replay's own"],
                                           rows))  # fmt: skip
             parts.append("Over these runs' replays, whether one pass ran slower than the "
-                         "other:\n\n" + "\n".join(pass_order_lines(pd.concat(splits))))
+                         "other:\n\n" + "\n".join(pass_order_lines(pd.concat(splits.values()))))
     return "\n\n".join(parts)
 
 

@@ -158,7 +158,7 @@ def pass_order_lines(split: pd.DataFrame) -> list[str]:
     repeat's (two-sided sign test, ties left out) with both medians, and per allocator the median
     of the replays' own shares. A pass colder by design (its pools touched for the first time,
     say) would lean these one way under its allocator; slow spells of the machine, which fall in
-    either pass, would not. None without rows."""
+    either pass, would not. No lines without rows."""
     if split.empty:
         return []
     first_further, ties, p_value = _sign_test(split["repeat_over_price_pct"],
