@@ -203,9 +203,12 @@ def test_each_step_records_the_idle_wait_before_it(model):
     ends = [start + d for start, d in zip(starts, run.result.steps.columns["duration_s"],
                                           strict=True)]  # fmt: skip
     last = next(i for i, start in enumerate(starts) if start >= 10.0)  # request 2's prefill
-    # The first step waited from the run's start, request 2's from the end of the step before.
+    # The first step waited from the run's start, request 2's from the end of the step before to
+    # its own start, when request 2 arrived (the real time the loop takes between its clock reads
+    # around the sleep falls in the wait: about 10 us, so the start is the arrival to 0.01 s).
     assert run.idle_before_s[0] == starts[0] == pytest.approx(1.0, abs=0.01)
-    assert run.idle_before_s[last] == pytest.approx(10.0 - ends[last - 1])
+    assert run.idle_before_s[last] == pytest.approx(starts[last] - ends[last - 1])
+    assert starts[last] == pytest.approx(10.0, abs=0.01)
     assert [i for i, idle_s in enumerate(run.idle_before_s) if idle_s] == [0, last]
 
 
