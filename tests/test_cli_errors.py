@@ -361,11 +361,59 @@ def test_poisson_without_any_rate_is_one_error_naming_every_key(untimed_trace, t
                        "workload.arrival=poisson", f"hydra.run.dir={tmp_path / 'run'}")
     assert error_line(done, 2) == (
         "kvbench: config error: workload.request_rate=0.0 is invalid; expected a number > 0 "
-        "(.inf allowed) for arrival=poisson: set workload.request_rate=R or request_rates=[R,...]")
+        "(inf allowed) for arrival=poisson: set workload.request_rate=R or request_rates=[R,...]")
     # A rate list is a rate: the same command with request_rates=[3] is valid.
     typed, _, _ = compose_config("workload=trace", f"workload.path={untimed_trace}",
                                  "workload.arrival=poisson", "request_rates=[3]")  # fmt: skip
     assert typed.workload.request_rate == 0.0 and typed.request_rates == [3.0]
+    # The "inf" the line allows is spelled as Hydra parses it (YAML's ".inf" is a string there).
+    typed, _, _ = compose_config("workload=trace", f"workload.path={untimed_trace}",
+                                 "workload.arrival=poisson", "workload.request_rate=inf")
+    assert typed.workload.request_rate == float("inf")
+
+
+@pytest.fixture
+def timed_trace(tmp_path):
+    path = tmp_path / "timed.csv"
+    path.write_text("prompt_tokens,output_tokens,arrival_s\n120,40,0\n300,90,0.5\n200,60,2\n")
+    return path
+
+
+def test_an_infinite_rate_over_a_trace_s_own_times_names_the_rate_list(timed_trace):
+    with pytest.raises(ConfigError) as caught:
+        compose_config("workload=trace", f"workload.path={timed_trace}", "request_rates=[1,inf]")
+    assert str(caught.value) == (
+        "request_rates=[1.0, inf]: workload trace replays its trace's timestamps (arrival=trace) "
+        "rescaled to each rate, and no rescaling makes them all arrive at once; give finite "
+        "rates, or set workload.arrival=burst for every request at t = 0")
+
+
+def test_a_rate_over_times_that_span_0_s_names_the_file_and_the_ways_out(timed_trace, tmp_path):
+    done = run_kvbench("workload=trace", f"workload.path={timed_trace}", *SMALL_RUN,
+                       "workload.num_requests=1", "request_rates=[2]",
+                       f"hydra.run.dir={tmp_path / 'run'}")  # fmt: skip
+    assert error_line(done, 3) == (
+        f"kvbench: input error: workload trace: the 1 request(s) it replays from {timed_trace} "
+        "all arrive at 0 s, a span of 0 s that no request rate (2 req/s, from "
+        "workload.request_rate or request_rates) can rescale; expected its own times without a "
+        "rate, more requests (workload.num_requests), or workload.arrival=poisson (or gamma) "
+        "for the rate")
+
+
+def test_a_bad_trace_in_a_later_workload_stops_the_run_before_any_simulation(
+    timed_trace, tmp_path
+):
+    bad = tmp_path / "bad.csv"
+    bad.write_text("prompt_tokens,output_tokens\n10,5\n-2,6\n")
+    run_dir = tmp_path / "run"
+    done = run_kvbench(*SMALL_RUN, "+workload@workloads.a=trace", f"workloads.a.path={timed_trace}",
+                       "+workload@workloads.b=trace", f"workloads.b.path={bad}",
+                       f"hydra.run.dir={run_dir}")  # fmt: skip
+    assert error_line(done, 3) == (
+        f"kvbench: input error: {bad}: line 3: prompt_tokens = -2 is negative; expected a "
+        "non-negative integer token count")
+    # Nothing was computed, so nothing was lost: workload a was not simulated first.
+    assert not (run_dir / "summary.parquet").exists()
 
 
 def test_readmes_trace_example_runs_on_the_shared_sharegpt_csv(shared_traces, tmp_path):

@@ -115,6 +115,18 @@ def test_a_workload_with_no_prompt_that_fits_is_one_clear_error():
         build_workload(cfg.workload, 4096)
 
 
+def test_a_workload_whose_every_prompt_is_empty_says_so_not_that_none_fits(tmp_path):
+    path = tmp_path / "empty_prompts.csv"
+    path.write_text("prompt_tokens,output_tokens\n0,5\n0,7\n")
+    cfg, _, _ = compose_config("workload=trace", f"workload.path={path}")
+    with pytest.raises(ValueError) as caught:
+        build_workload(cfg.workload, 4096)
+    assert str(caught.value) == (
+        "workload trace: all of its 2 prompts are empty (0 tokens), and an engine rejects an "
+        "empty prompt; expected prompts of text or token counts >= 1 (is the trace's prompt "
+        "column the right one?)")
+
+
 def test_the_ideal_prefix_hit_rate_counts_only_the_requests_the_engine_can_serve(tmp_path):
     """An unbounded prefix cache reaches its ideal exactly, even with prompts beyond the context
     in the input: those are rejected on arrival, never cached and never hit, so the ideal leaves

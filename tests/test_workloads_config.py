@@ -197,9 +197,9 @@ def test_dictconfig_and_dict_are_accepted():
 
 BAD_SETTINGS = [
     ({"request_rate": -1.0}, "workload.request_rate=-1.0 is invalid; expected a number > 0 "
-                             "(.inf allowed)"),
+                             "(inf allowed)"),
     ({"request_rate": 0.0}, "workload.request_rate=0.0 is invalid"),
-    ({"request_rate": None}, "workload.request_rate=None is invalid; expected a number > 0 (.inf "
+    ({"request_rate": None}, "workload.request_rate=None is invalid; expected a number > 0 (inf "
                              "allowed) for arrival=poisson: set workload.request_rate=R or "
                              "request_rates=[R,...]"),
     ({"untimed_request_rate": 0.0}, "workload.untimed_request_rate=0.0 is invalid; expected a "

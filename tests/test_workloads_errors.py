@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import warnings
 
 import pytest
@@ -188,3 +189,79 @@ def test_a_parquet_string_column_of_bytes_that_are_not_utf8_names_its_row(tmp_pa
         load_trace(path, format="alpaca")
     assert str(error.value) == (f"{path}: row 2: instruction holds bytes that are not UTF-8 text; "
                                 "expected a string")
+
+
+# --- What pandas would have guessed: values read as written, rows as the file lays them out ---
+
+
+def test_a_trailing_comma_on_every_row_keeps_each_value_in_its_column(tmp_path):
+    path = tmp_path / "lengths.csv"
+    path.write_text("prompt_tokens,output_tokens,arrival_s\n10,5,0,\n20,6,1,\n30,7,2,\n")
+    trace = load_trace(path)
+    # pandas reads such rows with the first value as the index, every value one column left.
+    assert trace["prompt_tokens"].tolist() == [10, 20, 30]
+    assert trace["output_tokens"].tolist() == [5, 6, 7]
+    assert trace["arrival_s"].tolist() == [0.0, 1.0, 2.0]
+
+
+@pytest.mark.parametrize("rows", ["10,5,99\n20,6,98\n", "10,5,\n20,6,7\n"])
+def test_a_value_past_the_header_is_an_error_not_a_shifted_row(tmp_path, rows):
+    path = tmp_path / "lengths.csv"
+    path.write_text("prompt_tokens,output_tokens\n" + rows)
+    line = 2 if rows.startswith("10,5,99") else 3
+    assert _load_error(path) == (
+        f"{path}: line {line}: 3 fields where the header has 2; expected one value per header "
+        f"column"
+    )
+
+
+def test_a_quoted_line_break_counts_in_the_line_an_error_names(tmp_path):
+    path = tmp_path / "lengths.csv"
+    path.write_text('prompt_tokens,output_tokens,note\n10,5,"a\nb"\n20,6,x\n-1,7,y\n')
+    assert _load_error(path) == (
+        f"{path}: line 5: prompt_tokens = -1 is negative; expected a non-negative integer token "
+        f"count"
+    )
+
+
+@pytest.mark.parametrize("word", ["nan", "NA", "None", "null"])
+def test_a_missing_value_word_is_named_as_written(tmp_path, word):
+    path = tmp_path / "lengths.csv"
+    path.write_text(f"prompt_tokens,output_tokens\n10,5\n11,{word}\n")
+    assert _load_error(path) == (
+        f"{path}: line 3: output_tokens = {word!r} is not an integer; expected a non-negative "
+        f"integer token count"
+    )
+
+
+def test_a_negative_request_id_is_named_as_an_id(tmp_path):
+    path = tmp_path / "lengths.csv"
+    path.write_text("request_id,prompt_tokens,output_tokens\n-1,3,4\n")
+    assert _load_error(path) == (
+        f"{path}: line 2: request_id = -1 is negative; expected a non-negative integer request id"
+    )
+
+
+def test_block_hashes_without_the_tokens_each_covers(tmp_path):
+    path = tmp_path / "hashes.jsonl"
+    path.write_text('{"prompt_tokens": 10, "output_tokens": 5, "prefix_block_hashes": []}\n'
+                    '{"prompt_tokens": 10, "output_tokens": 5, "prefix_block_hashes": [1, 2]}\n')
+    message = _load_error(path)
+    assert message.startswith(f"{path}: line 2: prefix_block_hashes without the tokens each hash "
+                              "covers")
+    assert "expected a parquet file written by kvbench.workloads.save_trace" in message
+
+
+@pytest.mark.parametrize("kind", ["fifo", "broken link"])
+def test_a_path_that_holds_no_regular_file(tmp_path, kind):
+    path = tmp_path / "trace.csv"
+    if kind == "fifo":
+        os.mkfifo(path)
+        problem = "not a regular file (a pipe, a device or a socket); expected a trace file"
+    else:
+        path.symlink_to(tmp_path / "gone.csv")
+        problem = "a symbolic link whose target is missing"
+    with pytest.raises(OSError) as caught:
+        load_trace(path)  # a fifo with no writer would block a reader: it must not be opened
+    assert str(caught.value).startswith(f"{path}: {problem}")
+    assert not isinstance(caught.value, FileNotFoundError)

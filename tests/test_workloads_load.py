@@ -192,6 +192,22 @@ def test_alpaca_prompt_joins_instruction_and_input(tmp_path):
     assert trace["prompt_tokens"].tolist() == expected.tolist()
 
 
+def test_alpaca_csv_texts_are_tokenized_as_written(tmp_path):
+    from kvbench.workloads.tokenizer import count_tokens, load_tokenizer
+
+    # pandas would read "None", "NULL" and "N/A" as missing and "007", "1e3", "1.50" as numbers
+    # ("7", "1000.0", "1.5"), and multi-line text is one record.
+    path = tmp_path / "alpaca.csv"
+    path.write_text('instruction,input,output\nNone,,N/A\nNULL,,007\n1e3,"x\ny",1.50\n')
+    trace = load_trace(path)
+    tokenizer = load_tokenizer()
+    assert trace["prompt_tokens"].tolist() == count_tokens(["None", "NULL", "1e3\nx\ny"],
+                                                           tokenizer).tolist()
+    assert trace["output_tokens"].tolist() == count_tokens(["N/A", "007", "1.50"],
+                                                           tokenizer).tolist()
+    assert (trace["prompt_tokens"] > 0).all()
+
+
 def test_hub_id_goes_to_datasets_load_dataset(monkeypatch):
     calls = []
 

@@ -14,6 +14,7 @@ maps ``workloads`` and ``workload_request_rates`` start empty (absent, not a set
 from __future__ import annotations
 
 import difflib
+import math
 import re
 from dataclasses import asdict, dataclass, field, fields, is_dataclass, replace
 from typing import TYPE_CHECKING, Any, cast, get_args, get_origin, get_type_hints
@@ -694,6 +695,12 @@ def _check_workload_request_rates(cfg: KvbenchConfig) -> None:
             f"{key}={rates}: workload {label} arrives all at t = 0 (arrival=burst), so "
             f"each rate would replay it the same; drop {key} (a burst is labelled inf) or set "
             "workload.arrival=poisson",
+        )
+        _require(
+            workload.arrival != "trace" or all(math.isfinite(rate) for rate in rates),
+            f"{key}={rates}: workload {label} replays its trace's timestamps (arrival=trace) "
+            "rescaled to each rate, and no rescaling makes them all arrive at once; give finite "
+            "rates, or set workload.arrival=burst for every request at t = 0",
         )
     for label, rates in cfg.workload_request_rates.items():
         _require(

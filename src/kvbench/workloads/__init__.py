@@ -20,7 +20,13 @@ statistics), ``profiles`` (derive, ship, sample), ``prefix_reuse``, ``beam_ances
 ``with_arrivals``; ``to_requests``).
 """
 
-from kvbench.workloads.build import build_workload, to_requests, with_arrivals, workload_rows
+from kvbench.workloads.build import (
+    build_workload,
+    check_rate_rescales,
+    to_requests,
+    with_arrivals,
+    workload_rows,
+)
 from kvbench.workloads.config import WorkloadConfig, validate_workload_config
 from kvbench.workloads.generators import (
     burst_arrivals,
@@ -50,6 +56,7 @@ __all__ = [
     "available_profiles",
     "build_workload",
     "burst_arrivals",
+    "check_rate_rescales",
     "clip_to_max_len",
     "filter_vllm",
     "fixed_workload",

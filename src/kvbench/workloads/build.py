@@ -137,6 +137,10 @@ def _check_some_request_fits(rows: pd.DataFrame, cfg: WorkloadConfig, max_model_
     """A workload whose every prompt is empty or fills the context would only be rejected:
     that is a configuration mistake (the wrong model or workload), not a measurement."""
     prompt_tokens = rows[PROMPT_TOKENS]
+    if not (prompt_tokens > 0).any():
+        raise ValueError(f"workload {cfg.name}: all of its {len(rows)} prompts are empty (0 "
+                         "tokens), and an engine rejects an empty prompt; expected prompts of "
+                         "text or token counts >= 1 (is the trace's prompt column the right one?)")
     if not ((prompt_tokens > 0) & (prompt_tokens < max_model_len)).any():
         raise ValueError(f"workload {cfg.name}: none of its {len(rows)} prompts fits the model "
                          f"(longest {int(prompt_tokens.max())} tokens, max_model_len="
@@ -159,6 +163,7 @@ def _arrival_times(cfg: WorkloadConfig, rows: pd.DataFrame, untimed: bool) -> np
         warnings.warn(untimed_trace_note(cfg), UntimedTraceWarning, stacklevel=3)
         return poisson_arrivals(len(rows), untimed_arrival_rate(cfg), rng)
     if cfg.arrival == "trace":
+        check_rate_rescales(rows, cfg)
         return scale_trace_arrivals(rows[ARRIVAL_S].to_numpy(), cfg.time_scale,
                                     cfg.request_rate or None)
     # poisson or gamma: validate_workload_config requires a rate for them.
@@ -166,6 +171,24 @@ def _arrival_times(cfg: WorkloadConfig, rows: pd.DataFrame, untimed: bool) -> np
     if cfg.arrival == "poisson":
         return poisson_arrivals(len(rows), float(cfg.request_rate), rng)
     return gamma_arrivals(len(rows), float(cfg.request_rate), cfg.cv, rng)
+
+
+def check_rate_rescales(rows: pd.DataFrame, cfg: WorkloadConfig) -> None:
+    """Raise the ValueError ``with_arrivals`` would for a trace replayed by its own times at a
+    request rate when they span 0 s (a single request, or all at one time): no factor rescales
+    them to a mean rate. Cheap, so a run can check every rate before its first simulation."""
+    if cfg.arrival != "trace" or not cfg.request_rate or _is_untimed_trace(cfg, rows):
+        return
+    arrival_s = rows[ARRIVAL_S].to_numpy(dtype="float64")
+    if arrival_s.size and arrival_s.max() > arrival_s.min():
+        return
+    raise ValueError(
+        f"workload {cfg.name}: the {len(rows)} request(s) it replays from {cfg.path} all arrive "
+        f"at {arrival_s.min() if arrival_s.size else 0:g} s, a span of 0 s that no request rate "
+        f"({cfg.request_rate:g} req/s, from workload.request_rate or request_rates) can rescale; "
+        "expected its own times without a rate, more requests (workload.num_requests), or "
+        "workload.arrival=poisson (or gamma) for the rate"
+    )
 
 
 def build_workload(cfg: WorkloadConfig | Any, max_model_len: int) -> pd.DataFrame:

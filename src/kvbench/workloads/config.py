@@ -42,7 +42,8 @@ class WorkloadConfig:
         tokenizer: hub tokenizer for raw-text traces; None = offline SmolLM2.
         num_requests: requests in the workload; None = every row of the trace (source trace)
             or one per user (``system_prompt``).
-        request_rate: requests/s for ``poisson``/``gamma`` (``.inf`` = all at once); for
+        request_rate: requests/s for ``poisson``/``gamma`` (infinite = all at once: ``inf``
+            on the command line, ``.inf`` in YAML); for
             ``trace`` arrivals, None or 0 keeps the trace's timestamps and a rate > 0 rescales
             them to that mean rate (a trace without timestamps: Poisson at that rate).
         arrival: ``poisson``, ``gamma`` (gaps with coefficient of variation ``cv``), ``trace``
@@ -129,7 +130,7 @@ def _check_positive_number(
     key: str, value: Any, allow_inf: bool = False, how_to_set: str = ""
 ) -> None:
     if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
-        _fail(key, value, "a number > 0" + (" (.inf allowed)" if allow_inf else "") + how_to_set)
+        _fail(key, value, "a number > 0" + (" (inf allowed)" if allow_inf else "") + how_to_set)
     if math.isinf(value) and not allow_inf:
         _fail(key, value, "a finite number > 0")
 
@@ -234,7 +235,7 @@ def validate_workload_config(cfg: WorkloadConfig) -> None:
 
     Raises:
         ValueError: one line naming the first bad key, its value and what is allowed, e.g.
-            ``workload.request_rate=-1.0 is invalid; expected a number > 0 (.inf allowed)``.
+            ``workload.request_rate=-1.0 is invalid; expected a number > 0 (inf allowed)``.
     """
     _validate_source(cfg)
     if cfg.conversations and cfg.source != "trace":

@@ -106,13 +106,17 @@ def from_lengths(raw: pd.DataFrame, locator: RowLocator, options: ReadOptions) -
 def _lengths_frame(raw: pd.DataFrame, locator: RowLocator, hash_block_tokens: int) -> pd.DataFrame:
     require_columns(raw, LENGTHS_SCHEMA, locator)
     columns = set(raw.columns)
-    hashes = PREFIX_BLOCK_HASHES in columns
+    hashes = None
+    if PREFIX_BLOCK_HASHES in columns:
+        hashes = block_hash_lists(raw, PREFIX_BLOCK_HASHES, locator)
+        _require_hash_block_tokens(hashes, hash_block_tokens, locator)
     frame = trace_frame(
         prompt_tokens=token_counts(raw, PROMPT_TOKENS, locator),
         output_tokens=token_counts(raw, OUTPUT_TOKENS, locator),
         arrival_s=optional_seconds(raw, ARRIVAL_S, locator),
-        request_ids=token_counts(raw, REQUEST_ID, locator) if REQUEST_ID in columns else None,
-        prefix_block_hashes=block_hash_lists(raw, PREFIX_BLOCK_HASHES, locator) if hashes else None,
+        request_ids=(token_counts(raw, REQUEST_ID, locator, "a non-negative integer request id")
+                     if REQUEST_ID in columns else None),
+        prefix_block_hashes=hashes,
         hash_block_tokens=hash_block_tokens,
     )
     if PREFIX_GROUP in columns:
@@ -121,6 +125,26 @@ def _lengths_frame(raw: pd.DataFrame, locator: RowLocator, hash_block_tokens: in
         position = 5 if PREFIX_GROUP in columns else 4
         frame.insert(position, PREFIX_TOKENS, token_counts(raw, PREFIX_TOKENS, locator))
     return frame
+
+
+def _require_hash_block_tokens(
+    hashes: list[list[int]], hash_block_tokens: int, locator: RowLocator
+) -> None:
+    """Block hashes say which prompts share blocks only with the tokens each hash covers, which
+    only ``save_trace``'s parquet metadata records: a TraceError at the first row with hashes
+    when the file does not say."""
+    if hash_block_tokens:
+        return
+    first = next((index for index, row in enumerate(hashes) if row), None)
+    if first is not None:
+        raise TraceError(locator.path, locator.row(first),
+                         f"{PREFIX_BLOCK_HASHES} without the tokens each hash covers (a "
+                         f"{HASH_BLOCK_TOKENS_ATTR} that only the parquet metadata save_trace "
+                         "writes records)",
+                         "a parquet file written by kvbench.workloads.save_trace with "
+                         f"{HASH_BLOCK_TOKENS_ATTR} in its attrs, a Mooncake JSONL (hash_ids of "
+                         f"{MOONCAKE_HASH_BLOCK_TOKENS}-token blocks), or the file without the "
+                         f"{PREFIX_BLOCK_HASHES} column")
 
 
 # --- Raw-text formats (tokenized) ---
@@ -147,10 +171,10 @@ def _column_values(raw: pd.DataFrame, column: str, locator: RowLocator) -> list[
 def _texts(
     raw: pd.DataFrame, column: str, locator: RowLocator, missing_is_empty: bool = False
 ) -> list[str]:
-    """``raw[column]`` as strings. Every CSV cell is text: an empty cell is the empty text (a CSV
-    cannot tell it from a missing one) and a cell its reader took for a number is that number's
-    text. Elsewhere a value that is not a string is an error, and so is a missing one unless
-    ``missing_is_empty`` (Alpaca's optional ``input``)."""
+    """``raw[column]`` as strings. Every CSV cell is text, read as written (raw_reading keeps
+    these columns' cells as text): an empty cell is the empty text (a CSV cannot tell it from a
+    missing one). Elsewhere a value that is not a string is an error, and so is a missing one
+    unless ``missing_is_empty`` (Alpaca's optional ``input``)."""
     texts = _column_values(raw, column, locator)
     is_csv = locator.container == CSV
     for index, text in enumerate(texts):
@@ -159,8 +183,6 @@ def _texts(
         is_missing = text is None or (isinstance(text, float) and np.isnan(text))
         if is_missing and (missing_is_empty or is_csv):
             texts[index] = ""
-        elif is_csv and isinstance(text, bool | int | float | np.number):
-            texts[index] = str(text)
         else:
             problem = f"{column} is missing" if is_missing else f"{column} = {shown(text)}"
             raise TraceError(locator.path, locator.row(index), problem, "a string")

@@ -91,8 +91,11 @@ def shown(value: object) -> str:
     return text if len(text) <= _MAX_SHOWN_CHARS else text[: _MAX_SHOWN_CHARS - 3] + "..."
 
 
-def token_counts(raw: pd.DataFrame, column: str, locator: RowLocator) -> np.ndarray:
-    """``raw[column]`` as int64 token counts; a TraceError names the first bad row."""
+def token_counts(
+    raw: pd.DataFrame, column: str, locator: RowLocator, expected: str = _TOKEN_COUNT
+) -> np.ndarray:
+    """``raw[column]`` as int64 token counts (or other non-negative integers, ``expected``
+    naming them); a TraceError names the first bad row."""
     values = raw[column]
     if pd.api.types.is_signed_integer_dtype(values) and not values.isna().any():
         counts = values.to_numpy(dtype="int64")
@@ -100,7 +103,7 @@ def token_counts(raw: pd.DataFrame, column: str, locator: RowLocator) -> np.ndar
         if negative_rows.size:
             index = int(negative_rows[0])
             raise TraceError(locator.path, locator.row(index),
-                             f"{column} = {counts[index]} is negative", _TOKEN_COUNT)
+                             f"{column} = {counts[index]} is negative", expected)
         return counts
     as_float = _as_float(values)
     with np.errstate(invalid="ignore"):
@@ -113,7 +116,7 @@ def token_counts(raw: pd.DataFrame, column: str, locator: RowLocator) -> np.ndar
         kind = ("not an integer" if not_integer[index] else "negative" if negative[index]
                 else "too large (2**63 tokens or more)")  # fmt: skip
         raise TraceError(locator.path, locator.row(index),
-                         _describe(values, column, index, kind), _TOKEN_COUNT)
+                         _describe(values, column, index, kind), expected)
     if pd.api.types.is_unsigned_integer_dtype(values):  # exact: float64 rounds past 2**53
         return values.to_numpy(dtype="int64")
     return as_float.astype("int64")

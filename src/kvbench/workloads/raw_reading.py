@@ -21,9 +21,9 @@ from __future__ import annotations
 
 import codecs
 import contextlib
-import csv
 import json
 import logging
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -43,7 +43,9 @@ from kvbench.workloads.schema import (
     JSON_LIST,
     JSONL,
     PARQUET,
+    TEXT_COLUMNS,
     TraceError,
+    csv_records,
 )
 
 _PARQUET_MAGIC = b"PAR1"
@@ -126,7 +128,20 @@ def _read_local(path: Path, container: str) -> pd.DataFrame:
     call for them, without its import (0.7 s, more than reading a 20k-row trace) and its cache
     folder; JSON through ``datasets``, whose reader takes nested records and lists."""
     if container == CSV:
-        frame = pd.read_csv(path, low_memory=False, **_CSV_OPTIONS)  # whole columns typed at once
+        # By position: pandas keeps a blank after a name ("input "), the header read here not.
+        text_dtypes = {position: str for position, name in enumerate(_csv_header(path))
+                       if name in TEXT_COLUMNS}  # fmt: skip
+        with warnings.catch_warnings():
+            # index_col=False: rows of one field more than the header (a trailing comma) are
+            # not read with their first value as the index, every value one column left; pandas
+            # drops the extra field, and warns when it is not empty: then the exact reader
+            # names the line.
+            warnings.simplefilter("error", pd.errors.ParserWarning)
+            # Only an empty cell is missing: pandas' other NA words ("None", "NA", "nan") are a
+            # prompt's text, or a value the column checks name. low_memory=False: whole columns
+            # typed at once.
+            frame = pd.read_csv(path, index_col=False, keep_default_na=False, na_values=[""],
+                                dtype=text_dtypes, low_memory=False, **_CSV_OPTIONS)  # fmt: skip
         return _diagnose_csv(path) if frame.empty else frame  # a header alone: it names that
     if container == PARQUET:
         return pq.read_table(path).to_pandas()
@@ -145,12 +160,9 @@ def _read_local(path: Path, container: str) -> pd.DataFrame:
 
 
 def _csv_header(path: Path) -> list[str]:
-    """The column names on the first non-blank line of a CSV, stripped."""
-    with path.open(encoding="utf-8-sig", errors="replace") as handle:
-        for number, text in enumerate(handle, start=1):
-            if text.strip():
-                return [name.strip() for name in _csv_fields(path, number, text)]
-    return []
+    """The column names of a CSV's first record, stripped."""
+    _, header = next(csv_records(path), (1, []))
+    return [name.strip() for name in header]
 
 
 def _require_unique_columns(path: Path, container: str, columns: list[str]) -> None:
@@ -252,26 +264,20 @@ def _numbered_non_blank_lines(path: Path) -> list[tuple[int, str]]:
         return [(number, line) for number, line in enumerate(handle, start=1) if line.strip()]
 
 
-def _csv_fields(path: Path, line_number: int, text: str) -> list[str]:
-    try:
-        return next(csv.reader([text.rstrip("\r\n")], skipinitialspace=True), [])
-    except csv.Error as error:  # e.g. a quote in the middle of an unquoted field, in strict mode
-        raise TraceError(path, f"line {line_number}", f"unreadable CSV ({error})",
-                         "comma-separated values, text with commas or quotes in double quotes") \
-            from None
-
-
 def _diagnose_csv(path: Path) -> pd.DataFrame:
-    lines = _numbered_non_blank_lines(path)
-    header_line, header_text = lines[0]
-    if len(lines) == 1:
+    records = list(csv_records(path))
+    if not records:  # nothing but blank records, e.g. a line of ""
+        raise TraceError(path, "line 1", "the file holds no CSV header", "a CSV header line")
+    header_line, header_fields = records[0]
+    if len(records) == 1:
         raise TraceError(path, f"line {header_line + 1}", "the file has a header but no data rows",
                          "one request per line after the header")
-    header = [name.strip() for name in _csv_fields(path, header_line, header_text)]
+    header = [name.strip() for name in header_fields]
     _require_unique_columns(path, CSV, header)
     rows = []
-    for line_number, text in lines[1:]:
-        fields = _csv_fields(path, line_number, text)
+    for line_number, fields in records[1:]:
+        if len(fields) > len(header) and not any(fields[len(header):]):
+            fields = fields[: len(header)]  # a trailing comma: an empty field no column names
         if len(fields) != len(header):
             raise TraceError(path, f"line {line_number}",
                              f"{len(fields)} fields where the header has {len(header)}",

@@ -10,8 +10,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import csv
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -39,6 +41,10 @@ REQUESTED_OUTPUT_TOKENS = "requested_output_tokens"
 REQUIRED_COLUMNS = (REQUEST_ID, ARRIVAL_S, PROMPT_TOKENS, OUTPUT_TOKENS)
 # The columns a trace may carry beside those (``save_trace`` writes them, ``load_trace`` reads).
 PREFIX_COLUMNS = (PREFIX_GROUP, PREFIX_TOKENS, PREFIX_BLOCK_HASHES)
+
+# Columns of raw text (Alpaca's) that a CSV reader must keep as written: "007", "1e3" and "None"
+# are prompts, not numbers or missing values.
+TEXT_COLUMNS = ("instruction", "input", "output")
 
 # DataFrame.attrs key holding the tokens covered by one entry of ``prefix_block_hashes``.
 HASH_BLOCK_TOKENS_ATTR = "hash_block_tokens"
@@ -92,7 +98,7 @@ class RowLocator:
     """Turns a 0-based data-row index into ``line N`` / ``record N`` / ``row N`` (1-based).
 
     Line numbers of text formats count blank lines the readers skip, so they point at the real
-    line of the file; they assume one record per line (no quoted newlines in CSV fields).
+    line of the file; a CSV record whose quoted text spans lines is named by its first line.
     """
 
     path: str
@@ -116,10 +122,39 @@ class RowLocator:
     def _line_numbers(self) -> list[int]:
         # Built only on the error path: scanning the file costs as much as parsing it.
         if self._data_line_numbers is None:
-            with Path(self.path).open(encoding="utf-8", errors="replace") as handle:
-                non_blank = [number for number, text in enumerate(handle, start=1) if text.strip()]
-            self._data_line_numbers = non_blank[1:] if self.container == CSV else non_blank
+            if self.container == CSV:
+                record_lines: list[int] = []
+                with contextlib.suppress(TraceError):  # lines up to a broken record still count
+                    record_lines.extend(line for line, _ in csv_records(Path(self.path)))
+                self._data_line_numbers = record_lines[1:]
+            else:
+                with Path(self.path).open(encoding="utf-8", errors="replace") as handle:
+                    self._data_line_numbers = [
+                        number for number, text in enumerate(handle, start=1) if text.strip()
+                    ]
         return self._data_line_numbers
+
+
+def csv_records(path: Path) -> Iterator[tuple[int, list[str]]]:
+    """``(first line, fields)`` of each non-blank record of the CSV ``path``, header included;
+    lines are 1-based and counted as pandas counts them (``\n``, ``\r\n`` or a lone ``\r``
+    ends one), and a quoted field may hold line breaks, so a record may span lines.
+
+    Raises:
+        TraceError: a record the csv module cannot read, at its first line.
+    """
+    with path.open(encoding="utf-8-sig", errors="replace", newline="") as handle:
+        reader = csv.reader(handle, skipinitialspace=True)
+        lines_read = 0
+        try:
+            for fields in reader:
+                if fields not in ([], [""]):  # pandas skips a blank line, not a row of commas
+                    yield lines_read + 1, fields
+                lines_read = reader.line_num
+        except csv.Error as error:  # e.g. a field over the csv module's size limit
+            raise TraceError(path, f"line {lines_read + 1}", f"unreadable CSV ({error})",
+                             "comma-separated values, text with commas or quotes in double "
+                             "quotes") from None
 
 
 # --- What a trace format is ---

@@ -70,6 +70,7 @@ def load_trace(
     Raises:
         TraceError: one line naming the file, the row and what was expected.
         FileNotFoundError: ``path`` is neither a file nor a hub id.
+        OSError: ``path`` is a pipe, a device or a broken link (no file to read twice).
         IsADirectoryError: ``path`` is a folder.
     """
     if format not in FORMAT_NAMES:
@@ -81,6 +82,8 @@ def load_trace(
         raw = read_local_frame(local_path, locator.container)
     elif local_path.is_dir():
         raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(path))
+    elif local_path.exists() or local_path.is_symlink():
+        raise OSError(_not_a_regular_file(local_path))
     elif _looks_like_hub_id(path):
         locator = RowLocator(str(path), HUB)
         raw = read_hub_frame(str(path))
@@ -92,6 +95,18 @@ def load_trace(
     frame.attrs["format"] = schema.name
     frame.attrs["source"] = str(path)
     return sort_by_arrival(frame, locator)
+
+
+def _not_a_regular_file(path: Path) -> str:
+    """A path that exists but holds no trace file: a broken link, or a pipe such as
+    ``<(zcat trace.csv.gz)`` or a device, which kvbench cannot read twice (it sniffs a trace's
+    first bytes, then parses it)."""
+    if not path.exists():
+        return (f"{path}: a symbolic link whose target is missing (or links back to itself); "
+                "expected a link to an existing trace file, or workload.path=the file itself")
+    return (f"{path}: not a regular file (a pipe, a device or a socket); expected a trace file "
+            "kvbench can read twice: save it first, e.g. zcat trace.csv.gz > trace.csv, then "
+            "workload.path=trace.csv")
 
 
 def _looks_like_hub_id(path: str | os.PathLike[str]) -> bool:

@@ -41,7 +41,13 @@ from kvbench.tasks.simulate.plot import plot_run
 from kvbench.tasks.simulate.profile_range import ProfileRange, StepsBeyond
 from kvbench.tasks.simulate.real_runner import run_on_real_model
 from kvbench.tasks.simulate.table import requests_frame, steps_frame, summarize
-from kvbench.workloads import WorkloadConfig, to_requests, with_arrivals, workload_rows
+from kvbench.workloads import (
+    WorkloadConfig,
+    check_rate_rescales,
+    to_requests,
+    with_arrivals,
+    workload_rows,
+)
 from kvbench.workloads.beam_ancestry import load_beam_ancestry
 from kvbench.workloads.prefix_reuse import has_prefix_identity, ideal_prefix_reuse
 
@@ -239,6 +245,21 @@ def _runs(cfg: KvbenchConfig) -> list[tuple[str, WorkloadConfig]]:
     return runs
 
 
+def _every_workloads_rows(
+    runs: list[tuple[str, WorkloadConfig]], max_model_len: int
+) -> dict[str, pd.DataFrame]:
+    """Each workload's rows (its rates share them), every trace read and every rate checked
+    before the first simulation: a bad trace or rate in the last workload stops the experiment
+    before it computes anything, not after the first workloads' runs (whose tables it would
+    not finish)."""
+    rows_by_label: dict[str, pd.DataFrame] = {}
+    for label, workload_cfg in runs:
+        if label not in rows_by_label:
+            rows_by_label[label] = workload_rows(workload_cfg, max_model_len)
+        check_rate_rescales(rows_by_label[label], workload_cfg)
+    return rows_by_label
+
+
 def run_experiment(
     cfg: KvbenchConfig,
     deployment: Deployment,
@@ -279,11 +300,11 @@ def run_experiment(
     profiled = cfg.executor.kind == "profiled"
     profile_range = ProfileRange.of(cfg, deployment) if profiled else None
     beyond_profile_pct: dict[str, float] = {}  # per workload: its rates share the lengths
+    runs = _runs(cfg)
+    rows_by_label = _every_workloads_rows(runs, max_model_len)
     try:
-        for workload_label, workload_cfg in _runs(cfg):
-            if workload_label not in workload_attrs:  # its rates share the rows: read them once
-                rows = workload_rows(workload_cfg, max_model_len)
-            workload = with_arrivals(rows, workload_cfg)
+        for workload_label, workload_cfg in runs:
+            workload = with_arrivals(rows_by_label[workload_label], workload_cfg)
             workload_attrs[workload_label] = dict(workload.attrs)
             requests = to_requests(workload)
             rate = workload.attrs["request_rate"]  # replayed: a burst's inf, an untimed trace's
