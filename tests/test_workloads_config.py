@@ -202,6 +202,8 @@ BAD_SETTINGS = [
     ({"request_rate": None}, "workload.request_rate=None is invalid; expected a number > 0 (inf "
                              "allowed) for arrival=poisson: set workload.request_rate=R or "
                              "request_rates=[R,...]"),
+    ({"tokenizer": ""}, "workload.tokenizer='' is invalid; expected a local tokenizer folder or "
+                        "a hub id, or null for the offline SmolLM2 tokenizer"),
     ({"untimed_request_rate": 0.0}, "workload.untimed_request_rate=0.0 is invalid; expected a "
                                     "number > 0"),
     ({"name": "sharegtp"}, "workload.name='sharegtp' is invalid; expected one of sharegpt"),

@@ -147,6 +147,9 @@ def _validate_source(cfg: WorkloadConfig) -> None:
         _fail("path", cfg.path, "a trace file or hub dataset id when source=trace")
     if not cfg.name:
         _fail("name", cfg.name, "a non-empty workload name")
+    if cfg.tokenizer is not None and not str(cfg.tokenizer).strip():
+        _fail("tokenizer", cfg.tokenizer, "a local tokenizer folder or a hub id, or null for "
+              "the offline SmolLM2 tokenizer")
     _check_choice("format", cfg.format, FORMAT_NAMES)
 
 
