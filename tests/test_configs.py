@@ -15,6 +15,7 @@ from dataclasses import MISSING as NO_DEFAULT
 from dataclasses import fields, is_dataclass, replace
 
 import pytest
+from conftest import compose_config
 from hydra import compose, initialize_config_module
 from omegaconf import MISSING, OmegaConf
 
@@ -221,3 +222,13 @@ def test_python_workload_defaults_are_the_apps_default_workload():
     its field defaults fill what a workload file leaves out, so they must not drift from it."""
     typed, _ = validate_config(_compose())
     assert typed.workload == WorkloadConfig()
+
+
+@pytest.mark.parametrize("key", ["memory_gib", "hbm_bandwidth_gb_per_s", "peak_tflops",
+                                 "pcie_gb_per_s"])
+@pytest.mark.parametrize("value", ["0", "-1", "nan"])
+def test_a_hardware_figure_the_roofline_divides_by_must_be_positive(key, value):
+    with pytest.raises(ConfigError) as caught:
+        compose_config(f"hardware.{key}={value}")
+    assert str(caught.value).startswith(f"hardware.{key}={float(value)}: must be a finite "
+                                        "number > 0")

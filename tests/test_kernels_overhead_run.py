@@ -41,6 +41,13 @@ def test_small_run_writes_the_table_the_plot_and_provenance(tmp_path):
     assert "kernel_bench" in read_metadata(tmp_path / "kernels.parquet")["config_yaml"]
 
 
+def test_plots_false_draws_no_chart(tmp_path):
+    cfg, deployment, raw = compose_config(*SMALL, "kernel_bench.block_sizes=[8]",
+                                          "kernel_bench.context_lens=[100]", "plots=false")
+    run_kernel_overhead(cfg, deployment, raw, tmp_path)
+    assert (tmp_path / "kernels.parquet").is_file() and not (tmp_path / "plots").exists()
+
+
 def test_every_kernels_column_is_documented():
     section = METRICS_DOC.split("## kernels.parquet", 1)[1]
     assert all(f"`{column}`" in section for column in KERNEL_COLUMNS)

@@ -294,6 +294,13 @@ def test_a_profile_names_and_checks_the_dtype_its_k_v_were_stored_in(tmp_path):
      r"profile coefficient fixed_s is None, not seconds"),
     (json.dumps({"coefficients": {**COEFFICIENTS, "per_seq_s": "4e-4"}}),
      r"profile coefficient per_seq_s is '4e-4', not seconds"),
+    (json.dumps({"coefficients": {**COEFFICIENTS, "fixed_s": float("nan")}}),
+     r"profile coefficient fixed_s is nan, not a finite number of seconds"),
+    (json.dumps({"coefficients": {**COEFFICIENTS, "per_seq_s": float("inf")}}),
+     r"profile coefficient per_seq_s is inf, not a finite number of seconds"),
+    (json.dumps({"coefficients": {**COEFFICIENTS, "per_token_s": -3e-3}}),
+     r"profile coefficient per_token_s is -0.003 s, below 0 \(a fit keeps every term but the "
+     r"stairs >= 0\)"),
     (json.dumps({"coefficients": {k: v for k, v in COEFFICIENTS.items() if k != "fixed_s"}}),
      r"profile has no coefficient fixed_s"),
     (json.dumps({"coefficients": {**COEFFICIENTS, "wake_s": 0.01}}),
@@ -309,6 +316,26 @@ def test_a_file_that_is_not_a_profile_is_refused_in_one_line(tmp_path, text, mes
     assert "\n" not in str(refused.value) and "python -m kvbench task=profile" in str(refused.value)
     path.write_text(json.dumps({"coefficients": COEFFICIENTS}))
     assert read_profile(path)["coefficients"] == COEFFICIENTS
+
+
+def test_a_binary_file_given_as_a_profile_is_named_with_the_fix(tmp_path):
+    from kvbench.tasks.profile.profile_file import read_profile
+
+    path = tmp_path / "summary.parquet"
+    path.write_bytes(b"PAR1\x15\x80\xea\x00")
+    with pytest.raises(ValueError) as refused:
+        read_profile(path)
+    assert str(refused.value) == (
+        f"{path}: not a profile file (not UTF-8 JSON text: a binary file, such as a parquet "
+        "table?); give the .json file `python -m kvbench task=profile` writes")
+
+
+def test_a_profile_with_negative_stairs_is_a_profile(tmp_path):
+    from kvbench.tasks.profile.profile_file import read_profile
+
+    path = tmp_path / "profile.json"
+    path.write_text(json.dumps({"coefficients": {**COEFFICIENTS, **STAIRS}}))
+    assert read_profile(path)["coefficients"]["stair_4_tokens_s"] == -0.022
 
 
 def test_a_profile_says_what_it_was_measured_on_that_differs_from_here():
@@ -797,4 +824,7 @@ def test_task_profile_times_its_grid_and_writes_a_profile_the_simulator_reads(
                "prefill_attention_pairs"]].itertuples(index=False, name=None))  # fmt: skip
     model = load_profiled_cost_model(path, 16, deployment)
     assert model.iteration_time_s(IterationShape(0, 0, 2, 64)) > 0
-    assert "decode batches of 1-4 sequences" in (tmp_path / "report.md").read_text()
+    report = (tmp_path / "report.md").read_text()
+    assert "decode batches of 1-4 sequences" in report
+    # The line to copy names the file where it is (the run folder), not its bare name.
+    assert f"use it: executor=profiled executor.profile={path}" in report

@@ -156,16 +156,16 @@ def test_a_profile_of_fp8_k_v_is_checked_on_fp8_pools_and_only_for_fp8_runs(tmp_
                                   "prefill_prompts": [8], "mixed_prompts": [8]}})  # fmt: skip
     for kv_dtype in ("fp8", "null"):
         cfg, deployment, raw = compose_config(
-            "task=profile_check", f"executor.profile={path}", "profile_check.points_per_kind=1",
+            "task=profile_check", f"executor.profile={path}", "profile_check.points_per_kind=2",
             f"model.kv_dtype={kv_dtype}", *SHALLOW)  # fmt: skip
         if kv_dtype == "null":
             with pytest.raises(ValueError, match=r"profile stored K/V in fp8, this run in fp32"):
                 run_profile_check(cfg, deployment, raw, tmp_path / "fp32")
             continue
         table = run_profile_check(cfg, deployment, raw, tmp_path / "fp8")
-        assert len(table) == 3  # a decode, a prefill and a mixed point
+        assert len(table) == 6  # two decode, two prefill and two mixed points
     # A pool for each point in each of the grid's 3 rounds.
-    assert [memory.keys[0].dtype for memory in kv_memories] == [torch.float8_e4m3fn] * 3 * 3
+    assert [memory.keys[0].dtype for memory in kv_memories] == [torch.float8_e4m3fn] * 6 * 3
 
 
 def test_the_report_says_a_profile_s_age_and_which_grid_was_timed():
@@ -219,9 +219,12 @@ def test_a_profile_it_cannot_check_is_refused_before_the_model_loads(tmp_path, m
 def test_task_profile_check_needs_a_profile_and_points():
     with pytest.raises(ConfigError, match=r"set executor\.profile=FILE"):
         compose_config("task=profile_check", *SMOLLM2)
-    with pytest.raises(ConfigError, match=r"profile_check\.points_per_kind=0: must be >= 1"):
-        compose_config("task=profile_check", "executor.profile=x.json",
-                       "profile_check.points_per_kind=0", *SMOLLM2)  # fmt: skip
+    # 1 point of each kind: 3 points, whose sign test never reaches p < 0.05 (2 / 2**3 = 0.25).
+    for points in (0, 1):
+        with pytest.raises(ConfigError, match=rf"profile_check\.points_per_kind={points}: must be "
+                                              r">= 2 \(its sign test needs 6 points"):
+            compose_config("task=profile_check", "executor.profile=x.json",
+                           f"profile_check.points_per_kind={points}", *SMOLLM2)  # fmt: skip
 
 
 def test_the_cli_runs_task_profile_check():

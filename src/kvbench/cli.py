@@ -30,6 +30,7 @@ from kvbench.allocators import ALLOCATOR_NAMES
 from kvbench.config import ConfigError, check_override_keys, validate_config
 from kvbench.core.packaged_conf import option_names
 from kvbench.plots import chart_formats
+from kvbench.referee.vllm_v1 import RefereeUnavailable
 from kvbench.tables.done_marker import (
     config_fingerprint,
     is_done,
@@ -182,10 +183,12 @@ def _app(cfg: DictConfig) -> None:
         if _show_tracebacks:
             raise
         _fail(EXIT_INPUT_ERROR, "input", str(error))
-    except (OSError, TokenizerUnavailableError) as error:  # a file missing, unreadable, unwritable
+    # A file missing, unreadable or unwritable; an optional package's file (the offline
+    # tokenizer's GGUF, the referee's vLLM) not installed.
+    except (OSError, TokenizerUnavailableError, RefereeUnavailable) as error:
         if _show_tracebacks:
             raise
-        if isinstance(error, TokenizerUnavailableError):
+        if not isinstance(error, OSError):
             _fail(EXIT_FILE_ERROR, "file", str(error))
         _fail(EXIT_FILE_ERROR, "file", file_error_line(error, f"writing in {output_dir}"))
 

@@ -956,6 +956,12 @@ def run_workloads(cfg: KvbenchConfig) -> dict[str, WorkloadConfig]:
 
 def _check_hardware(hardware: HardwareConfig) -> None:
     _require(hardware.num_gpus >= 1, f"hardware.num_gpus={hardware.num_gpus}: must be >= 1")
+    # The roofline divides by them: 0 would stop a run mid-way, a negative price time below 0.
+    for key in ("memory_gib", "hbm_bandwidth_gb_per_s", "peak_tflops", "pcie_gb_per_s"):
+        value = getattr(hardware, key)
+        _require(math.isfinite(value) and value > 0,
+                 f"hardware.{key}={value}: must be a finite number > 0 (a GPU's figure; "
+                 "python -m kvbench.tools.measure_cpu measures this machine's)")
     utilization = hardware.gpu_memory_utilization
     _require(
         0 < utilization <= 1,
@@ -1259,9 +1265,13 @@ def _check_profile_check(cfg: KvbenchConfig) -> None:
         "task=profile_check times a profile's grid again: set executor.profile=FILE (a "
         "`python -m kvbench task=profile` file)",
     )
+    # Its verdict is a two-sided sign test at p < 0.05, which n points all on one side reach
+    # only from n = 6 (p = 2 / 2**n): 2 points of each of the 3 kinds; 1 of each (p >= 0.25)
+    # would always say the profile holds.
     _require(
-        cfg.profile_check.points_per_kind >= 1,
-        f"profile_check.points_per_kind={cfg.profile_check.points_per_kind}: must be >= 1",
+        cfg.profile_check.points_per_kind >= 2,
+        f"profile_check.points_per_kind={cfg.profile_check.points_per_kind}: must be >= 2 (its "
+        "sign test needs 6 points, 2 of each kind, to ever find a drift at p < 0.05)",
     )
 
 

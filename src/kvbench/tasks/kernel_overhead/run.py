@@ -180,7 +180,8 @@ def run_kernel_overhead(
             rows.extend(measure_block_size(cfg, deployment, requests, block_size))
         table = kernel_table(rows)
         write_table(table, output_dir / "kernels.parquet", metadata)
-    plot_kernel_overhead(table, output_dir / "plots")
+    if cfg.plots:
+        plot_kernel_overhead(table, output_dir / "plots")
     title = f"{cfg.experiment_name}: {deployment.model.name} attention on {table['device'].iloc[0]}"
     write_task_report(output_dir, title, raw_cfg, [overhead_markdown(table)])
     if cfg.summary_table:

@@ -10,6 +10,7 @@ executor.profile=FILE`` reads it here, at the edge; the engine gets the coeffici
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Sequence
 from dataclasses import fields
 from pathlib import Path
@@ -17,7 +18,12 @@ from typing import Any
 
 from kvbench.config import ProfileGridConfig
 from kvbench.core.specs import Deployment
-from kvbench.engine.profiled import ProfiledCostModel, missing_terms, unknown_terms
+from kvbench.engine.profiled import (
+    ProfiledCostModel,
+    missing_terms,
+    signed_terms,
+    unknown_terms,
+)
 from kvbench.tables.atomic import write_text_atomic
 
 FORMAT_VERSION = 1
@@ -40,9 +46,12 @@ def write_profile(path: Path, profile: dict[str, Any]) -> None:
 
 def read_profile(path: str | Path) -> dict[str, Any]:
     """A profile file's contents; ValueError (one line) when it is not one."""
-    text = Path(path).read_text()
     try:
-        document = json.loads(text)
+        document = json.loads(Path(path).read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        raise ValueError(f"{path}: not a profile file (not UTF-8 JSON text: a binary file, "
+                         "such as a parquet table?); give the .json file `python -m kvbench "
+                         "task=profile` writes") from None  # fmt: skip
     except json.JSONDecodeError as error:
         raise ValueError(f"{path}: not a profile file (invalid JSON: {error.msg}); write one "
                          "with `python -m kvbench task=profile`") from None  # fmt: skip
@@ -56,6 +65,7 @@ def read_profile(path: str | Path) -> dict[str, Any]:
         raise ValueError(f"{path}: profile coefficient {not_numbers[0]} is "
                          f"{coefficients[not_numbers[0]]!r}, not seconds; write it again with "
                          "`python -m kvbench task=profile`")  # fmt: skip
+    _check_coefficient_values(coefficients, path)
     missing = missing_terms(coefficients)
     if missing:
         raise ValueError(f"{path}: profile has no coefficient {missing[0]}; write it again with "
@@ -66,6 +76,21 @@ def read_profile(path: str | Path) -> dict[str, Any]:
                          "not price (another version's terms); write it again with "
                          "`python -m kvbench task=profile`")  # fmt: skip
     return dict(document)
+
+
+def _check_coefficient_values(coefficients: dict[str, float], path: str | Path) -> None:
+    """A ValueError (one line) for a coefficient no fit writes: one that is not finite (NaN
+    seconds would stall the simulated clock) or a negative one of a term the fit keeps >= 0
+    (every term but the stairs, ``signed_terms``), which would price steps below zero."""
+    for name, value in coefficients.items():
+        if not math.isfinite(value):
+            problem = f"is {value}, not a finite number of seconds"
+        elif value < 0 and not signed_terms([name])[0]:
+            problem = f"is {value} s, below 0 (a fit keeps every term but the stairs >= 0)"
+        else:
+            continue
+        raise ValueError(f"{path}: profile coefficient {name} {problem}; write it again with "
+                         "`python -m kvbench task=profile`")
 
 
 def load_profiled_cost_model(

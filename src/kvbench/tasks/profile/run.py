@@ -109,7 +109,7 @@ def run_profile(cfg: Any, deployment: Any, raw_cfg: Any, output_dir: Path) -> pd
     if cfg.plots:
         plot_predicted_vs_measured(table, output_dir / "plots", "profile_fit",
                                    f"{cfg.model.name} on {profile['device']}: fitted vs measured")
-    lines = _summary_lines(profile, name)
+    lines = _summary_lines(profile, output_dir / name)
     print("\n".join(lines))
     write_task_report(output_dir, f"{cfg.experiment_name}: profile of {cfg.model.name} on "
                       f"{deployment.hardware.name}", raw_cfg,
@@ -119,7 +119,7 @@ def run_profile(cfg: Any, deployment: Any, raw_cfg: Any, output_dir: Path) -> pd
     return table
 
 
-def _summary_lines(profile: dict[str, Any], name: str) -> list[str]:
+def _summary_lines(profile: dict[str, Any], path: Path) -> list[str]:
     fit = profile["fit"]
     coefficients = profile["coefficients"]
     terms = ", ".join(f"{term} {value:.3g}" for term, value in coefficients.items())
@@ -132,7 +132,7 @@ def _summary_lines(profile: dict[str, Any], name: str) -> list[str]:
         f"{profile['num_threads']} threads, decode backend {profile['decode_backend']}, "
         f"matmuls through {profile['linear_backend']}, "
         f"{fit['num_iteration_points']} iterations and "
-        f"{fit['num_swap_points']} swaps timed in {profile['profile_wall_s']:.0f} s -> {name}",
+        f"{fit['num_swap_points']} swaps timed in {profile['profile_wall_s']:.0f} s -> {path.name}",
         f"fit: median |error| {fit['median_abs_pct_error']:.1f} %, max "
         f"{fit['max_abs_pct_error']:.1f} % (median spread over rounds "
         f"{100 * fit['median_spread']:.1f} %)",
@@ -140,6 +140,6 @@ def _summary_lines(profile: dict[str, Any], name: str) -> list[str]:
         f"{'-'.join(map(str, sorted(contexts)))}, prefills of {'-'.join(map(str, prompts))} "
         f"tokens (profile_grid; a profile prices what its grid spans)",
         f"coefficients (s per unit): {terms}",
-        f"use it: executor=profiled executor.profile={name}",
+        f"use it: executor=profiled executor.profile={path}",
     ]
 
