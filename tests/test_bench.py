@@ -1,6 +1,8 @@
 """``python -m kvbench.tools.bench`` runs and its figures hold together (not a timing test)."""
 
 import json
+import subprocess
+import sys
 
 import pandas as pd
 from referee_support import peer
@@ -24,6 +26,19 @@ def test_bench_streams_a_small_resampled_run(tmp_path, capsys):
 def test_bench_names_a_missing_trace(tmp_path, capsys):
     assert main(["--case", "azure", "--azure-trace", str(tmp_path / "nope.csv")]) == 2
     assert "--azure-trace" in capsys.readouterr().err
+
+
+def test_a_case_that_fails_in_its_process_is_one_line_not_a_hang(tmp_path):
+    # The child raised (a rate of 0) and the parent used to wait on its queue forever: run in
+    # a process of its own, so that a hang fails the test (TimeoutExpired) instead of the suite.
+    done = subprocess.run([sys.executable, "-m", "kvbench.tools.bench", "--case", "sharegpt_1m",
+                           "--num-requests", "10", "--request-rate", "0", "--out", str(tmp_path)],
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 3, done.stderr[-2000:]
+    (line,) = done.stderr.strip().splitlines()
+    assert line.startswith("kvbench.tools.bench: case sharegpt_1m failed: ConfigError: "
+                           "workload.request_rate=0.0 is invalid")
+    assert not (tmp_path / "bench.json").exists()  # nothing measured, nothing written
 
 
 def _azure_like_trace(tmp_path):

@@ -31,6 +31,7 @@ import gc
 import json
 import math
 import multiprocessing
+import queue as queue_module
 import resource
 import shutil
 import statistics
@@ -291,8 +292,8 @@ def _process_s(args: list[str]) -> float:
     done = subprocess.run([sys.executable, *args], capture_output=True, text=True)
     wall_s = time.perf_counter() - started_s
     if done.returncode != 0:
-        raise RuntimeError(f"python {' '.join(args)} exited {done.returncode}: "
-                           f"{done.stderr.strip()[-2000:]}")
+        raise CaseFailed(f"python {' '.join(args)} exited {done.returncode}: "
+                         f"{' '.join(done.stderr.split())[-2000:]}")
     return wall_s
 
 
@@ -338,18 +339,36 @@ def run_command(trace: str, out_dir: Path, repeats: int) -> dict[str, Any]:
     }
 
 
+class CaseFailed(RuntimeError):
+    """A case that measured nothing: its error, in one line."""
+
+
 def _child(target: str, args: tuple, queue: Any) -> None:
-    queue.put(globals()[target](*args))
+    try:
+        queue.put(("figures", globals()[target](*args)))
+    except Exception as error:  # the parent says it in one line, and keeps the other cases'
+        queue.put(("error", " ".join(f"{type(error).__name__}: {error}".split())))
 
 
 def _in_fresh_process(target: str, *args: Any) -> dict[str, Any]:
+    """``target(*args)``'s figures, computed in a fresh process (a clean heap to measure);
+    CaseFailed when it raises or dies (killed for memory, say) instead of waiting forever."""
     context = multiprocessing.get_context("spawn")
     queue = context.Queue()
     process = context.Process(target=_child, args=(target, args, queue))
     process.start()
-    figures = queue.get()
+    while True:
+        try:
+            kind, value = queue.get(timeout=1.0)
+            break
+        except queue_module.Empty:
+            if not process.is_alive() and queue.empty():
+                raise CaseFailed(f"its process ended (exit code {process.exitcode}) without "
+                                 "figures") from None
     process.join()
-    return figures
+    if kind == "error":
+        raise CaseFailed(value)
+    return value
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -377,24 +396,33 @@ def main(argv: list[str] | None = None) -> int:
               f"AzureLLMInferenceTrace_conv.csv (../shared/traces/azure2023)", file=sys.stderr)
         return 2
     args.out.mkdir(parents=True, exist_ok=True)
-    all_figures = []
+    all_figures: list[dict[str, Any]] = []
     for case in cases:
-        if case == "azure":
-            figures = _in_fresh_process("run_azure", str(args.azure_trace.resolve()))
-        elif case == "azure_v1":
-            figures = _in_fresh_process("run_azure_v1", str(args.azure_trace.resolve()))
-        elif case == "v1_referee":
-            figures = _in_fresh_process("run_v1_referee", args.v1_requests)
-        elif case == "command":
-            figures = run_command(str(args.azure_trace.resolve()), args.out.resolve(),
-                                  args.repeats)
-        else:
-            figures = _in_fresh_process("run_sharegpt", args.num_requests, args.request_rate,
-                                        args.out / "sharegpt_1m")
+        try:
+            figures = _run_case(case, args)
+        except CaseFailed as error:
+            kept = (f"; the figures of {', '.join(cases[: len(all_figures)])} are in "
+                    f"{args.out / 'bench.json'}" if all_figures else "")  # fmt: skip
+            print(f"kvbench.tools.bench: case {case} failed: {error}{kept}", file=sys.stderr)
+            return 3
         print(json.dumps(figures))
         all_figures.append(figures)
-    (args.out / "bench.json").write_text(json.dumps(all_figures, indent=2) + "\n")
+        # After each case: a later case that fails keeps the earlier ones' figures.
+        (args.out / "bench.json").write_text(json.dumps(all_figures, indent=2) + "\n")
     return 0
+
+
+def _run_case(case: str, args: argparse.Namespace) -> dict[str, Any]:
+    if case == "azure":
+        return _in_fresh_process("run_azure", str(args.azure_trace.resolve()))
+    if case == "azure_v1":
+        return _in_fresh_process("run_azure_v1", str(args.azure_trace.resolve()))
+    if case == "v1_referee":
+        return _in_fresh_process("run_v1_referee", args.v1_requests)
+    if case == "command":
+        return run_command(str(args.azure_trace.resolve()), args.out.resolve(), args.repeats)
+    return _in_fresh_process("run_sharegpt", args.num_requests, args.request_rate,
+                             args.out / "sharegpt_1m")
 
 
 if __name__ == "__main__":
