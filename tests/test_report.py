@@ -93,6 +93,66 @@ def test_cli_reports_and_rejects_missing_or_empty_folders(results, tmp_path):
     assert empty.returncode == 3 and "no summary.parquet" in empty.stderr
 
 
+def test_a_damaged_table_is_left_out_with_a_line_and_the_other_runs_reported(results, tmp_path,
+                                                                              capsys):
+    from kvbench.tasks.report.__main__ import main
+
+    root, _ = results
+    damaged = tmp_path / "killed" / "summary.parquet"
+    damaged.parent.mkdir()
+    damaged.write_bytes((next(root.rglob("summary.parquet"))).read_bytes()[:2000])
+    assert main([str(root), str(damaged.parent), "--out", str(tmp_path / "out")]) == 0
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith(f"kvbench.tasks.report: {damaged}: left out, not a readable parquet "
+                           "table (")
+    assert (tmp_path / "out" / "reproduction.md").is_file()
+
+
+def test_a_table_without_the_summary_columns_is_one_line(tmp_path, capsys):
+    from kvbench.tasks.report.__main__ import main
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    pd.DataFrame({"scheduler": ["vllm_v0"], "allocator": ["paged"], "step": [0]}).to_parquet(
+        run_dir / "summary.parquet")  # fmt: skip
+    assert main([str(run_dir), "--out", str(tmp_path / "out")]) == 3
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith(f"kvbench.tasks.report: a table under {run_dir} lacks column '")
+    assert line.endswith("(not a kvbench table, or another version's); report its folders apart")
+
+
+def test_an_output_folder_it_cannot_write_is_one_line(results, tmp_path, capsys):
+    from kvbench.tasks.report.__main__ import main
+
+    root, _ = results
+    (tmp_path / "a-file").write_text("")
+    assert main([str(root), "--out", str(tmp_path / "a-file" / "report")]) == 4
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith(f"kvbench.tasks.report: {tmp_path / 'a-file'}")
+    assert line.endswith("expected a folder it may write: --out DIR")
+
+
+@pytest.mark.parametrize("docs", ["missing", "folder", "no blocks"])
+def test_a_docs_file_it_cannot_refresh_is_refused_before_any_work(results, tmp_path, capsys,
+                                                                   docs):
+    from kvbench.tasks.report.__main__ import main
+
+    root, _ = results
+    path = tmp_path / "doc.md"
+    if docs == "folder":
+        path.mkdir()
+    elif docs == "no blocks":
+        path.write_text("# Hand-written only\n")
+    out = tmp_path / "out"
+    assert main([str(root), "--out", str(out), "--docs", str(path)]) == (3 if docs == "no blocks"
+                                                                         else 4)
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    problem = {"missing": "no such file", "folder": "a folder",
+               "no blocks": "holds no generated block"}[docs]  # fmt: skip
+    assert line.startswith(f"kvbench.tasks.report: --docs {path}: {problem}")
+    assert not out.exists()
+
+
 def test_a_folder_of_vllm_v1_runs_only_is_told_apart_from_an_empty_one(tmp_path, capsys):
     from kvbench.tasks.report.__main__ import main
 

@@ -8,6 +8,7 @@ all its grid points), says it finished.
 from __future__ import annotations
 
 import json
+import warnings
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -34,16 +35,30 @@ def is_complete(run_dir: Path) -> bool:
     return any((folder / DONE_NAME).exists() for folder in (run_dir, *run_dir.parents))
 
 
+class UnreadableTableWarning(UserWarning):
+    """A table under the report's folders that could not be read, left out of the report."""
+
+
 def load_tables(roots: Iterable[Path], name: str = SUMMARY_NAME) -> pd.DataFrame:
-    """Every ``name`` table under ``roots``, concatenated, with ``run_dir`` and ``run_complete``."""
-    frames = [
-        pd.read_parquet(path).assign(
-            run_dir=str(path.parent), run_complete=is_complete(path.parent)
-        )
-        for path in find_tables(roots, name)
-    ]
-    frames = [frame for frame in frames if not frame.empty]
+    """Every ``name`` table under ``roots``, concatenated, with ``run_dir`` and ``run_complete``.
+
+    A file that cannot be read as parquet (a run killed while writing it, a truncated copy) is
+    left out with a warning naming it, so one damaged run does not hide the others.
+    """
+    frames = []
+    for path in find_tables(roots, name):
+        try:
+            frame = pd.read_parquet(path)
+        except (OSError, ValueError) as error:  # pyarrow's ArrowInvalid is a ValueError
+            reason = " ".join(str(error).split())[:200]
+            warnings.warn(f"{path}: left out, not a readable parquet table ({reason})",
+                          UnreadableTableWarning, stacklevel=2)  # fmt: skip
+            continue
+        if not frame.empty:
+            frames.append(frame.assign(run_dir=str(path.parent),
+                                       run_complete=is_complete(path.parent)))  # fmt: skip
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+
 
 
 def load_summaries(roots: Iterable[Path | str]) -> pd.DataFrame:
