@@ -45,6 +45,7 @@ from kvbench.tasks.equivalence.trajectories import (
     stock_trajectories,
 )
 from kvbench.tasks.profile.profile_file import device_name
+from kvbench.tools import count_at_least
 from kvbench.workloads.schema import TokenizerUnavailableError
 
 ONE_BY_ONE, BATCHED = "one by one", "batched"
@@ -168,11 +169,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=64, help="decode steps per sample")
     parser.add_argument("--block-size", type=int, default=8, help="tokens per block")
     parser.add_argument("--allocators", nargs="+", choices=ALLOCATORS, default=list(ALLOCATORS))
-    parser.add_argument("--rounds", type=int, default=2, help="rounds timing every part")
-    parser.add_argument("--threads", type=int, default=2, help="torch threads")
+    parser.add_argument("--rounds", type=count_at_least(1), default=2,
+                        help="rounds timing every part")
+    parser.add_argument("--threads", type=count_at_least(1), default=2, help="torch threads")
     args = parser.parse_args(argv)
     if min(args.prompts, args.samples, args.steps, args.block_size, args.rounds) < 1:
         parser.error("--prompts, --samples, --steps, --block-size and --rounds must be >= 1")
+    if args.block_size & (args.block_size - 1):  # the paged runner's check, before the timing
+        parser.error(f"--block-size {args.block_size}: must be a power of two")
     torch.set_num_threads(args.threads)
     try:
         model = load_model(args.model)

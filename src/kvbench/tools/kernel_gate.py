@@ -24,6 +24,7 @@ import torch
 
 import kvbench.kernels
 from kvbench.kernels import batch_calls, materialize_batch, scattered_block_tables, time_pair
+from kvbench.tools import count_at_least
 
 BASELINE_PATH = Path(kvbench.kernels.__file__).resolve().parent / "baselines" / "cpu.json"
 # Allowed growth of the paged/contiguous ratio over the baseline, as a fraction. Noise study
@@ -153,27 +154,36 @@ def write_baseline(path: Path = BASELINE_PATH, num_runs: int = 5) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Command line: gate (exit 0 pass, 1 fail), or ``--write-baseline``."""
+    """Command line: gate (exit 0 pass, 1 fail, 2 an unusable baseline), or ``--write-baseline``."""
     parser = argparse.ArgumentParser(
         prog="python -m kvbench.tools.kernel_gate", description=__doc__
     )
     parser.add_argument("--write-baseline", action="store_true", help="measure and rewrite it")
     parser.add_argument("--baseline", type=Path, default=BASELINE_PATH, help="baseline JSON")
     parser.add_argument(
-        "--slow-paged-path", type=int, default=1, metavar="N",
+        "--slow-paged-path", type=count_at_least(1), default=1, metavar="N",
         help="self-test: run the paged kernel N times per call (N=2 must fail the gate)",
     )  # fmt: skip
-    parser.add_argument("--attempts", type=int, default=ATTEMPTS, help="measurements at most")
-    parser.add_argument("--rounds", type=int, default=ROUNDS, help="timed rounds per measurement")
+    parser.add_argument("--attempts", type=count_at_least(1), default=ATTEMPTS,
+                        help="measurements at most")
+    parser.add_argument("--rounds", type=count_at_least(1), default=ROUNDS,
+                        help="timed rounds per measurement")
     args = parser.parse_args(argv)
     if args.write_baseline:
         baseline = write_baseline(args.baseline)
         ratios = ", ".join(f"{run['ratio']:.3f}" for run in baseline["runs"])
         print(f"wrote {args.baseline}: ratio {baseline['ratio']:.3f} (runs {ratios})")
         return 0
-    verdict = run_gate(
-        load_baseline(args.baseline), args.slow_paged_path, args.attempts, args.rounds
-    )
+    try:
+        baseline = load_baseline(args.baseline)
+    except (OSError, ValueError, KeyError, TypeError) as error:  # JSONDecodeError: a ValueError
+        # Exit 2, not the gate's FAIL (1): CI tells a broken baseline from a slow kernel.
+        reason = f"no key {error}" if isinstance(error, KeyError) else " ".join(str(error).split())
+        print(f"kvbench.tools.kernel_gate: {args.baseline}: not a usable baseline ({reason}); "
+              "write one with python -m kvbench.tools.kernel_gate --write-baseline",
+              file=sys.stderr)  # fmt: skip
+        return 2
+    verdict = run_gate(baseline, args.slow_paged_path, args.attempts, args.rounds)
     print(verdict.message())
     return 0 if verdict.passed else 1
 

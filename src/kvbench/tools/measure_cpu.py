@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import os
+import re
 import statistics
 import sys
 from collections.abc import Callable
@@ -26,6 +27,7 @@ import torch
 
 from kvbench.core.packaged_conf import read_option
 from kvbench.tasks.profile.profile_file import device_name
+from kvbench.tools import count_at_least
 from kvbench.tools.steadiness import timed_runs
 
 MATMUL_SIZE = 2048  # a square fp32 matmul large enough to run at the BLAS's full rate
@@ -93,12 +95,21 @@ def measure(matmul_size: int, buffer_bytes: int, repeats: int) -> dict[str, floa
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--name", default="cpu", help="the entry's name (hardware=NAME)")
-    parser.add_argument("--threads", type=int, default=2, help="torch threads (2: the profile's)")
-    parser.add_argument("--repeats", type=int, default=7)
-    parser.add_argument("--matmul-size", type=int, default=MATMUL_SIZE)
-    parser.add_argument("--buffer-mib", type=int, default=BUFFER_MIB)
+    parser.add_argument("--threads", type=count_at_least(1), default=2,
+                        help="torch threads (2: the profile's)")
+    parser.add_argument("--repeats", type=count_at_least(1), default=7)
+    parser.add_argument("--matmul-size", type=count_at_least(1), default=MATMUL_SIZE)
+    parser.add_argument("--buffer-mib", type=count_at_least(1), default=BUFFER_MIB)
     parser.add_argument("--output-dir", type=Path, help="write OUTPUT_DIR/hardware/NAME.yaml")
     args = parser.parse_args(argv)
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", args.name):
+        parser.error(f"--name {args.name!r}: expected a plain entry name (letters, digits, "
+                     "'.', '_', '-'), as hardware=NAME takes it")
+    if args.output_dir is not None:  # before minutes of measuring, not after
+        try:
+            (args.output_dir / "hardware").mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            parser.error(f"--output-dir {args.output_dir}: {error.strerror or error}")
     torch.set_num_threads(args.threads)
     figures = measure(args.matmul_size, args.buffer_mib << 20, args.repeats)
     given = sys.argv[1:] if argv is None else argv
@@ -108,7 +119,6 @@ def main(argv: list[str] | None = None) -> int:
         print(text, end="")
         return 0
     path = args.output_dir / "hardware" / f"{args.name}.yaml"
-    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
     print(f"{path}: use it with python -m kvbench hydra.searchpath=[file://"
           f"{args.output_dir.resolve()}] hardware={args.name}")

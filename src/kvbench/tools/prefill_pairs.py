@@ -32,6 +32,7 @@ from kvbench.tasks.equivalence.names import MODEL_NAMES, SMOLLM2
 from kvbench.tasks.profile.grid import IterationPoint
 from kvbench.tasks.profile.measure import time_iteration
 from kvbench.tasks.profile.profile_file import device_name, read_profile
+from kvbench.tools import count_at_least
 from kvbench.workloads.schema import TokenizerUnavailableError
 
 BLOCK_SIZE = 16  # the paged allocators' (a prefill's attention runs on its prompt alone)
@@ -139,11 +140,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m kvbench.tools.prefill_pairs",
                                      description=__doc__.split("\n\n")[0])  # fmt: skip
     parser.add_argument("--model", choices=MODEL_NAMES, default=SMOLLM2)
-    parser.add_argument("--tokens", type=int, default=1024, help="tokens of each prefill")
+    parser.add_argument("--tokens", type=count_at_least(1), default=1024,
+                        help="tokens of each prefill")
     parser.add_argument("--split", type=int, default=4, help="prompts the second prefill has")
     parser.add_argument("--rounds", type=int, default=8, help="rounds timing both (>= 2)")
-    parser.add_argument("--repeats", type=int, default=3, help="timed runs per prefill a round")
-    parser.add_argument("--threads", type=int, default=2, help="torch threads")
+    parser.add_argument("--repeats", type=count_at_least(1), default=3,
+                        help="timed runs per prefill a round")
+    parser.add_argument("--threads", type=count_at_least(1), default=2, help="torch threads")
     parser.add_argument("--backend", choices=DECODE_BACKENDS, default="sdpa",
                         help="the executor's decode backend")
     parser.add_argument("--profile", action="append", default=[],

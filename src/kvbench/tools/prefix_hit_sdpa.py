@@ -13,6 +13,7 @@ import argparse
 import torch
 
 from kvbench.executors.attention import offset_causal_mask
+from kvbench.tools import count_at_least
 
 NUM_HEADS, HEAD_DIM = 9, 64
 
@@ -38,7 +39,7 @@ def shapes(max_keys: int) -> list[tuple[int, int]]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--max-keys", type=int, default=198)
+    parser.add_argument("--max-keys", type=count_at_least(9), default=198)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     generator = torch.Generator().manual_seed(args.seed)

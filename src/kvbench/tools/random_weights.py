@@ -21,6 +21,7 @@ from kvbench.tasks.equivalence.models import catalog_llama_config, load_model, r
 from kvbench.tasks.equivalence.names import SMOLLM2
 from kvbench.tasks.profile.grid import IterationPoint
 from kvbench.tasks.profile.measure import time_iteration
+from kvbench.tools import count_at_least
 
 POINTS = {
     "decode 1 x 256": IterationPoint(16, (256,)),
@@ -44,12 +45,13 @@ def ratios(pretrained: Any, random: Any, num_rounds: int, repeats: int) -> dict[
     return measured
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rounds", type=int, default=9)
-    parser.add_argument("--repeats", type=int, default=3, help="timed runs per point and model")
-    parser.add_argument("--threads", type=int, default=2)
-    args = parser.parse_args()
+    parser.add_argument("--rounds", type=count_at_least(1), default=9)
+    parser.add_argument("--repeats", type=count_at_least(1), default=3,
+                        help="timed runs per point and model")
+    parser.add_argument("--threads", type=count_at_least(1), default=2)
+    args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     pretrained = load_model(SMOLLM2)
     random = random_model(catalog_llama_config(read_option("model", SMOLLM2)), torch.float32,

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from kvbench.kernels import decode_torch, paged_decode_attention
+from kvbench.tools import count_at_least
 
 NUM_Q_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE = 9, 3, 64, 16
 # name -> each sequence's context (tokens), in batch order.
@@ -87,8 +88,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m kvbench.tools.sdpa_groups",
                                      description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--repeats", type=int, default=300)
-    parser.add_argument("--threads", type=int, default=2, help="torch threads")
+    parser.add_argument("--repeats", type=count_at_least(1), default=300)
+    parser.add_argument("--threads", type=count_at_least(1), default=2, help="torch threads")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     print("| sequences x context (sum, longest) | batch order ms | by length ms |")

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import torch
 
 from kvbench.tasks.profile.profile_file import device_name
+from kvbench.tools import count_at_least
 
 WIDTH = 576  # SmolLM2-135M's hidden size
 ROWS = 16  # a decode step of 16 sequences
@@ -114,9 +115,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m kvbench.tools.steadiness",
                                      description=__doc__.split("\n\n")[0])  # fmt: skip
     parser.add_argument("--repeats", type=int, default=40, help="runs of each probe (>= 4)")
-    parser.add_argument("--threads", type=int, default=2, help="torch threads of the matmuls")
-    parser.add_argument("--python-iterations", type=int, default=2_000_000)
-    parser.add_argument("--matmuls", type=int, default=720, help="matmuls a chain runs")
+    parser.add_argument("--threads", type=count_at_least(1), default=2,
+                        help="torch threads of the matmuls")
+    parser.add_argument("--python-iterations", type=count_at_least(1), default=2_000_000)
+    parser.add_argument("--matmuls", type=count_at_least(1), default=720,
+                        help="matmuls a chain runs")
     args = parser.parse_args(argv)
     if args.repeats < 4:
         parser.error(f"--repeats={args.repeats}: needs at least 4")
