@@ -86,6 +86,20 @@ def test_a_local_folder_loads_and_a_shape_off_the_catalog_is_refused(tmp_path):
         load_model_dir(tmp_path / "absent", torch.float32, "cpu")
 
 
+@pytest.mark.parametrize("broken", ["config that is not JSON", "config without weights"])
+def test_a_folder_transformers_cannot_load_is_one_line_with_the_fix(tmp_path, broken):
+    config = ("{" if broken == "config that is not JSON"
+              else load_model(TINY_GQA).config.to_json_string())  # fmt: skip
+    (tmp_path / "config.json").write_text(config)
+    with pytest.raises(OSError) as refused:
+        load_model_dir(tmp_path, torch.float32, "cpu")
+    message = str(refused.value)
+    assert message.startswith(f"executor.model_dir={tmp_path}: transformers cannot load a model "
+                              "there (")
+    assert message.endswith("); give a Hugging Face folder (config.json, *.safetensors)")
+    assert "\n" not in message
+
+
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [

@@ -67,3 +67,12 @@ def test_kernel_gate_tells_an_unusable_baseline_from_a_failed_gate(tmp_path, cap
     (line,) = capsys.readouterr().err.strip().splitlines()
     assert line.startswith(f"kvbench.tools.kernel_gate: {path}: not a usable baseline (")
     assert line.endswith("write one with python -m kvbench.tools.kernel_gate --write-baseline")
+
+
+def test_async_gap_names_a_traces_folder_without_the_traces(tmp_path, capsys):
+    from kvbench.tools.async_gap import main
+
+    with pytest.raises(SystemExit) as refused:
+        main(["--traces", str(tmp_path)])
+    assert refused.value.code == 2
+    assert f"--traces {tmp_path}: no sharegpt/" in capsys.readouterr().err

@@ -97,6 +97,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--traces", type=Path, default=Path("../shared/traces"),
                         help="the folder holding the shared traces")  # fmt: skip
     args = parser.parse_args(argv)
+    missing = [name for name in TRACES if not (args.traces / name).is_file()]
+    if missing:  # before the first slice's replay, not after it
+        parser.error(f"--traces {args.traces}: no {', '.join(missing)} there; expected the "
+                     "shared traces folder (../shared/traces beside the checkout)")
     for name in TRACES:
         requests, arrivals = trace_slice(args.traces / name)
         print(gap_line(name, requests, arrivals), flush=True)

@@ -137,8 +137,8 @@ class RowLocator:
 
 def csv_records(path: Path) -> Iterator[tuple[int, list[str]]]:
     """``(first line, fields)`` of each non-blank record of the CSV ``path``, header included;
-    lines are 1-based and counted as pandas counts them (``\n``, ``\r\n`` or a lone ``\r``
-    ends one), and a quoted field may hold line breaks, so a record may span lines.
+    lines are 1-based and counted as pandas counts them (a line feed, CR LF or a lone carriage
+    return ends one), and a quoted field may hold line breaks, so a record may span lines.
 
     Raises:
         TraceError: a record the csv module cannot read, at its first line.

@@ -108,15 +108,22 @@ def random_model(config: Any, dtype: torch.dtype, device: str, seed: int = 0) ->
 
 def load_model_dir(model_dir: str | Path, dtype: torch.dtype, device: str) -> Any:
     """The causal LM of a local Hugging Face folder (config.json and weights), in ``dtype`` on
-    ``device``, eval mode; raises FileNotFoundError naming the folder when it holds no model."""
+    ``device``, eval mode; raises FileNotFoundError naming the folder when it holds no
+    config.json, OSError (one line, the fix) when transformers cannot load what it holds."""
     from transformers import AutoModelForCausalLM
 
     folder = Path(model_dir).expanduser()
     if not (folder / "config.json").is_file():
         raise FileNotFoundError(f"executor.model_dir={model_dir}: no config.json there; give a "
                                 "Hugging Face folder (config.json, *.safetensors)")  # fmt: skip
-    model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=dtype, device_map=device,
-                                                 attn_implementation="sdpa")  # fmt: skip
+    try:
+        model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=dtype, device_map=device,
+                                                     attn_implementation="sdpa")  # fmt: skip
+    except OSError as error:  # transformers' own words (a config that is not JSON, no weights)
+        reason = " ".join(str(error).split())
+        raise OSError(f"executor.model_dir={model_dir}: transformers cannot load a model there "
+                      f"({reason}); give a Hugging Face folder (config.json, *.safetensors)") \
+            from None
     return model.eval()
 
 

@@ -60,7 +60,6 @@ def load_tables(roots: Iterable[Path], name: str = SUMMARY_NAME) -> pd.DataFrame
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 
-
 def load_summaries(roots: Iterable[Path | str]) -> pd.DataFrame:
     """Every summary row under ``roots`` (``summary.parquet`` files, searched recursively)."""
     return load_tables([Path(root) for root in roots], SUMMARY_NAME)
