@@ -59,6 +59,10 @@ def test_a_table_with_nothing_larger_is_refused_in_one_line(tmp_path, capsys):
     assert grid_extrapolation.main([str(tmp_path), "--feature", "num_prefill_tokens",
                                     "--fit-max", "512"]) == 0  # fmt: skip
     assert "small_grid_pct" in capsys.readouterr().out
+    # 0: only the prefills (0 decode tokens) would be fitted, every decode batch extrapolated.
+    assert grid_extrapolation.main([str(tmp_path), "--fit-max", "0"]) == 2
+    assert capsys.readouterr().err.startswith("grid_extrapolation: no num_decode_tokens up to 0 "
+                                              "in the table (its values: 1, 2,")
 
 
 @pytest.mark.parametrize(("marker", "run", "feature", "fit_max"), [

@@ -72,6 +72,21 @@ def test_fewer_than_two_runs_is_refused_in_one_line(tmp_path, capsys):
         "stair_refit: give two or more task=profile runs of the same grid\n")
 
 
+@pytest.mark.parametrize(("option", "value", "message"), [
+    ("--stairs", "2,999", "stair_refit: --stairs 999: no stair prices that count; give counts "
+                          "among 2-16\n"),
+    ("--batches", "99999", "stair_refit: --batches 99999: the runs time none of these decode "
+                           "batches; they time "),
+])  # fmt: skip
+def test_stairs_or_batches_the_runs_cannot_refit_are_refused(tmp_path, capsys, option, value,
+                                                             message):
+    for run in ("a", "b"):
+        (tmp_path / run).mkdir()
+        _table().to_parquet(tmp_path / run / "profile.parquet")
+    assert stair_refit.main([str(tmp_path / "a"), str(tmp_path / "b"), option, value]) == 2
+    assert capsys.readouterr().err.startswith(message)
+
+
 def test_the_docs_block_is_what_the_tool_prints_on_the_committed_runs(capsys, monkeypatch):
     """docs/sim_to_real_measured.md's block = the tool on the committed AMD EPYC runs."""
     monkeypatch.chdir(ROOT / "results/reference/stair_counts/amd-epyc-2026-12-07")

@@ -57,7 +57,9 @@ def extrapolation_table(table: pd.DataFrame, feature: str, fit_max: int) -> pd.D
     within."""
     points = table[table["kind"] == "iteration"].reset_index(drop=True)
     within = points[feature] <= fit_max
-    if within.all() or not within.any():
+    # A point of 0 of it (a prefill, for decode batches) does not exercise it: a fit on those
+    # alone would price every decode batch by extrapolation.
+    if within.all() or not (within & (points[feature] > 0)).any():
         values = sorted(value for value in points[feature].unique() if value)
         raise ValueError(f"no {feature} {'past' if within.all() else 'up to'} {fit_max} in the "
                          f"table (its values: {', '.join(map(str, values))}); profile a grid "

@@ -29,7 +29,7 @@ import sys
 import numpy as np
 import pandas as pd
 
-from kvbench.engine.profiled import PROFILE_TERMS, STAIR_TERMS, WAKE_TERMS
+from kvbench.engine.profiled import PROFILE_TERMS, STAIR_TERMS, STAIR_TOKENS, WAKE_TERMS
 from kvbench.tasks.profile.fit import fit_terms
 from kvbench.tools.grid_extrapolation import row_features
 from kvbench.tools.profile_ratio import read_profile_table
@@ -68,12 +68,20 @@ def stair_tables(tables: dict[str, pd.DataFrame], stairs: tuple[int, ...],
     than two runs, or runs with no point in common."""
     if len(tables) < 2:
         raise ValueError("give two or more task=profile runs of the same grid")
+    unpriced = sorted(set(stairs) - set(STAIR_TOKENS))
+    if unpriced:  # such a stair has no term: the refit would silently drop it
+        raise ValueError(f"--stairs {','.join(map(str, unpriced))}: no stair prices that count; "
+                         f"give counts among {STAIR_TOKENS[0]}-{STAIR_TOKENS[-1]}")
     points = {name: iteration_times(table) for name, table in tables.items()}
     measured = pd.DataFrame({name: run["measured_s"] for name, run in points.items()}).dropna()
     if measured.empty:
         raise ValueError("the runs time no iteration point in common: not the same grid")
     shapes = measured.index.to_frame(index=False)
     batch = shapes["num_decode_tokens"]
+    timed_batches = sorted(set(batch) - {0})
+    if not set(batches) & set(timed_batches):  # the older fit would see prefills only
+        raise ValueError(f"--batches {','.join(map(str, batches))}: the runs time none of "
+                         f"these decode batches; they time {','.join(map(str, timed_batches))}")
     tabled = ((shapes["num_prefill_tokens"] == 0) & (shapes["idle_before_s"] == 0)
               & batch.between(1, LARGEST_TABLED_BATCH)).to_numpy()  # fmt: skip
     by_batch, summary = {}, {}
