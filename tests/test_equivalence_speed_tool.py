@@ -85,9 +85,10 @@ def test_the_tool_times_every_pass_and_each_meets_the_criterion(capsys):
     assert len(gathers) == 4 and all(line.endswith("(PASS, bit-identical)") for line in gathers)
 
 
-@pytest.mark.parametrize("argv", [["--rounds", "0"], ["--steps", "0"], ["--prompts", "0"]])
+@pytest.mark.parametrize("argv", [["--rounds", "0"], ["--steps", "0"], ["--prompts", "0"],
+                                  ["--samples", "0"], ["--block-size", "0"]])
 def test_a_count_below_one_is_refused(argv, capsys):
     with pytest.raises(SystemExit) as exit_info:
         equivalence_speed.main(argv)
     assert exit_info.value.code == 2
-    assert "must be >= 1" in capsys.readouterr().err
+    assert f"argument {argv[0]}: 0 is too small; expected >= 1" in capsys.readouterr().err

@@ -55,7 +55,7 @@ def test_the_tool_times_both_prefills_and_checks_a_profile(capsys):
 @pytest.mark.parametrize(("argv", "message"), [
     (["--tokens", "10"], "--tokens=10 --split=4: the tokens must split into 4 equal prompts"),
     (["--rounds", "1"], "--rounds=1 --repeats=3: needs at least 2 rounds of at least 1 timed run"),
-    (["--repeats", "0"], "--rounds=8 --repeats=0: needs at least 2 rounds"),
+    (["--repeats", "0"], "argument --repeats: 0 is too small; expected >= 1"),
     (["--profile", "no_such_profile.json"], "no_such_profile.json"),
 ])  # fmt: skip
 def test_bad_arguments_are_refused_before_any_timing(argv, message, capsys):

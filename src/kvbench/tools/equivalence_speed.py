@@ -164,17 +164,19 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m kvbench.tools.equivalence_speed",
                                      description=__doc__.split("\n\n")[0])  # fmt: skip
     parser.add_argument("--model", choices=MODEL_NAMES, default=SMOLLM2)
-    parser.add_argument("--prompts", type=int, default=8, help="prompts (the experiment's 8)")
-    parser.add_argument("--samples", type=int, default=2, help="samples per prompt")
-    parser.add_argument("--steps", type=int, default=64, help="decode steps per sample")
-    parser.add_argument("--block-size", type=int, default=8, help="tokens per block")
+    parser.add_argument("--prompts", type=count_at_least(1), default=8,
+                        help="prompts (the experiment's 8)")
+    parser.add_argument("--samples", type=count_at_least(1), default=2,
+                        help="samples per prompt")
+    parser.add_argument("--steps", type=count_at_least(1), default=64,
+                        help="decode steps per sample")
+    parser.add_argument("--block-size", type=count_at_least(1), default=8,
+                        help="tokens per block")
     parser.add_argument("--allocators", nargs="+", choices=ALLOCATORS, default=list(ALLOCATORS))
     parser.add_argument("--rounds", type=count_at_least(1), default=2,
                         help="rounds timing every part")
     parser.add_argument("--threads", type=count_at_least(1), default=2, help="torch threads")
     args = parser.parse_args(argv)
-    if min(args.prompts, args.samples, args.steps, args.block_size, args.rounds) < 1:
-        parser.error("--prompts, --samples, --steps, --block-size and --rounds must be >= 1")
     if args.block_size & (args.block_size - 1):  # the paged runner's check, before the timing
         parser.error(f"--block-size {args.block_size}: must be a power of two")
     torch.set_num_threads(args.threads)

@@ -154,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         shapes = prompts(args.tokens, args.split)
-        if args.rounds < 2 or args.repeats < 1:
+        if args.rounds < 2:  # (--repeats >= 1: its argparse type)
             raise ValueError(f"--rounds={args.rounds} --repeats={args.repeats}: needs at least 2 "
                              "rounds of at least 1 timed run")  # fmt: skip
         # Read first: a bad file is refused before minutes of timing.
