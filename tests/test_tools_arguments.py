@@ -32,7 +32,7 @@ def test_a_count_too_small_is_refused_before_any_work(tool, option, value, capsy
     with pytest.raises(SystemExit) as refused:
         main([option, value])
     assert refused.value.code == 2
-    (line,) = capsys.readouterr().err.strip().splitlines()[-1:]
+    line = capsys.readouterr().err.strip().splitlines()[-1]
     assert f"argument {option}: {value} is too small; expected >= " in line
 
 

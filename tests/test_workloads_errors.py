@@ -204,42 +204,30 @@ def test_a_trailing_comma_on_every_row_keeps_each_value_in_its_column(tmp_path):
     assert trace["arrival_s"].tolist() == [0.0, 1.0, 2.0]
 
 
-@pytest.mark.parametrize("rows", ["10,5,99\n20,6,98\n", "10,5,\n20,6,7\n"])
-def test_a_value_past_the_header_is_an_error_not_a_shifted_row(tmp_path, rows):
+_COUNTS_EXPECTED = "expected a non-negative integer token count"
+CSV_ERRORS = [
+    # A value past the header on every row, or on one: pandas would shift the row or drop it.
+    ("prompt_tokens,output_tokens\n10,5,99\n20,6,98\n",
+     "line 2: 3 fields where the header has 2; expected one value per header column"),
+    ("prompt_tokens,output_tokens\n10,5,\n20,6,7\n",
+     "line 3: 3 fields where the header has 2; expected one value per header column"),
+    # A quoted line break: the bad record's own first line, not the line count before it.
+    ('prompt_tokens,output_tokens,note\n10,5,"a\nb"\n20,6,x\n-1,7,y\n',
+     f"line 5: prompt_tokens = -1 is negative; {_COUNTS_EXPECTED}"),
+    # pandas' missing-value words are named as written, not as an empty cell.
+    *((f"prompt_tokens,output_tokens\n10,5\n11,{word}\n",
+       f"line 3: output_tokens = {word!r} is not an integer; {_COUNTS_EXPECTED}")
+      for word in ("nan", "NA", "None", "null")),
+    ("request_id,prompt_tokens,output_tokens\n-1,3,4\n",
+     "line 2: request_id = -1 is negative; expected a non-negative integer request id"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("text", "message"), CSV_ERRORS)
+def test_a_csv_value_is_named_where_and_as_it_is_written(tmp_path, text, message):
     path = tmp_path / "lengths.csv"
-    path.write_text("prompt_tokens,output_tokens\n" + rows)
-    line = 2 if rows.startswith("10,5,99") else 3
-    assert _load_error(path) == (
-        f"{path}: line {line}: 3 fields where the header has 2; expected one value per header "
-        f"column"
-    )
-
-
-def test_a_quoted_line_break_counts_in_the_line_an_error_names(tmp_path):
-    path = tmp_path / "lengths.csv"
-    path.write_text('prompt_tokens,output_tokens,note\n10,5,"a\nb"\n20,6,x\n-1,7,y\n')
-    assert _load_error(path) == (
-        f"{path}: line 5: prompt_tokens = -1 is negative; expected a non-negative integer token "
-        f"count"
-    )
-
-
-@pytest.mark.parametrize("word", ["nan", "NA", "None", "null"])
-def test_a_missing_value_word_is_named_as_written(tmp_path, word):
-    path = tmp_path / "lengths.csv"
-    path.write_text(f"prompt_tokens,output_tokens\n10,5\n11,{word}\n")
-    assert _load_error(path) == (
-        f"{path}: line 3: output_tokens = {word!r} is not an integer; expected a non-negative "
-        f"integer token count"
-    )
-
-
-def test_a_negative_request_id_is_named_as_an_id(tmp_path):
-    path = tmp_path / "lengths.csv"
-    path.write_text("request_id,prompt_tokens,output_tokens\n-1,3,4\n")
-    assert _load_error(path) == (
-        f"{path}: line 2: request_id = -1 is negative; expected a non-negative integer request id"
-    )
+    path.write_text(text)
+    assert _load_error(path) == f"{path}: {message}"
 
 
 def test_block_hashes_without_the_tokens_each_covers(tmp_path):

@@ -109,27 +109,28 @@ def read_local_frame(path: Path, container: str) -> pd.DataFrame:
     """All rows of the local file ``path`` with its own column names (stripped of blanks)."""
     if container != PARQUET:
         require_utf8(path)  # Arrow's JSON reader lets bad bytes through into its strings
+    # pandas renames a CSV's repeated column (x, x.1): the header itself, read once.
+    csv_header = _csv_header(path) if container == CSV else None
     try:
-        frame = _read_local(path, container)
+        frame = _read_local(path, container, csv_header)
     except Exception as error:  # the readers raise parse errors of several types: diagnose all
         frame = diagnose_unreadable(path, container, error)
     frame.columns = [str(name).strip() for name in frame.columns]
-    # pandas renames a CSV's repeated column (x, x.1): look at the header itself.
-    header = _csv_header(path) if container == CSV else list(frame.columns)
-    _require_unique_columns(path, container, header)
+    _require_unique_columns(path, container, csv_header or list(frame.columns))
     if frame.empty:
         raise TraceError(path, "line 2" if container == CSV else "line 1",
                          "the file holds no data rows", "at least one request")
     return frame
 
 
-def _read_local(path: Path, container: str) -> pd.DataFrame:
-    """A CSV with pandas and a parquet file with pyarrow, which is what ``datasets``' builders
-    call for them, without its import (0.7 s, more than reading a 20k-row trace) and its cache
-    folder; JSON through ``datasets``, whose reader takes nested records and lists."""
+def _read_local(path: Path, container: str, csv_header: list[str] | None) -> pd.DataFrame:
+    """A CSV (``csv_header``: its column names) with pandas and a parquet file with pyarrow,
+    which is what ``datasets``' builders call for them, without its import (0.7 s, more than
+    reading a 20k-row trace) and its cache folder; JSON through ``datasets``, whose reader takes
+    nested records and lists."""
     if container == CSV:
         # By position: pandas keeps a blank after a name ("input "), the header read here not.
-        text_dtypes = {position: str for position, name in enumerate(_csv_header(path))
+        text_dtypes = {position: str for position, name in enumerate(csv_header or [])
                        if name in TEXT_COLUMNS}  # fmt: skip
         with warnings.catch_warnings():
             # index_col=False: rows of one field more than the header (a trailing comma) are
